@@ -1,0 +1,34 @@
+# The two front-door commands: `make run` (the default experiment) and `make test`.
+# Each installs what is missing first, idempotently: the virtualenv, the package with its
+# test extras, and the guest binaries (built with the machine's gcc).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install guest run test bench clean
+
+$(STAMP): pyproject.toml
+	@command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc make)
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	@touch $@
+
+install: $(STAMP)
+
+guest: install
+	$(VPY) -m gpuvm build-guest
+
+run: guest
+	$(VPY) -m gpuvm experiment experiments/default.toml
+
+test: guest
+	$(VPY) -m pytest -q -p no:cacheprovider tests
+
+bench: guest
+	$(VPY) -m gpuvm bench device
+
+clean:
+	rm -rf $(VENV) guest_tools/build results .pytest_cache

@@ -1,0 +1,1 @@
+"""gpuvm: a GPU virtualization lab (GPUvm reproduced on an emulated Fermi GPU)."""

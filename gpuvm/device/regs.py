@@ -1,0 +1,445 @@
+"""Fermi (GF100) register map: the one place where offsets and bit layouts live.
+
+Everything that touches the hardware interface -- the device model, the mediator's trap
+handlers, the shadow code and (through the generated C header) the guest driver -- takes
+its numbers from here.  Values follow ../shared/reference/fermi-mmio.md (envytools /
+nouveau / Gdev).  Names ending in ``_EXT`` are this emulator's own additions where real
+hardware reports through mechanisms we do not model; they are documented as such.
+
+Run ``python -m gpuvm.device.regs`` to print the C header the guest build uses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+# --------------------------------------------------------------------------------------
+# PCI identity and BARs
+# --------------------------------------------------------------------------------------
+PCI_VENDOR_NVIDIA = 0x10DE
+PCI_DEVICE_QUADRO_6000 = 0x06D8
+PCI_REVISION_QUADRO_6000 = 0xA3
+
+BAR0 = 0  # MMIO registers
+BAR1 = 1  # VRAM aperture through the BAR1 VM
+BAR3 = 3  # RAMIN aperture through the BAR3 VM
+BAR4 = 4  # GPUvm's paravirtual hypercall page (not on real cards)
+BAR0_SIZE = 32 * MiB
+
+# --------------------------------------------------------------------------------------
+# BAR0 blocks (start offsets); used for per-block access counting
+# --------------------------------------------------------------------------------------
+BLOCK_PMC = 0x000000
+BLOCK_PBUS = 0x001000
+BLOCK_PFIFO = 0x002000
+BLOCK_PTIMER = 0x009000
+BLOCK_PFB_PART = 0x022000  # memory partition config (count of partitions)
+BLOCK_PBDMA = 0x040000
+BLOCK_PFLUSH = 0x070000
+BLOCK_PFB = 0x100000
+BLOCK_PFFB = 0x100800
+BLOCK_PCOPY0 = 0x104000
+BLOCK_PCOPY1 = 0x105000
+BLOCK_PFBPA = 0x10F000  # per-partition memory amounts
+BLOCK_PGRAPH = 0x400000
+BLOCK_PDISPLAY = 0x610000
+BLOCK_PRAMIN = 0x700000
+
+# --------------------------------------------------------------------------------------
+# PMC
+# --------------------------------------------------------------------------------------
+PMC_BOOT_0 = 0x000000
+PMC_BOOT_0_QUADRO_6000 = 0x0C0C00A3
+PMC_INTR = 0x000100
+PMC_INTR_EN = 0x000140
+PMC_ENABLE = 0x000200
+
+PMC_INTR_PCOPY0 = 1 << 5
+PMC_INTR_PCOPY1 = 1 << 6
+PMC_INTR_PFIFO = 1 << 8
+PMC_INTR_PGRAPH = 1 << 12
+PMC_INTR_PTIMER = 1 << 20
+PMC_INTR_PBUS = 1 << 28
+PMC_INTR_EN_HW = 1 << 0
+PMC_INTR_EN_SW = 1 << 1
+
+PMC_ENABLE_PCOPY0 = 1 << 6
+PMC_ENABLE_PCOPY1 = 1 << 7
+PMC_ENABLE_PFIFO = 1 << 8
+PMC_ENABLE_PGRAPH = 1 << 12
+PMC_ENABLE_PTIMER = 1 << 16
+
+# --------------------------------------------------------------------------------------
+# PBUS host memory windows
+# --------------------------------------------------------------------------------------
+PBUS_PRAMIN_BASE = 0x001700  # bits 0-23: VRAM address >> 16
+PBUS_PRAMIN_BASE_MASK = 0x00FFFFFF
+PBUS_PRAMIN_BASE_SHIFT = 16
+PBUS_BAR1_VM = 0x001704
+PBUS_BAR3_VM = 0x001714
+PBUS_BARVM_INST_MASK = 0x0FFFFFFF  # instance block address >> 12
+PBUS_BARVM_TARGET_SHIFT = 28
+PBUS_BARVM_TARGET_MASK = 0x3
+PBUS_BARVM_ENABLE = 1 << 31
+
+PRAMIN_WINDOW = 0x700000
+PRAMIN_WINDOW_SIZE = 1 * MiB
+
+# Memory targets (page-table entries, instance pointers, runlists)
+TARGET_VRAM = 0
+TARGET_SYSRAM = 2
+TARGET_SYSRAM_NOSNOOP = 3
+
+# --------------------------------------------------------------------------------------
+# Memory amount discovery (nouveau gf100_ram_probe: 0x022438 parts, 0x10f20c + i*0x1000 MiB)
+# --------------------------------------------------------------------------------------
+PFB_PART_COUNT = 0x022438
+PFBPA_PART_SIZE_MIB = 0x10F20C  # + part * PFBPA_PART_STRIDE
+PFBPA_PART_STRIDE = 0x1000
+PFB_MAX_PARTS = 8
+
+# --------------------------------------------------------------------------------------
+# PFIFO
+# --------------------------------------------------------------------------------------
+PFIFO_INTR = 0x002100
+PFIFO_INTR_EN = 0x002140
+PFIFO_INTR_CHAN_TABLE = 1 << 0
+PFIFO_INTR_SCHED = 1 << 8
+PFIFO_INTR_VM_FAULT = 1 << 28
+PFIFO_INTR_PBDMA = 1 << 29
+PFIFO_INTR_RUNLIST = 1 << 30
+
+PFIFO_CTRL = 0x002200
+PFIFO_CTRL_ENABLE = 1 << 0
+
+PFIFO_USERD_POLL = 0x002254  # bits 0-27: BAR1-VM address >> 12, bit 28 enable
+PFIFO_USERD_POLL_ADDR_MASK = 0x0FFFFFFF
+PFIFO_USERD_POLL_ENABLE = 1 << 28
+USERD_STRIDE = 0x1000  # channel c's USERD page = poll base + c * USERD_STRIDE
+
+PFIFO_RUNLIST_ADDR = 0x002270  # address >> 12, target in bits 28-29
+PFIFO_RUNLIST_ADDR_MASK = 0x0FFFFFFF
+PFIFO_RUNLIST_TARGET_SHIFT = 28
+PFIFO_RUNLIST_SUBMIT = 0x002274  # bits 0-11 length; writing submits
+PFIFO_RUNLIST_LEN_MASK = 0xFFF
+PFIFO_RUNLIST_STATUS = 0x00227C
+PFIFO_RUNLIST_PENDING = 1 << 20
+RUNLIST_ENTRY_SIZE = 8
+RUNLIST_ENTRY_WORD1 = 0x00000004
+
+PFIFO_KICK = 0x002634  # write chid, poll until it reads back chid
+
+PFIFO_FAULT_UNIT_MASK = 0x00259C  # a bit per fault unit with a pending record; write 1 clears
+PFIFO_FAULT_RECORD = 0x002800  # + 0x10 * unit
+PFIFO_FAULT_RECORD_STRIDE = 0x10
+PFIFO_FAULT_INST = 0x0  # instance >> 12
+PFIFO_FAULT_ADDR_LO = 0x4
+PFIFO_FAULT_ADDR_HI = 0x8
+PFIFO_FAULT_FLAGS = 0xC  # bits 0-3 reason, bit 7 write, bits 8-12 client
+PFIFO_FAULT_FLAGS_REASON_MASK = 0xF
+PFIFO_FAULT_FLAGS_WRITE = 1 << 7
+PFIFO_FAULT_FLAGS_CLIENT_SHIFT = 8
+PFIFO_FAULT_UNITS = 32
+
+PFIFO_CHAN_TABLE = 0x003000  # + 8 * chid
+PFIFO_CHAN_STRIDE = 8
+PFIFO_CHAN_INST_MASK = 0x0FFFFFFF
+PFIFO_CHAN_TARGET_SHIFT = 28
+PFIFO_CHAN_VALID = 1 << 31
+PFIFO_CHAN_STATE = 0x003004  # + 8 * chid
+PFIFO_CHAN_STATE_RUNNABLE = 1 << 0
+PFIFO_CHAN_STATE_CREATE = 0x001F0001  # what nouveau writes on channel create
+NUM_CHANNELS = 128
+
+# Emulator extension: per-channel error status.  Real hardware reports pushbuffer and
+# engine errors through PBDMA/engine interrupt registers we do not model in detail; one
+# word per channel says why that channel stopped (bit 31 faulted, bits 0-7 reason).
+PFIFO_CHAN_ERROR_EXT = 0x003800  # + 4 * chid
+PFIFO_CHAN_ERROR_STRIDE_EXT = 4
+PFIFO_CHAN_ERROR_FAULTED_EXT = 1 << 31
+PFIFO_CHAN_ERROR_REASON_MASK_EXT = 0xFF
+
+# VM fault reasons (fault record flags bits 0-3)
+FAULT_PDE_NOT_PRESENT = 0
+FAULT_PT_TOO_SHORT = 1
+FAULT_PAGE_NOT_PRESENT = 2
+FAULT_VM_LIMIT = 3
+FAULT_NO_CHANNEL = 4
+FAULT_SUPERVISOR_ONLY = 5
+FAULT_READ_ONLY = 6
+
+# Fault units / clients (which engine faulted)
+FAULT_UNIT_PGRAPH = 0x00
+FAULT_UNIT_BAR1 = 0x04
+FAULT_UNIT_BAR3 = 0x05
+FAULT_UNIT_PFIFO = 0x07
+FAULT_UNIT_PCOPY0 = 0x15
+FAULT_UNIT_PCOPY1 = 0x16
+
+# Emulator extension: channel error reasons (PFIFO_CHAN_ERROR_EXT bits 0-7)
+CHAN_ERR_NONE_EXT = 0
+CHAN_ERR_VM_FAULT_EXT = 1  # details in the fault record of the engine's unit
+CHAN_ERR_BAD_METHOD_HEADER_EXT = 2
+CHAN_ERR_UNKNOWN_CLASS_EXT = 3
+CHAN_ERR_UNKNOWN_METHOD_EXT = 4
+CHAN_ERR_BAD_GPFIFO_ENTRY_EXT = 5
+CHAN_ERR_BAD_KERNEL_OBJECT_EXT = 6
+CHAN_ERR_SIZE_LIMIT_EXT = 7
+CHAN_ERR_NO_OBJECT_EXT = 8  # method on a subchannel with no object bound
+CHAN_ERR_DMA_TARGET_EXT = 9  # sysram address outside the memory the VMM gave the device
+CHAN_ERR_BAD_INSTANCE_EXT = 10  # unreadable or unsigned RAMIN
+
+# --------------------------------------------------------------------------------------
+# PTIMER
+# --------------------------------------------------------------------------------------
+PTIMER_TIME_0 = 0x009400  # low 32 bits, ns
+PTIMER_TIME_1 = 0x009410  # high 32 bits
+
+# --------------------------------------------------------------------------------------
+# PFLUSH
+# --------------------------------------------------------------------------------------
+PFLUSH_FLUSH = 0x070000  # write 1; poll until PFLUSH_BUSY clears
+PFLUSH_BUSY = 1 << 0
+
+# --------------------------------------------------------------------------------------
+# PFFB VM config and TLB flush
+# --------------------------------------------------------------------------------------
+PFFB_VM_CFG = 0x100C80
+PFFB_VM_CFG_LARGE_64K = 1 << 0  # 0 = 128 KiB large pages, 1 = 64 KiB
+PFFB_VM_CFG_FLUSH_DONE = 1 << 15
+PFFB_VM_CFG_SLOTS_SHIFT = 16
+PFFB_VM_CFG_SLOTS_MASK = 0xFF
+PFFB_FLUSH_PAGE = 0x100CB4  # VA >> 12 in bits 4-31
+PFFB_FLUSH_PD = 0x100CB8  # PD address >> 8 (bits 4-31 = addr >> 12), bit 1 sysram target
+PFFB_FLUSH_PD_SYSRAM = 1 << 1
+PFFB_FLUSH_PD_ADDR_SHIFT = 8
+PFFB_FLUSH_TRIGGER = 0x100CBC
+PFFB_TRIGGER_GO = 1 << 31
+PFFB_TRIGGER_ALL_PAGES = 1 << 0
+PFFB_TRIGGER_ALL_PDS = 1 << 1
+PFFB_TRIGGER_HUB_ONLY = 1 << 2
+PFFB_TRIGGER_BAR_VM = 0x80000005  # what nouveau writes for BAR VMs
+
+# --------------------------------------------------------------------------------------
+# PCOPY falcons (current/next channel instance; bit 30 valid)
+# --------------------------------------------------------------------------------------
+PCOPY_CUR_CHAN = 0x050
+PCOPY_NEXT_CHAN = 0x054
+PCOPY_CHAN_VALID = 1 << 30
+
+# --------------------------------------------------------------------------------------
+# PGRAPH
+# --------------------------------------------------------------------------------------
+PGRAPH_INTR = 0x400100
+PGRAPH_STATUS = 0x400700  # non-zero while busy
+
+# --------------------------------------------------------------------------------------
+# Channel instance block (RAMIN), 4 KiB
+# --------------------------------------------------------------------------------------
+RAMIN_SIZE = 0x1000
+RAMIN_USERD_LO = 0x008  # target in bits 0-1, address bits 12-31
+RAMIN_USERD_HI = 0x00C
+RAMIN_SIGNATURE = 0x010
+RAMIN_SIGNATURE_VALUE = 0x0000FACE
+RAMIN_GPFIFO_LO = 0x048  # GPFIFO VA bits 0-31
+RAMIN_GPFIFO_HI = 0x04C  # log2(entries) << 16 | VA bits 32-39
+RAMIN_GPFIFO_LOG2_SHIFT = 16
+RAMIN_GPFIFO_LOG2_MASK = 0x1F
+RAMIN_PD_LO = 0x200  # page directory address lo (target in bits 0-1)
+RAMIN_PD_HI = 0x204
+RAMIN_LIMIT_LO = 0x208  # VM limit (last valid byte)
+RAMIN_LIMIT_HI = 0x20C
+RAMIN_GRCTX_LO = 0x210
+RAMIN_GRCTX_HI = 0x214
+RAMFC_END = 0x200  # offsets below this are RAMFC (saved FIFO state)
+RAMIN_ADDR_TARGET_MASK = 0x3
+RAMIN_ADDR_MASK = 0xFFFFF000
+
+# --------------------------------------------------------------------------------------
+# GPU virtual memory formats
+# --------------------------------------------------------------------------------------
+VA_BITS = 40
+VA_LIMIT = 1 << VA_BITS
+PDE_COUNT = 8192
+PDE_SIZE = 8
+PD_BYTES = PDE_COUNT * PDE_SIZE  # 64 KiB
+PDE_SPAN_SHIFT = 27  # each PDE covers 128 MiB
+PDE_SPAN = 1 << PDE_SPAN_SHIFT
+SMALL_PAGE_SHIFT = 12
+SMALL_PAGE = 1 << SMALL_PAGE_SHIFT
+LARGE_PAGE_SHIFT = 17  # 128 KiB (PFFB_VM_CFG bit 0 clear)
+LARGE_PAGE = 1 << LARGE_PAGE_SHIFT
+SMALL_PTES_PER_PT = PDE_SPAN >> SMALL_PAGE_SHIFT  # 32768 (256 KiB table)
+LARGE_PTES_PER_PT = PDE_SPAN >> LARGE_PAGE_SHIFT  # 1024
+PTE_SIZE = 8
+
+PDE_LARGE_PRESENT = 1 << 0
+PDE_SIZE_SHIFT = 2  # bits 2-3: PT size (0 full, 1 1/2, 2 1/4, 3 1/8)
+PDE_SIZE_MASK = 0x3
+PDE_LARGE_ADDR_SHIFT = 4  # bits 4-31: large-PT address >> 12
+PDE_SMALL_PRESENT = 1 << 32
+PDE_SMALL_ADDR_SHIFT = 36  # bits 36-63: small-PT address >> 12
+PDE_ADDR_FIELD_MASK = 0x0FFFFFFF
+
+PTE_PRESENT = 1 << 0
+PTE_SUPERVISOR = 1 << 1
+PTE_READ_ONLY = 1 << 2
+PTE_ADDR_SHIFT = 4  # bits 4-31: physical address >> 12 (PTE = phys >> 8 | flags)
+PTE_ADDR_FIELD_MASK = 0x0FFFFFFF
+PTE_VOLATILE = 1 << 32
+PTE_TARGET_SHIFT = 33  # bits 33-34
+PTE_TARGET_MASK = 0x3
+PTE_KIND_SHIFT = 36  # bits 36-43
+
+CHANNEL_VA_BASE = 128 * MiB  # nouveau allocates channel VAs from here
+
+# --------------------------------------------------------------------------------------
+# Command submission: USERD, GPFIFO, method headers
+# --------------------------------------------------------------------------------------
+USERD_DMA_PUT = 0x40
+USERD_DMA_GET = 0x44
+USERD_REF = 0x48
+USERD_GP_GET = 0x88
+USERD_GP_PUT = 0x8C
+
+GPFIFO_ENTRY_SIZE = 8
+GPFIFO_LEN_SHIFT = 10  # word1 bits 10-30: length in 32-bit words
+GPFIFO_LEN_MASK = 0x1FFFFF
+GPFIFO_VA_HI_MASK = 0xFF
+GPFIFO_MAX_LOG2 = 16  # largest ring the device accepts (64 Ki entries)
+
+MTHD_TYPE_SHIFT = 29
+MTHD_TYPE_INC = 1
+MTHD_TYPE_NONINC = 3
+MTHD_TYPE_IMMD = 4
+MTHD_TYPE_INC_ONCE = 5
+MTHD_COUNT_SHIFT = 16
+MTHD_COUNT_MASK = 0x1FFF
+MTHD_SUBC_SHIFT = 13
+MTHD_SUBC_MASK = 0x7
+MTHD_ADDR_MASK = 0xFFF  # method >> 2
+
+# Host (PFIFO) methods, valid on any subchannel
+HOST_OBJECT = 0x00  # class bits 0-15, engine bits 16-20
+HOST_OBJECT_ENGINE_SHIFT = 16
+HOST_OBJECT_ENGINE_MASK = 0x1F
+HOST_NOP = 0x08
+HOST_SEMAPHORE_ADDR_HI = 0x10
+HOST_SEMAPHORE_ADDR_LO = 0x14
+HOST_SEMAPHORE_SEQUENCE = 0x18
+HOST_SEMAPHORE_TRIGGER = 0x1C
+HOST_REF_CNT = 0x50
+HOST_METHODS_END = 0x100  # methods below this are host methods
+
+SEM_ACQUIRE_EQUAL = 1
+SEM_RELEASE = 2
+SEM_ACQUIRE_GEQUAL = 4
+SEM_OP_MASK = 0xF
+SEM_SHORT = 1 << 24  # release writes the 32-bit sequence only
+SEM_RELEASE_BYTES = 16  # {sequence, 0, 64-bit timestamp}
+
+ENGINE_PGRAPH = 0
+ENGINE_PCOPY0 = 4
+ENGINE_PCOPY1 = 5
+
+# --------------------------------------------------------------------------------------
+# Engine classes and their methods
+# --------------------------------------------------------------------------------------
+CLASS_M2MF = 0x9039
+CLASS_COMPUTE = 0x90C0
+CLASS_COPY = 0x90B5
+
+# Compute 0x90c0 (Gdev order)
+COMPUTE_GRID_XY = 0x0238  # y << 16 | x
+COMPUTE_GRID_Z = 0x023C
+COMPUTE_LAUNCH = 0x0368
+COMPUTE_BLOCK_XY = 0x03AC
+COMPUTE_BLOCK_Z = 0x03B0
+COMPUTE_CODE_OFFSET = 0x03B4  # entry offset from the code address
+COMPUTE_CODE_ADDR_HI = 0x1608
+COMPUTE_CODE_ADDR_LO = 0x160C
+COMPUTE_CB_BIND = 0x1694
+COMPUTE_QUERY_ADDR_HI = 0x1B00
+COMPUTE_QUERY_ADDR_LO = 0x1B04
+COMPUTE_QUERY_SEQUENCE = 0x1B08
+COMPUTE_QUERY_GET = 0x1B0C
+COMPUTE_CB_SIZE = 0x2380
+COMPUTE_CB_ADDR_HI = 0x2384
+COMPUTE_CB_ADDR_LO = 0x2388
+COMPUTE_CB_POS = 0x238C
+COMPUTE_CB_DATA = 0x2390
+QUERY_GET_SHORT = 1 << 28  # query writes the 32-bit sequence only
+CB_MAX_SIZE = 0x10000
+
+# Copy 0x90b5
+COPY_LAUNCH = 0x0300
+COPY_SRC_HI = 0x030C
+COPY_SRC_LO = 0x0310
+COPY_DST_HI = 0x0314
+COPY_DST_LO = 0x0318
+COPY_PITCH_IN = 0x031C
+COPY_PITCH_OUT = 0x0320
+COPY_LINE_BYTES = 0x0324
+COPY_LINE_COUNT = 0x0328
+COPY_QUERY_ADDR_HI = 0x0338
+COPY_QUERY_ADDR_LO = 0x033C
+COPY_QUERY_SEQUENCE = 0x0340
+COPY_LAUNCH_SEM_SHIFT = 3  # bits 3-4: 0 none, 1 one-word release, 2 four-word release
+COPY_LAUNCH_SEM_MASK = 0x3
+COPY_LAUNCH_SEM_NONE = 0
+COPY_LAUNCH_SEM_SHORT = 1
+COPY_LAUNCH_SEM_LONG = 2
+COPY_LAUNCH_MULTI_LINE = 1 << 9
+COPY_MAX_BYTES = 1 << 32  # one launch moves at most 4 GiB
+
+# M2MF 0x9039
+M2MF_EXEC = 0x0300
+M2MF_OUT_HI = 0x0238
+M2MF_OUT_LO = 0x023C
+M2MF_IN_HI = 0x030C
+M2MF_IN_LO = 0x0310
+M2MF_LINE_LENGTH = 0x031C
+M2MF_LINE_COUNT = 0x0320
+
+# --------------------------------------------------------------------------------------
+# Kernel objects (what the guest uploads as "code"; see gpuvm/device/kernels.py)
+# --------------------------------------------------------------------------------------
+KOBJ_MAGIC = 0x4B565047  # "GPVK" little endian
+KOBJ_VERSION = 1
+KOBJ_HEADER_BYTES = 32  # u32 magic, u32 version, u32 kernel id, u32 param words, char[16] name
+KOBJ_OFF_MAGIC = 0
+KOBJ_OFF_VERSION = 4
+KOBJ_OFF_KERNEL = 8
+KOBJ_OFF_PARAM_WORDS = 12
+KOBJ_OFF_NAME = 16
+
+KERNEL_VECADD = 1  # params: a, b, c (u64 VAs), n          c = a + b (f32)
+KERNEL_MADD = 2  # params: a, b, c, rows, cols            c = a + b (f32 matrices)
+KERNEL_MMUL = 3  # params: a, b, c, n                     c = a @ b (f32, n x n)
+KERNEL_FMADD = 4  # params: a, b, c, n                    c = a * b + c (f32)
+KERNEL_LOOP = 5  # params: out (u64 VA), iterations       *out = iterations (u32), timed
+KERNEL_MEMSET = 6  # params: dst (u64 VA), value, words    dst[i] = value (u32)
+KERNEL_MMUL_FLOPS_PER_FMA = 2
+
+
+def c_header() -> str:
+    """The register map as C #defines, for the freestanding guest driver."""
+    lines = [
+        "/* Generated from gpuvm/device/regs.py -- do not edit. */",
+        "#ifndef GPUVM_FERMI_REGS_H",
+        "#define GPUVM_FERMI_REGS_H",
+    ]
+    for name, value in vars(sys.modules[__name__]).items():
+        if name.isupper() and isinstance(value, int) and not isinstance(value, bool):
+            lines.append(f"#define {name} 0x{value:x}ULL" if value > 0xFFFFFFFF
+                         else f"#define {name} 0x{value:x}u")
+    lines.append("#endif")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(c_header())
