@@ -1,0 +1,5 @@
+import sys
+
+from gpuvm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""Guest RAM: one anonymous shared mapping, viewed as numpy.
+
+The same buffer is the KVM memslot at guest-physical 0, the in-process guest's "physical
+memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
+and a VMM read all see the same bytes without copies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class GuestMemoryError(Exception):
+    """A guest-supplied address or length falls outside its RAM."""
+
+
+@dataclass
+class GuestRam:
+    size: int
+    _map: mmap.mmap = field(init=False, repr=False)
+    array: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.size <= 0 or self.size % mmap.PAGESIZE:
+            raise ValueError(f"guest RAM size {self.size:#x} is not a positive page multiple")
+        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+
+    @property
+    def host_address(self) -> int:
+        """Host virtual address of guest-physical 0 (for memslots and in-process guests)."""
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
+    def check(self, gpa: int, length: int) -> None:
+        if gpa < 0 or length < 0 or gpa + length > self.size:
+            raise GuestMemoryError(f"guest range {gpa:#x}+{length:#x} outside RAM of "
+                                   f"{self.size:#x} bytes")
+
+    def read(self, gpa: int, length: int) -> np.ndarray:
+        self.check(gpa, length)
+        return self.array[gpa:gpa + length]
+
+    def write(self, gpa: int, data: bytes | np.ndarray) -> None:
+        buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) \
+            else data.view(np.uint8).reshape(-1)
+        self.check(gpa, buf.size)
+        self.array[gpa:gpa + buf.size] = buf
+
+    def read_u32(self, gpa: int) -> int:
+        self.check(gpa, 4)
+        return int.from_bytes(self._map[gpa:gpa + 4], "little")
+
+    def read_cstring(self, gpa: int, limit: int = 4096) -> str:
+        """A NUL-terminated string the guest handed over, bounded so garbage cannot hang us."""
+        self.check(gpa, 1)
+        end = min(self.size, gpa + limit)
+        raw = bytes(self._map[gpa:end])
+        nul = raw.find(b"\0")
+        if nul < 0:
+            raise GuestMemoryError(f"string at {gpa:#x} is not terminated within {limit} bytes")
+        return raw[:nul].decode("utf-8", errors="replace")
+
+    def struct_at(self, gpa: int, ctype: type[ctypes.Structure]) -> ctypes.Structure:
+        """A ctypes view of a guest record (writes go straight to guest memory)."""
+        self.check(gpa, ctypes.sizeof(ctype))
+        return ctype.from_buffer(self._map, gpa)
+
+    def close(self) -> None:
+        """Release the mapping; views handed out earlier must be gone first."""
+        self.array = np.empty(0, dtype=np.uint8)
+        try:
+            self._map.close()
+        except BufferError:
+            # A ctypes/numpy view is still alive somewhere; the GC frees the map with it.
+            pass

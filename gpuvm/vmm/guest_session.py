@@ -1,0 +1,227 @@
+"""The port protocol every guest speaks (console, results, phases, waits, exit).
+
+Both backends hand `port_out`/`port_in` the values their guests wrote; this class turns
+them into a guest's log, result records, per-phase counters and wall/device times, and
+implements the "sleep until the GPU signals this VM" wait.  Nothing here knows whether a
+KVM exit or an in-process call delivered the access.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpuvm.vmm import abi
+from gpuvm.vmm.guest_ram import GuestMemoryError, GuestRam
+from gpuvm.vmm.target import GpuTarget
+
+log = logging.getLogger(__name__)
+
+
+class GuestFailed(Exception):
+    """The guest did something that ends it (bad port use, bad record)."""
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    wall_ns: int = 0
+    device_ns: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    keys = after.keys() | before.keys()
+    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(keys)
+            if after.get(k, 0) != before.get(k, 0)}
+
+
+def parse_record(text: str) -> dict[str, str]:
+    """'a=1 b=two' -> {'a': '1', 'b': 'two'}; a bare word becomes {word: ''}."""
+    out: dict[str, str] = {}
+    for item in text.split():
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+class GuestSession:
+    """One guest's side of the port protocol."""
+
+    def __init__(self, name: str, ram: GuestRam, target: GpuTarget,
+                 wait_timeout: float = 120.0,
+                 hypercall: Callable[[GuestRam, int], None] | None = None,
+                 extra_counters: Callable[[], dict[str, int]] | None = None) -> None:
+        self.name = name
+        self.ram = ram
+        self.target = target
+        self.wait_timeout = wait_timeout
+        self._hypercall = hypercall
+        self._extra_counters = extra_counters
+        self.console: list[str] = []
+        self.results: list[dict[str, str]] = []
+        self.phases: list[PhaseRecord] = []
+        self.exit_code: int | None = None
+        self.failure: str | None = None
+        self.port_counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._phase_start: tuple[int, int, dict[str, int]] | None = None
+        self._current: str | None = None
+
+    # ---------------------------------------------------------------- accounting
+    def snapshot(self) -> dict[str, int]:
+        counts = dict(self.target.counters())
+        if self._extra_counters is not None:
+            counts.update(self._extra_counters())
+        for key, value in self.port_counts.items():
+            counts[f"port.{key}"] = value
+        return counts
+
+    def _cut_phase(self, next_phase: str | None) -> None:
+        now_wall = time.perf_counter_ns()
+        now_dev = self.target.device_time_ns()
+        counts = self.snapshot()
+        if self._current is not None and self._phase_start is not None:
+            wall0, dev0, counts0 = self._phase_start
+            self.phases.append(PhaseRecord(self._current, now_wall - wall0, now_dev - dev0,
+                                           _diff(counts, counts0)))
+        self._current = next_phase
+        self._phase_start = (now_wall, now_dev, counts)
+
+    def start(self) -> None:
+        """Begin accounting; anything before the guest's first phase mark is 'Init'."""
+        self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
+
+    def finish(self) -> None:
+        self._cut_phase(None)
+
+    # ---------------------------------------------------------------- ports
+    def _count(self, name: str) -> None:
+        self.port_counts[name] = self.port_counts.get(name, 0) + 1
+
+    def port_out(self, port: int, value: int) -> bool:
+        """Handle a guest `out`; True when the guest has exited."""
+        try:
+            if port == abi.PORT_CONSOLE:
+                self._count("console")
+                line = self.ram.read_cstring(value)
+                self.console.append(line)
+                log.info("[%s] %s", self.name, line)
+            elif port == abi.PORT_RESULT:
+                self._count("result")
+                self.results.append(parse_record(self.ram.read_cstring(value)))
+            elif port == abi.PORT_PHASE:
+                self._count("phase")
+                if not 0 <= value < len(abi.PHASE_NAMES):
+                    raise GuestFailed(f"phase mark {value} is not a known phase")
+                self._cut_phase(abi.PHASE_NAMES[value])
+            elif port == abi.PORT_WAIT:
+                self._count("wait")
+                self._wait(value)
+            elif port == abi.PORT_HYPERCALL:
+                self._count("hypercall")
+                if self._hypercall is None:
+                    raise GuestFailed("hypercall from a guest that is not paravirtualized")
+                self._hypercall(self.ram, value)
+            elif port == abi.PORT_EXIT:
+                self._count("exit")
+                self.exit_code = value
+                return True
+            else:
+                raise GuestFailed(f"write of {value:#x} to unknown port {port:#x}")
+        except GuestMemoryError as exc:
+            raise GuestFailed(f"port {port:#x}: {exc}") from exc
+        return False
+
+    def port_in(self, port: int) -> int:
+        raise GuestFailed(f"read from port {port:#x}, which no device answers")
+
+    def _wait(self, gpa: int) -> None:
+        rec = self.ram.struct_at(gpa, abi.WaitRecord)
+        addr, value = int(rec.addr), int(rec.value)
+        self.ram.check(addr, 4)
+        timeout = rec.timeout_ns / 1e9 if rec.timeout_ns else self.wait_timeout
+        faults_before = len(self.target.faults())
+
+        def reached() -> bool:
+            current = self.ram.read_u32(addr)
+            return ((current - value) & 0xFFFFFFFF) < 0x80000000 or \
+                len(self.target.faults()) > faults_before
+
+        ok = self.target.wait_event(reached, timeout)
+        if len(self.target.faults()) > faults_before:
+            rec.status = abi.WAIT_FAULT
+        elif not ok:
+            rec.status = abi.WAIT_TIMEOUT
+        else:
+            rec.status = abi.WAIT_OK
+        del rec  # release the view on guest memory
+
+    # ---------------------------------------------------------------- outcome
+    def passed(self) -> bool:
+        """Exit code 0, no failure, and every check the guest reported says PASS."""
+        if self.failure or self.exit_code != 0:
+            return False
+        checks = [r.get("check") for r in self.results if "check" in r]
+        return bool(checks) and all(c == "PASS" for c in checks)
+
+
+def boot_params_for(ram: GuestRam, bench: str, params: list[int], flags: int,
+                    bar_base: dict[int, int], bar_size: dict[int, int],
+                    phys_offset: int = 0) -> abi.BootParams:
+    """Write the boot parameters into guest RAM at GUEST_BOOT_PARAMS and return the view."""
+    if len(params) > abi.BOOT_NUM_PARAMS:
+        raise ValueError(f"at most {abi.BOOT_NUM_PARAMS} benchmark parameters, got {len(params)}")
+    name = bench.encode()
+    if len(name) >= abi.BOOT_BENCH_NAME_LEN:
+        raise ValueError(f"benchmark name {bench!r} is too long")
+    bp = ram.struct_at(abi.GUEST_BOOT_PARAMS, abi.BootParams)
+    ctypes.memset(ctypes.addressof(bp), 0, ctypes.sizeof(bp))
+    bp.magic = abi.BOOT_MAGIC
+    bp.version = abi.BOOT_VERSION
+    bp.ram_size = ram.size
+    bp.phys_offset = phys_offset
+    bp.heap_start = abi.GUEST_HEAP_BASE
+    for bar, base in bar_base.items():
+        bp.bar_base[bar] = base
+    for bar, size in bar_size.items():
+        bp.bar_size[bar] = size
+    bp.flags = flags
+    for i, p in enumerate(params):
+        bp.params[i] = p
+    bp.bench = name
+    return bp
+
+
+@dataclass
+class GuestOutcome:
+    """How one guest ended, whichever backend ran it."""
+
+    name: str
+    backend: str  # "kvm" or "inproc"
+    session: GuestSession
+    failure: str | None = None  # None when the guest exited by itself
+    rip: int | None = None  # guest instruction pointer at a crash (KVM)
+    wall_ns: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and self.session.passed()
+
+    def describe_failure(self) -> str | None:
+        """One line saying why this guest did not pass, or None."""
+        if self.failure:
+            where = f" at rip {self.rip:#x}" if self.rip is not None else ""
+            return f"{self.name}: {self.failure}{where}"
+        s = self.session
+        if s.exit_code not in (0, None):
+            reason = next((r.get("reason") for r in reversed(s.results) if "reason" in r), None)
+            return f"{self.name}: guest exited with code {s.exit_code}" + \
+                (f" ({reason.replace('_', ' ')})" if reason else "")
+        if not s.passed():
+            return f"{self.name}: checks did not pass"
+        return None
