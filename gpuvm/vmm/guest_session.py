@@ -73,6 +73,12 @@ class GuestSession:
         self._current: str | None = None
 
     # ---------------------------------------------------------------- accounting
+    def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
+        """Add counts from a part built after the session (e.g. the KVM runner's exits)."""
+        previous = self._extra_counters
+        self._extra_counters = source if previous is None else \
+            (lambda: {**previous(), **source()})
+
     def snapshot(self) -> dict[str, int]:
         counts = dict(self.target.counters())
         if self._extra_counters is not None:

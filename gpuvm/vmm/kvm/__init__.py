@@ -1,0 +1,37 @@
+"""Guests on real vCPUs through /dev/kvm, from Python (ctypes structs + fcntl.ioctl).
+
+Modules, one job each: kvm_api (ABI numbers and structs), vm (fds and the kvm_run
+mapping), long_mode (page tables and CPL3 registers), memslots (BAR remap), vcpu (the
+exit loop), kick (stopping a running vCPU), runner (KvmRunner: thread, outcome).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from gpuvm.vmm.kvm import kvm_api as api
+from gpuvm.vmm.kvm.vm import KvmError, open_kvm
+
+
+def kvm_usable() -> tuple[bool, str]:
+    """(True, description) when this process can run KVM guests, else (False, one-line
+    reason): /dev/kvm opens, speaks API 12, and a VM can be created."""
+    try:
+        kvm_fd = open_kvm()
+    except KvmError as exc:
+        return False, str(exc)
+    try:
+        try:
+            vm_fd = fcntl.ioctl(kvm_fd, api.KVM_CREATE_VM, 0)
+        except OSError as exc:
+            return False, f"/dev/kvm opens but KVM_CREATE_VM fails: {exc.strerror}"
+        os.close(vm_fd)
+        if not fcntl.ioctl(kvm_fd, api.KVM_CHECK_EXTENSION, api.KVM_CAP_USER_MEMORY):
+            return False, "KVM lacks KVM_CAP_USER_MEMORY"
+        return True, "/dev/kvm usable (API 12, VM creation works)"
+    finally:
+        os.close(kvm_fd)
+
+
+__all__ = ["kvm_usable", "KvmError"]

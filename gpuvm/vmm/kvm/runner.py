@@ -1,0 +1,202 @@
+"""KvmRunner: one guest on one real vCPU, in its own thread.
+
+The VM and vCPU are created inside the thread that runs them (a VM created before a
+fork is unusable in the child, and keeping every KVM object on one thread keeps
+teardown simple).  KVM_RUN releases the GIL, so several runners run guests in parallel;
+a guest that crashes, misbehaves or times out ends only its own VM: the outcome carries
+a one-line reason and the guest's RIP, and the thread releases its fds and mappings.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from gpuvm.vmm import abi
+from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession
+from gpuvm.vmm.kvm import long_mode
+from gpuvm.vmm.kvm.kick import ensure_kick_handler, kick
+from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
+from gpuvm.vmm.kvm.vcpu import BarWindow, ExitCounters, ExitLoop
+from gpuvm.vmm.kvm.vm import KvmError, KvmVm
+
+log = logging.getLogger(__name__)
+
+BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
+STOP_GRACE_S = 5.0  # how long join waits for a kicked vCPU thread to wind down
+
+
+class GuestImageError(ValueError):
+    """The flat image cannot be loaded (missing, too big for the layout or the RAM)."""
+
+
+def bar_windows(bar_sizes: dict[int, int], ram_size: int) -> tuple[BarWindow, ...]:
+    """The guest-physical BAR windows for `bar_sizes`, checked against the layout."""
+    windows = []
+    for bar, size in sorted(bar_sizes.items()):
+        if bar not in BAR_BASES:
+            raise ValueError(f"BAR{bar} has no guest-physical window on KVM "
+                             f"(windows exist for BARs {sorted(BAR_BASES)})")
+        base = BAR_BASES[bar]
+        limit = min([b for b in BAR_BASES.values() if b > base]
+                    + [abi.GUEST_IDENTITY_MAP_TOP])
+        if size <= 0 or base + size > limit:
+            raise ValueError(f"BAR{bar} size {size:#x} does not fit its window at "
+                             f"{base:#x} (at most {limit - base:#x})")
+        windows.append(BarWindow(bar, base, size))
+    if ram_size > min(BAR_BASES.values()):
+        raise ValueError(f"guest RAM of {ram_size:#x} bytes overlaps the BAR windows")
+    return tuple(windows)
+
+
+def load_image(path: Path, ram: GuestRam, name: str) -> bytes:
+    """Read a flat image and check it fits the layout and this VM's RAM."""
+    try:
+        image = Path(path).read_bytes()
+    except OSError as exc:
+        raise GuestImageError(f"{name}: cannot read guest image {path}: {exc.strerror}") \
+            from exc
+    if not image:
+        raise GuestImageError(f"{name}: guest image {path} is empty")
+    if len(image) > abi.GUEST_IMAGE_MAX:
+        raise GuestImageError(f"{name}: guest image {path} is {len(image):#x} bytes, over "
+                              f"the {abi.GUEST_IMAGE_MAX:#x} the layout allows")
+    if abi.GUEST_IMAGE_BASE + len(image) > ram.size:
+        raise GuestImageError(f"{name}: guest image {path} does not fit in "
+                              f"{ram.size:#x} bytes of RAM")
+    return image
+
+
+class KvmRunner:
+    """Runs one flat guest image on a KVM vCPU (see the module docstring)."""
+
+    backend = "kvm"
+
+    def __init__(self, name: str, flat_image: Path, ram: GuestRam, session: GuestSession,
+                 bar_sizes: dict[int, int]) -> None:
+        self.name = name
+        self.ram = ram
+        self.session = session
+        self.windows = bar_windows(bar_sizes, ram.size)
+        self.image = load_image(flat_image, ram, name)
+        self.counters = ExitCounters(self.windows)
+        # BAR remap: usable before start() (applied when the VM exists) and while it runs
+        self.memslots = MemslotTable(first_slot=1, reserved=((0, ram.size),))
+        session.add_extra_counters(self.exit_counters)
+        ensure_kick_handler()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards _vm and _stop against the vCPU thread
+        self._vm: KvmVm | None = None
+        self._stop: str | None = None
+        self._outcome: GuestOutcome | None = None
+
+    # ---------------------------------------------------------------- public
+    def exit_counters(self) -> dict[str, int]:
+        """Exit counts by kind: exits.io, exits.mmio.bar<N>.read / .write."""
+        return self.counters.as_dict()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name}: already started")
+        self._thread = threading.Thread(target=self._main, name=f"vcpu-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> GuestOutcome:
+        """Wait for the guest; past `timeout` seconds it is stopped and reported."""
+        if self._thread is None:
+            raise RuntimeError(f"{self.name}: join() before start()")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.stop(f"timed out after {timeout:g} s")
+            self._thread.join(STOP_GRACE_S)
+        if self._outcome is not None:
+            return self._outcome
+        return GuestOutcome(self.name, self.backend, self.session,
+                            failure=f"{self._stop}; the vCPU thread is still busy in a "
+                                    f"handler and will release the VM when it returns")
+
+    def stop(self, reason: str) -> None:
+        """Ask the vCPU to stop at once (from any thread); `reason` becomes the failure."""
+        with self._lock:
+            if self._stop is None:
+                self._stop = reason
+            vm = self._vm
+            if vm is not None and vm.run is not None:
+                vm.run[1] = 1  # kvm_run.immediate_exit: every KVM_RUN now returns EINTR
+                if self._thread is not None and self._thread.ident is not None:
+                    kick(self._thread.ident)
+
+    # ---------------------------------------------------------------- vCPU thread
+    def _stop_reason(self) -> str | None:
+        return self._stop
+
+    def _setup(self) -> KvmVm:
+        vm = KvmVm.create()
+        try:
+            vm.set_memory_region(0, 0, self.ram.size, self.ram.host_address)
+            cr3 = long_mode.write_identity_page_tables(self.ram)
+            self.ram.write(abi.GUEST_IMAGE_BASE, self.image)
+            sregs = vm.get_sregs()
+            long_mode.configure_sregs(sregs, cr3)
+            vm.set_sregs(sregs)
+            vm.set_regs(long_mode.entry_regs(abi.GUEST_IMAGE_BASE, abi.GUEST_STACK_TOP - 8,
+                                             abi.GUEST_BOOT_PARAMS))
+            self.memslots.bind(vm)
+        except BaseException:
+            self.memslots.unbind()
+            vm.close()
+            raise
+        return vm
+
+    def _main(self) -> None:
+        t0 = time.perf_counter_ns()
+        failure: str | None = None
+        rip: int | None = None
+        vm: KvmVm | None = None
+        loop: ExitLoop | None = None
+        started = False
+        try:
+            vm = self._setup()
+            with self._lock:
+                self._vm = vm
+                if self._stop is not None:
+                    vm.run[1] = 1  # stopped before it began
+            loop = ExitLoop(vm, self.session, self.windows, self.counters,
+                            self._stop_reason)
+            self.session.start()
+            started = True
+            failure = loop.run()
+        except GuestFailed as exc:
+            failure = str(exc)
+        except (KvmError, MemslotError) as exc:
+            failure = str(exc)
+        except Exception as exc:  # a bug in a handler must not take other VMs down
+            log.exception("%s: VMM error", self.name)
+            failure = f"VMM error: {type(exc).__name__}: {exc}"
+        finally:
+            if vm is not None and failure is not None:
+                try:
+                    rip = vm.get_regs().rip
+                except KvmError:
+                    rip = None
+            if started:
+                try:
+                    self.session.finish()
+                except Exception:
+                    log.exception("%s: closing the last phase failed", self.name)
+            with self._lock:
+                self._vm = None
+            self.memslots.unbind()
+            if loop is not None:
+                loop.release()
+            if vm is not None:
+                vm.close()
+            if failure is not None:
+                self.session.failure = failure
+            self._outcome = GuestOutcome(self.name, self.backend, self.session,
+                                         failure=failure, rip=rip,
+                                         wall_ns=time.perf_counter_ns() - t0)

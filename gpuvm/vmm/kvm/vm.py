@@ -1,0 +1,130 @@
+"""One KVM virtual machine with one vCPU: the file descriptors and the kvm_run mapping.
+
+Everything here is setup-time code (none of it is on the exit path); the exit loop in
+vcpu.py reads the kvm_run mapping this class owns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from dataclasses import dataclass, field
+
+from gpuvm.vmm.kvm import kvm_api as api
+
+KVM_DEVICE = "/dev/kvm"
+
+
+class KvmError(Exception):
+    """A KVM ioctl failed during setup; the message names the operation."""
+
+
+def open_kvm() -> int:
+    """An fd on /dev/kvm whose API version is the stable one (12)."""
+    try:
+        fd = os.open(KVM_DEVICE, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise KvmError(f"{KVM_DEVICE} does not exist (no KVM on this machine)") from exc
+    except PermissionError as exc:
+        raise KvmError(f"no permission to open {KVM_DEVICE} (run as root or join the "
+                       f"kvm group)") from exc
+    except OSError as exc:
+        raise KvmError(f"cannot open {KVM_DEVICE}: {exc.strerror}") from exc
+    try:
+        version = fcntl.ioctl(fd, api.KVM_GET_API_VERSION)
+        if version != api.KVM_API_VERSION:
+            raise KvmError(f"KVM API version {version}, expected {api.KVM_API_VERSION}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _ioctl(fd: int, request: int, arg: int | bytes | bytearray | memoryview = 0,
+           what: str = "ioctl") -> int:
+    try:
+        return fcntl.ioctl(fd, request, arg)
+    except OSError as exc:
+        raise KvmError(f"{what} failed: {exc.strerror}") from exc
+
+
+@dataclass
+class KvmVm:
+    """A VM fd, one vCPU fd and its kvm_run mmap; `close()` releases all of them."""
+
+    kvm_fd: int
+    vm_fd: int
+    vcpu_fd: int = -1
+    run: mmap.mmap | None = field(default=None, repr=False)
+    max_memslots: int = 0
+    readonly_mem: bool = False
+
+    @classmethod
+    def create(cls) -> "KvmVm":
+        kvm_fd = open_kvm()
+        try:
+            vm_fd = _ioctl(kvm_fd, api.KVM_CREATE_VM, 0, "KVM_CREATE_VM")
+        except BaseException:
+            os.close(kvm_fd)
+            raise
+        vm = cls(kvm_fd, vm_fd)
+        try:
+            vm.max_memslots = vm.check_extension(api.KVM_CAP_NR_MEMSLOTS) or 32
+            vm.readonly_mem = bool(vm.check_extension(api.KVM_CAP_READONLY_MEM))
+            vm.vcpu_fd = _ioctl(vm_fd, api.KVM_CREATE_VCPU, 0, "KVM_CREATE_VCPU")
+            size = _ioctl(kvm_fd, api.KVM_GET_VCPU_MMAP_SIZE, 0, "KVM_GET_VCPU_MMAP_SIZE")
+            vm.run = mmap.mmap(vm.vcpu_fd, size, flags=mmap.MAP_SHARED,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            vm.close()
+            raise
+        return vm
+
+    def check_extension(self, cap: int) -> int:
+        try:
+            return fcntl.ioctl(self.vm_fd, api.KVM_CHECK_EXTENSION, cap)
+        except OSError:
+            return 0
+
+    def set_memory_region(self, slot: int, gpa: int, size: int, host_address: int,
+                          flags: int = 0) -> None:
+        """Create (size > 0) or delete (size == 0) memslot `slot`."""
+        region = api.KvmUserspaceMemoryRegion(slot, flags, gpa, size, host_address)
+        _ioctl(self.vm_fd, api.KVM_SET_USER_MEMORY_REGION, bytes(region),
+               f"KVM_SET_USER_MEMORY_REGION (slot {slot}, gpa {gpa:#x}, size {size:#x})")
+
+    def get_regs(self) -> api.KvmRegs:
+        regs = api.KvmRegs()
+        _ioctl_into(self.vcpu_fd, api.KVM_GET_REGS, regs, "KVM_GET_REGS")
+        return regs
+
+    def set_regs(self, regs: api.KvmRegs) -> None:
+        _ioctl(self.vcpu_fd, api.KVM_SET_REGS, bytes(regs), "KVM_SET_REGS")
+
+    def get_sregs(self) -> api.KvmSregs:
+        sregs = api.KvmSregs()
+        _ioctl_into(self.vcpu_fd, api.KVM_GET_SREGS, sregs, "KVM_GET_SREGS")
+        return sregs
+
+    def set_sregs(self, sregs: api.KvmSregs) -> None:
+        _ioctl(self.vcpu_fd, api.KVM_SET_SREGS, bytes(sregs), "KVM_SET_SREGS")
+
+    def close(self) -> None:
+        """Release the run mapping and every fd (idempotent).  Views on `run` must be
+        released first (an mmap with live exports cannot be closed)."""
+        if self.run is not None:
+            self.run.close()
+            self.run = None
+        for name in ("vcpu_fd", "vm_fd", "kvm_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+
+def _ioctl_into(fd: int, request: int, struct: object, what: str) -> None:
+    try:
+        fcntl.ioctl(fd, request, struct, True)  # type: ignore[call-overload]
+    except OSError as exc:
+        raise KvmError(f"{what} failed: {exc.strerror}") from exc
