@@ -23,7 +23,7 @@ from scheduler.credit import CreditPolicy
 from scheduler.decision import IDLE, Decision, Dispatch, VmId, Wait
 from scheduler.meter import SlidingWindowMeter
 from scheduler.params import SchedulerParams
-from scheduler.policy import _NOBODY
+from scheduler.policy import NO_VM
 
 
 class BandPolicy(CreditPolicy):
@@ -34,7 +34,7 @@ class BandPolicy(CreditPolicy):
         self._meters: dict[VmId, SlidingWindowMeter] = {}
         self._util: dict[VmId, float] = {}  # last sample, if util_sample_ns > 0
         self._next_sample: int | None = None
-        self._last: object = _NOBODY  # the VM whose completion is being followed up
+        self._last: object = NO_VM  # the VM whose completion is being followed up
         self._yield_until: int | None = None
 
     def utilisation(self, vm: VmId) -> float:
@@ -87,7 +87,7 @@ class BandPolicy(CreditPolicy):
             self.counters[last].kept_turns += 1
             return Dispatch(last)
         nxt = self._first_ready()
-        if nxt is _NOBODY:
+        if nxt is NO_VM:
             return IDLE
         if nxt == last or not self.over_share(nxt):
             return Dispatch(nxt)

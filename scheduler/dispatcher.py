@@ -10,11 +10,15 @@ the engine, so both are injected:
   it to hold the engine briefly.  Without it, the owner polls `wake_at`.
 
 No threads, locks or simpy here: the mediator serialises calls under its own lock and
-passes the device clock; the model passes `env.now`.  Times are integer ns.
+passes the device clock; the model passes `env.now`.  Times are integer ns.  A call
+whose `now` is earlier than one already seen (two threads that read the clock in one
+order and take the lock in the other) is treated as happening at the latest time seen;
+the policies themselves reject time going backwards.
 """
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
@@ -49,21 +53,21 @@ class Dispatcher(Generic[T]):
         self.metrics: dict[VmId, VmMetrics] = {}
         self._running: Running[T] | None = None
         self._wake_at: int | None = None
-        self._latest = 0  # latest time seen; a synchronous engine may move it forward
+        self._latest = 0  # latest time seen; every call acts at this time
         self._advancing = False
 
     # ----------------------------------------------------------------- membership
     def add_vm(self, vm: VmId, share: float = 1.0, now: int = 0) -> None:
+        now = self._seen(now)
         self.policy.add_vm(vm, share, now)
-        self._seen(now)
         self._queues[vm] = deque()
         self.metrics[vm] = VmMetrics(added_at=now)
 
     def remove_vm(self, vm: VmId, now: int) -> list[T]:
         """Forget the VM; returns its queued (never started) submissions.  If it is on
         the engine, that submission still completes normally."""
+        now = self._seen(now)
         self.policy.remove_vm(vm, now)
-        self._seen(now)
         dropped = [item for item, _ in self._queues.pop(vm)]
         self.metrics[vm].removed_at = now
         self._advance()
@@ -74,8 +78,8 @@ class Dispatcher(Generic[T]):
         """A doorbell: queue `item` for `vm` and run something if the engine is free."""
         if vm not in self._queues:
             raise ValueError(f"vm {vm!r}: not added to the dispatcher")
+        now = self._seen(now)
         self.policy.ready(vm, now)
-        self._seen(now)
         self._queues[vm].append((item, now))
         self.metrics[vm].submitted += 1
         self._advance()
@@ -86,10 +90,10 @@ class Dispatcher(Generic[T]):
         done = self._running
         if done is None:
             raise RuntimeError("complete: nothing is running")
+        now = self._seen(now)
         if used is None:
             used = now - done.started_at
         self.policy.charge(done.vm, used, now)
-        self._seen(now)
         self._running = None
         # the busy interval never reaches back before the start (intervals stay disjoint)
         self.metrics[done.vm].record_completion(max(now - used, done.started_at), now)
@@ -98,8 +102,8 @@ class Dispatcher(Generic[T]):
 
     def wake(self, now: int) -> None:
         """Time has reached a requested wake-up (early or stale calls are harmless)."""
+        now = self._seen(now)
         self.policy.replenish(now)
-        self._seen(now)
         self._advance()
 
     # ------------------------------------------------------------------ inspection
@@ -116,8 +120,13 @@ class Dispatcher(Generic[T]):
         return len(self._queues[vm])
 
     # ------------------------------------------------------------------- internals
-    def _seen(self, now: int) -> None:
+    def _seen(self, now: int) -> int:
+        try:
+            now = operator.index(now)
+        except TypeError:
+            raise ValueError(f"now: must be integer ns, got {now!r}") from None
         self._latest = max(self._latest, now)
+        return self._latest
 
     def _advance(self) -> None:
         if self._advancing:  # re-entered from start(): the outer loop carries on

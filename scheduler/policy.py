@@ -30,7 +30,7 @@ from typing import ClassVar
 from scheduler.decision import IDLE, Decision, Dispatch, VmId
 from scheduler.params import SchedulerParams
 
-_NOBODY = object()  # "no VM": VmId may legitimately be None or 0
+NO_VM = object()  # "no VM" for this package; a VmId may legitimately be None or 0
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Policy(ABC):
         self._order: list[VmId] = []  # run-queue order, head first
         self._weights: dict[VmId, float] = {}
         self._pending: dict[VmId, int] = {}
-        self._running: object = _NOBODY
+        self._running: object = NO_VM
         self._now: int | None = None
         self.counters: dict[VmId, PolicyCounters] = {}
 
@@ -99,11 +99,11 @@ class Policy(ABC):
     @property
     def running(self) -> VmId | None:
         """The VM dispatched and not yet charged (None if the engine is free)."""
-        return None if self._running is _NOBODY else self._running
+        return None if self._running is NO_VM else self._running
 
     @property
     def busy(self) -> bool:
-        return self._running is not _NOBODY
+        return self._running is not NO_VM
 
     # ------------------------------------------------------------------- protocol
     def ready(self, vm: VmId, now: int, count: int = 1) -> None:
@@ -133,7 +133,7 @@ class Policy(ABC):
             raise ValueError(f"vm {vm!r}: charged but not running (running: {self.running!r})")
         if used < 0:
             raise ValueError(f"used: must be >= 0 ns, got {used}")
-        self._running = _NOBODY
+        self._running = NO_VM
         if vm not in self._weights:  # removed while its last submission ran
             return
         self._account(vm, used, now)
@@ -169,14 +169,14 @@ class Policy(ABC):
 
     def _choose(self, now: int) -> Decision:
         vm = self._first_ready()
-        return IDLE if vm is _NOBODY else Dispatch(vm)
+        return IDLE if vm is NO_VM else Dispatch(vm)
 
     # -------------------------------------------------------------------- helpers
     def _first_ready(self) -> object:
         for vm in self._order:
             if self._pending[vm] > 0:
                 return vm
-        return _NOBODY
+        return NO_VM
 
     def _require(self, vm: VmId) -> None:
         if vm not in self._weights:

@@ -114,3 +114,18 @@ def test_utilisation_series_is_exact_on_a_hand_example():
     assert util.tolist() == pytest.approx([0, 0, 1.0, 0.5, 0.5, 0.5])
     assert m.gpu_time_between(120, 350) == 30 + 50
     assert m.utilisation_between(100, 400) == pytest.approx(150 / 300)
+
+
+def test_a_late_timestamp_counts_as_the_latest_time_seen():
+    # a doorbell thread read the clock after the completion thread but got the lock
+    # first: the completion is taken to happen at the doorbell's time
+    engine = Recorder()
+    d = Dispatcher(make_policy("fifo"), engine)
+    d.add_vm("A", 1, 0)
+    d.submit("A", "a1", 0)
+    d.submit("A", "a2", 10 * MS)
+    d.complete(9 * MS)
+    assert d.metrics["A"].busy == [(0, 10 * MS)]
+    assert d.running.started_at == 10 * MS
+    with pytest.raises(ValueError, match="now"):
+        d.submit("A", "a3", 20 * MS + 0.5)  # not integer ns
