@@ -7,23 +7,11 @@ the path of one guest access is the same whichever way the guest runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from gpuvm.device.faults import ChannelFault
 
-@dataclass(frozen=True)
-class ChannelFault:
-    """Why a channel stopped, in the terms a driver would see."""
-
-    chid: int  # the channel id as the guest knows it
-    reason: str  # e.g. "vm-fault: page not present", "bad method header"
-    address: int = 0  # faulting GPU VA (VM faults) or offending word address
-    engine: str = ""
-
-    def __str__(self) -> str:
-        where = f" at {self.address:#x}" if self.address else ""
-        engine = f" ({self.engine})" if self.engine else ""
-        return f"channel {self.chid}{engine}: {self.reason}{where}"
+__all__ = ["ChannelFault", "GpuTarget"]
 
 
 class GpuTarget(Protocol):

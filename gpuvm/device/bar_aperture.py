@@ -1,0 +1,84 @@
+"""BAR1 and BAR3: host windows translated through their own GPU address spaces."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpuvm.device import regs
+from gpuvm.device.mmu import DmaFault, Space, VmFault
+
+if TYPE_CHECKING:
+    from gpuvm.device.gpu import Gpu
+
+
+class BarAperture:
+    def __init__(self, gpu: "Gpu", bar: int, size: int, fault_unit: int) -> None:
+        self.gpu = gpu
+        self.bar = bar
+        self.size = size
+        self.fault_unit = fault_unit
+        self.reg = 0
+        self._space: Space | None = None
+        self._keys = (f"mmio.bar{bar}.read", f"mmio.bar{bar}.write")
+
+    def set_reg(self, value: int) -> None:
+        self.reg = value
+        self._space = None
+
+    def forget(self) -> None:
+        """Re-read the instance block on next use (after a flush or a rewrite)."""
+        self._space = None
+
+    @property
+    def inst(self) -> int:
+        return (self.reg & regs.PBUS_BARVM_INST_MASK) << 12
+
+    def space(self) -> Space | None:
+        if not self.reg & regs.PBUS_BARVM_ENABLE:
+            return None
+        if self._space is None:
+            self._space = self.gpu.space_from_instance(
+                self.inst, (self.reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK)
+        return self._space
+
+    def _translate(self, offset: int, size: int, write: bool) -> tuple[int, int] | None:
+        if size not in (1, 2, 4, 8) or offset < 0 or offset + size > self.size or \
+                (offset & 0xFFF) + size > 0x1000:
+            self.gpu.mmio_bus._unimplemented(offset, f"bar{self.bar} access of {size}")
+            return None
+        space = self.space()
+        try:
+            if space is None:
+                raise VmFault(regs.FAULT_NO_CHANNEL, offset, write)
+            target, phys = self.gpu.mmu.translate_one(space, offset, write, user=False)
+            self.gpu.mmu.view(target, phys, size)
+            return target, phys
+        except (VmFault, DmaFault) as exc:
+            reason = exc.reason if isinstance(exc, VmFault) else regs.FAULT_PAGE_NOT_PRESENT
+            self.gpu.pfifo.record_fault(self.fault_unit, self.inst, offset, write, reason)
+            self.gpu.counts.inc(f"vm.faults.bar{self.bar}")
+            return None
+
+    def read(self, offset: int, size: int) -> int:
+        self.gpu.counts.total[self._keys[0]] += 1
+        where = self._translate(offset, size, False)
+        if where is None:
+            return (1 << (8 * size)) - 1
+        target, phys = where
+        if target == regs.TARGET_VRAM:
+            return self.gpu.vram.read_bytes(phys, size)
+        return int.from_bytes(self.gpu.mmu.view(target, phys, size).tobytes(), "little")
+
+    def write(self, offset: int, size: int, value: int) -> tuple[int, int] | None:
+        """Store through the aperture; returns where it landed (None if it faulted)."""
+        self.gpu.counts.total[self._keys[1]] += 1
+        where = self._translate(offset, size, True)
+        if where is None:
+            return None
+        target, phys = where
+        if target == regs.TARGET_VRAM:
+            self.gpu.vram.write_bytes(phys, size, value)
+        else:
+            self.gpu.mmu.phys_write(target, phys,
+                                    (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"))
+        return where

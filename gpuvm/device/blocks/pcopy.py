@@ -1,0 +1,32 @@
+"""PCOPY falcons: which channel each copy engine serves (GPUvm translates these)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpuvm.device import regs
+from gpuvm.device.mmio_bus import RegisterBlock
+
+if TYPE_CHECKING:
+    from gpuvm.device.engines import Engine
+
+
+class Pcopy(RegisterBlock):
+    size = 0x1000
+
+    def __init__(self, index: int, engine: "Engine") -> None:
+        super().__init__()
+        self.name = f"pcopy{index}"
+        self.start = regs.BLOCK_PCOPY0 if index == 0 else regs.BLOCK_PCOPY1
+        self.engine = engine
+        self.next_chan = 0
+        self.reg(self.start + regs.PCOPY_CUR_CHAN, read=self._cur)
+        self.reg(self.start + regs.PCOPY_NEXT_CHAN, read=lambda: self.next_chan,
+                 write=self._set_next)
+
+    def _cur(self) -> int:
+        inst = self.engine.current_inst
+        return 0 if inst is None else (inst >> 12) | regs.PCOPY_CHAN_VALID
+
+    def _set_next(self, value: int) -> None:
+        self.next_chan = value

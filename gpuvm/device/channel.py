@@ -1,0 +1,325 @@
+"""One channel's execution: fetch GPFIFO entries, decode pushbuffers, run host methods,
+hand engine methods to the bound class, and block while the engine works.
+
+A channel executes in order: after an engine launch it waits until that work completes,
+so a semaphore release after a launch is a fence.  Anything malformed stops this channel
+with a reason; the device and other channels carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.device.engine_classes import BoundObject, Completion
+from gpuvm.device.faults import ChannelError
+from gpuvm.device.mmu import DmaFault, Space, VmFault
+from gpuvm.device.pushbuffer import MethodCall, decode
+
+if TYPE_CHECKING:
+    from gpuvm.device.gpu import Gpu
+
+log = logging.getLogger(__name__)
+
+MAX_PUSHBUFFER_WORDS = 1 << 20  # one GPFIFO entry may name at most 4 MiB of commands
+METHODS_PER_TURN = 256  # how many methods a channel runs before others get a turn
+
+
+@dataclass
+class ChannelContext:
+    """What the device loads from RAMIN when it picks the channel up."""
+
+    space: Space
+    userd_target: int
+    userd: int
+    gpfifo_va: int
+    gpfifo_entries: int
+
+
+@dataclass
+class Channel:
+    chid: int
+    table: int = 0  # PFIFO_CHAN_TABLE word
+    state: int = 0  # PFIFO_CHAN_STATE word
+    gp_get: int = 0
+    error: int = 0  # CHAN_ERR_*_EXT; non-zero = stopped
+    ctx: ChannelContext | None = None
+    pending: deque = field(default_factory=deque)  # MethodCall | ChannelError
+    objects: dict[int, BoundObject] = field(default_factory=dict)
+    resume_at: int = 0  # blocked on an engine until this device time
+    on_resume: Completion | None = None
+    acquire: tuple[int, int, int] | None = None  # (va, value, op) being waited for
+    sem_addr: int = 0
+    sem_seq: int = 0
+    poll: bool = False  # GP_PUT may have moved: look at USERD
+    busy_since: int | None = None  # device time the channel last went from idle to busy
+    counts: Callable[[str, int], None] | None = None
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.table & regs.PFIFO_CHAN_VALID)
+
+    @property
+    def runnable(self) -> bool:
+        return self.valid and bool(self.state & regs.PFIFO_CHAN_STATE_RUNNABLE) and not self.error
+
+    @property
+    def inst(self) -> int:
+        return (self.table & regs.PFIFO_CHAN_INST_MASK) << 12
+
+    @property
+    def inst_target(self) -> int:
+        return (self.table >> regs.PFIFO_CHAN_TARGET_SHIFT) & 0x3
+
+    def reset(self) -> None:
+        """A (re)bound channel starts from a clean PFIFO context."""
+        self.gp_get = 0
+        self.error = 0
+        self.ctx = None
+        self.pending.clear()
+        self.objects.clear()
+        self.resume_at = 0
+        self.on_resume = None
+        self.acquire = None
+        self.poll = False
+        self.busy_since = None
+
+    def idle(self, now: int) -> bool:
+        return not self.pending and self.on_resume is None and self.acquire is None and \
+            not self.poll and self.resume_at <= now
+
+    def count(self, name: str, n: int = 1) -> None:
+        if self.counts is not None:
+            self.counts(name, n)
+
+
+class ChannelMemory:
+    """A channel's view of GPU memory: every access translated through its page table.
+
+    `unit` is the fault unit charged if a translation fails (the engine doing the access).
+    """
+
+    def __init__(self, gpu: "Gpu", space: Space) -> None:
+        self.gpu = gpu
+        self.space = space
+        self.unit = regs.FAULT_UNIT_PFIFO
+
+    def read_flagged(self, va: int, length: int) -> tuple[np.ndarray, bool]:
+        pages = self.gpu.mmu.translate(self.space, va, length, write=False)
+        return self.gpu.mmu.read(pages), bool((pages.targets != regs.TARGET_VRAM).any())
+
+    def read(self, va: int, length: int) -> np.ndarray:
+        return self.read_flagged(va, length)[0]
+
+    def write(self, va: int, data: np.ndarray) -> bool:
+        data = data.view(np.uint8).reshape(-1)
+        pages = self.gpu.mmu.translate(self.space, va, data.size, write=True)
+        self.gpu.mmu.write(pages, data)
+        return bool((pages.targets != regs.TARGET_VRAM).any())
+
+    def read_u32(self, va: int) -> int:
+        return int(self.read(va, 4).view(np.uint32)[0])
+
+
+class ChannelExecutor:
+    """Runs channels on behalf of PFIFO; all calls happen under the device lock."""
+
+    def __init__(self, gpu: "Gpu") -> None:
+        self.gpu = gpu
+
+    # ------------------------------------------------------------------ context
+    def load_context(self, ch: Channel) -> ChannelContext:
+        gpu = self.gpu
+        try:
+            ramin = gpu.mmu.view(ch.inst_target, ch.inst, regs.RAMIN_SIZE).view(np.uint32)
+        except DmaFault:
+            raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
+                               f"instance block {ch.inst:#x} is outside memory", ch.inst) from None
+        w = ramin.tolist()
+        if w[regs.RAMIN_SIGNATURE // 4] != regs.RAMIN_SIGNATURE_VALUE:
+            raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
+                               f"instance block {ch.inst:#x} has no 0xface signature", ch.inst)
+        log2 = (w[regs.RAMIN_GPFIFO_HI // 4] >> regs.RAMIN_GPFIFO_LOG2_SHIFT) & \
+            regs.RAMIN_GPFIFO_LOG2_MASK
+        if log2 > regs.GPFIFO_MAX_LOG2:
+            raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"GPFIFO of 2^{log2} entries", log2)
+        userd_lo = w[regs.RAMIN_USERD_LO // 4]
+        ctx = ChannelContext(
+            space=gpu.space_from_words(w[regs.RAMIN_PD_LO // 4], w[regs.RAMIN_PD_HI // 4],
+                                       w[regs.RAMIN_LIMIT_LO // 4], w[regs.RAMIN_LIMIT_HI // 4],
+                                       ch.inst),
+            userd_target=userd_lo & regs.RAMIN_ADDR_TARGET_MASK,
+            userd=(userd_lo & regs.RAMIN_ADDR_MASK) | ((w[regs.RAMIN_USERD_HI // 4] & 0xFF) << 32),
+            gpfifo_va=w[regs.RAMIN_GPFIFO_LO // 4] | ((w[regs.RAMIN_GPFIFO_HI // 4] & 0xFF) << 32),
+            gpfifo_entries=1 << log2,
+        )
+        try:
+            gpu.mmu.view(ctx.userd_target, ctx.userd, regs.USERD_STRIDE)
+        except DmaFault:
+            raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
+                               f"USERD {ctx.userd:#x} is outside memory", ctx.userd) from None
+        return ctx
+
+    def _userd_write(self, ctx: ChannelContext, offset: int, value: int) -> None:
+        self.gpu.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
+                                (value & 0xFFFFFFFF).to_bytes(4, "little"))
+
+    # ------------------------------------------------------------------ fetch
+    def _fetch(self, ch: Channel, mem: ChannelMemory) -> bool:
+        """Move the next GPFIFO entry's methods into `pending`; False when there is none."""
+        if not ch.poll:
+            return False
+        ctx = ch.ctx
+        gp_put = self.gpu.mmu.phys_read_u32(ctx.userd_target, ctx.userd + regs.USERD_GP_PUT)
+        if gp_put >= ctx.gpfifo_entries:
+            raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
+                               f"GP_PUT {gp_put} beyond a ring of {ctx.gpfifo_entries}", gp_put)
+        if gp_put == ch.gp_get:
+            ch.poll = False
+            return False
+        mem.unit = regs.FAULT_UNIT_PFIFO
+        entry = mem.read(ctx.gpfifo_va + regs.GPFIFO_ENTRY_SIZE * ch.gp_get,
+                         regs.GPFIFO_ENTRY_SIZE).view(np.uint32).tolist()
+        va = ((entry[1] & regs.GPFIFO_VA_HI_MASK) << 32) | (entry[0] & 0xFFFFFFFC)
+        words = (entry[1] >> regs.GPFIFO_LEN_SHIFT) & regs.GPFIFO_LEN_MASK
+        if words > MAX_PUSHBUFFER_WORDS:
+            raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
+                               f"entry {ch.gp_get} names {words} words", va)
+        ch.count("pfifo.gpfifo_entries")
+        if words:
+            calls, error = decode(mem.read(va, 4 * words).view(np.uint32))
+            ch.pending.extend(calls)
+            if error is not None:
+                ch.pending.append(error)
+        ch.gp_get = (ch.gp_get + 1) % ctx.gpfifo_entries
+        self._userd_write(ctx, regs.USERD_GP_GET, ch.gp_get)
+        return True
+
+    # ------------------------------------------------------------------ methods
+    def _host_method(self, ch: Channel, mem: ChannelMemory, call: MethodCall, now: int) -> None:
+        m, v = call.method, call.value
+        mem.unit = regs.FAULT_UNIT_PFIFO
+        if m == regs.HOST_OBJECT:
+            cls = v & 0xFFFF
+            engine_id = (v >> regs.HOST_OBJECT_ENGINE_SHIFT) & regs.HOST_OBJECT_ENGINE_MASK
+            klass = self.gpu.classes.get(cls)
+            if klass is None or engine_id not in klass.engines:
+                raise ChannelError(regs.CHAN_ERR_UNKNOWN_CLASS_EXT,
+                                   f"class {cls:#x} on engine {engine_id}", v)
+            ch.objects[call.subc] = BoundObject(cls, engine_id)
+        elif m == regs.HOST_NOP:
+            pass
+        elif m == regs.HOST_SEMAPHORE_ADDR_HI:
+            ch.sem_addr = ((v & 0xFF) << 32) | (ch.sem_addr & 0xFFFFFFFF)
+        elif m == regs.HOST_SEMAPHORE_ADDR_LO:
+            ch.sem_addr = (ch.sem_addr & ~0xFFFFFFFF) | v
+        elif m == regs.HOST_SEMAPHORE_SEQUENCE:
+            ch.sem_seq = v
+        elif m == regs.HOST_SEMAPHORE_TRIGGER:
+            op = v & regs.SEM_OP_MASK
+            if op == regs.SEM_RELEASE:
+                data = [ch.sem_seq] if v & regs.SEM_SHORT else \
+                    [ch.sem_seq, 0, now & 0xFFFFFFFF, now >> 32]
+                mem.write(ch.sem_addr, np.array(data, dtype=np.uint32).view(np.uint8))
+                ch.count("pfifo.semaphore_releases")
+                self.gpu.signal()
+            elif op in (regs.SEM_ACQUIRE_EQUAL, regs.SEM_ACQUIRE_GEQUAL):
+                ch.acquire = (ch.sem_addr, ch.sem_seq, op)
+            else:
+                raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
+                                   f"semaphore operation {op}", v)
+        elif m == regs.HOST_REF_CNT:
+            self._userd_write(ch.ctx, regs.USERD_REF, v)
+            self.gpu.signal()
+        else:
+            raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT, f"host method {m:#x}", m)
+
+    def _acquired(self, ch: Channel, mem: ChannelMemory) -> bool:
+        va, value, op = ch.acquire
+        mem.unit = regs.FAULT_UNIT_PFIFO
+        current = mem.read_u32(va)
+        if op == regs.SEM_ACQUIRE_EQUAL:
+            return current == value
+        return ((current - value) & 0xFFFFFFFF) < 0x80000000
+
+    def _engine_method(self, ch: Channel, mem: ChannelMemory, call: MethodCall,
+                       now: int) -> bool:
+        """Run one engine method; False if its engine is disabled (the channel stalls)."""
+        obj = ch.objects.get(call.subc)
+        if obj is None:
+            raise ChannelError(regs.CHAN_ERR_NO_OBJECT_EXT,
+                               f"method {call.method:#x} on empty subchannel {call.subc}",
+                               call.method)
+        engine = self.gpu.engines.by_id(obj.engine_id)
+        if not self.gpu.pmc.engine_enabled(engine.enable_bit):
+            return False
+        mem.unit = engine.fault_unit
+        launch = self.gpu.classes[obj.cls].method(ch, obj, mem, call.method, call.value, now)
+        if launch is not None:
+            duration, done = launch
+            ch.resume_at = engine.occupy(now, duration, ch.inst)
+            ch.on_resume = done
+            ch.count("engine.busy_ns", duration)
+        return True
+
+    # ------------------------------------------------------------------ one turn
+    def run(self, ch: Channel, now: int) -> bool:
+        """Give the channel a turn; True if it made progress."""
+        progress = False
+        try:
+            if ch.ctx is None:
+                ch.ctx = self.load_context(ch)
+            mem = ChannelMemory(self.gpu, ch.ctx.space)
+            budget = METHODS_PER_TURN
+            while budget:
+                if ch.resume_at > now:
+                    break
+                if ch.on_resume is not None:
+                    done, ch.on_resume = ch.on_resume, None
+                    done(ch.resume_at)
+                    self.gpu.signal()
+                    progress = True
+                if ch.acquire is not None:
+                    if not self._acquired(ch, mem):
+                        break
+                    ch.acquire = None
+                    progress = True
+                if not ch.pending:
+                    if not self._fetch(ch, mem):
+                        break
+                    progress = True
+                    continue
+                item = ch.pending[0]
+                if isinstance(item, ChannelError):
+                    raise item
+                if item.method < regs.HOST_METHODS_END:
+                    ch.pending.popleft()
+                    self._host_method(ch, mem, item, now)
+                elif self._engine_method(ch, mem, item, now):
+                    ch.pending.popleft()
+                else:
+                    break  # engine disabled: stall until PMC_ENABLE changes
+                ch.count("pfifo.methods")
+                budget -= 1
+                progress = True
+        except ChannelError as exc:
+            self.gpu.pfifo.channel_error(ch, exc.code, str(exc), exc.address)
+            return True
+        except VmFault as exc:
+            unit = mem.unit if "mem" in locals() else regs.FAULT_UNIT_PFIFO
+            self.gpu.pfifo.channel_vm_fault(ch, unit, exc)
+            return True
+        except DmaFault as exc:
+            self.gpu.pfifo.channel_error(ch, regs.CHAN_ERR_DMA_TARGET_EXT, str(exc), exc.addr)
+            return True
+        except Exception as exc:  # a device-model bug: stop this channel, keep the device
+            log.exception("channel %d: internal error", ch.chid)
+            self.gpu.pfifo.channel_error(ch, regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
+                                         f"internal error: {exc!r}")
+            return True
+        return progress

@@ -1,0 +1,194 @@
+"""The emulated GPU: a Quadro 6000-class device driven only through its BARs and memory.
+
+`Gpu` composes the register blocks on a BAR0 bus, the BAR1/BAR3 apertures, VRAM, the MMU
+and PFIFO, and runs the engines on a thread of their own, paced by the device clock, so
+guests keep running while GPU work is in flight.  It is also the GpuTarget a VMM hands a
+native guest's accesses to.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from gpuvm.device import regs
+from gpuvm.device.bar_aperture import BarAperture
+from gpuvm.device.blocks.pbus import Pbus
+from gpuvm.device.blocks.pcopy import Pcopy
+from gpuvm.device.blocks.pfb import Pfb, PfbPartitions, PfbPartitionSizes, Pffb, Pflush
+from gpuvm.device.blocks.pgraph import Pgraph
+from gpuvm.device.blocks.pmc import Pmc
+from gpuvm.device.blocks.pramin import Pramin
+from gpuvm.device.blocks.ptimer import Ptimer
+from gpuvm.device.clock import DeviceClock
+from gpuvm.device.counters import Counters
+from gpuvm.device.dma import DmaPort
+from gpuvm.device.engine_classes import engine_classes
+from gpuvm.device.engines import Engines
+from gpuvm.device.faults import ChannelFault
+from gpuvm.device.mmio_bus import MmioBus
+from gpuvm.device.mmu import DmaFault, Mmu, Space
+from gpuvm.device.pfifo import Pfifo
+from gpuvm.device.profile import DeviceProfile, load_profile
+from gpuvm.device.vram import Vram
+
+
+class Gpu:
+    def __init__(self, profile: DeviceProfile | None = None, time_scale: float = 1.0,
+                 vram_size: int | None = None) -> None:
+        profile = profile or load_profile()
+        if vram_size is not None:
+            profile = profile.with_vram(vram_size)
+        self.profile = profile
+        self.lock = threading.RLock()
+        self._work = threading.Condition(self.lock)  # engine thread waits here
+        self._events = threading.Condition(self.lock)  # guests waiting for completions
+        self.counts = Counters()
+        self.clock = DeviceClock(time_scale)
+        self.vram = Vram(profile.vram_size)
+        self.mmu = Mmu(self.vram, self.counts)
+        self.engines = Engines.create()
+        self.classes = engine_classes(profile)
+        self.bar1 = BarAperture(self, regs.BAR1, profile.bar1_size, regs.FAULT_UNIT_BAR1)
+        self.bar3 = BarAperture(self, regs.BAR3, profile.bar3_size, regs.FAULT_UNIT_BAR3)
+        self.mmio_bus = MmioBus(self.counts)
+        self.pfifo = Pfifo(self)
+        self.pgraph = Pgraph(self)
+        self.pmc = Pmc(self)
+        self.pbus = Pbus(self)
+        self.pffb = Pffb(self)
+        for block in (self.pmc, self.pbus, self.pfifo, Ptimer(self), PfbPartitions(self),
+                      Pflush(self), Pfb(), self.pffb, Pcopy(0, self.engines.copy0),
+                      Pcopy(1, self.engines.copy1), PfbPartitionSizes(self), self.pgraph,
+                      Pramin(self)):
+            self.mmio_bus.add(block)
+        self.flush_listeners: list[Callable[[int], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._signalled = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def attach_sysram(self, port: DmaPort) -> None:
+        """Give the device the system memory it may DMA to (the VMM decides what that is)."""
+        with self.lock:
+            self.mmu.dma = port
+            self.mmu.flush()
+
+    def start(self) -> "Gpu":
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._engine_loop, name="gpu-engines",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            with self.lock:
+                self._stopping = True
+                self._work.notify_all()
+            thread.join()
+            self._thread = None
+        with self.lock:
+            self._events.notify_all()
+
+    def release_memory(self) -> None:
+        """Unmap VRAM; only once nothing (no memslot, no view) uses it any more."""
+        self.close()
+        self.vram.close()
+
+    def __enter__(self) -> "Gpu":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ BAR access
+    def mmio_read(self, bar: int, offset: int, size: int) -> int:
+        with self.lock:
+            if bar == regs.BAR0:
+                return self.mmio_bus.read(offset, size)
+            if bar == regs.BAR1:
+                return self.bar1.read(offset, size)
+            if bar == regs.BAR3:
+                return self.bar3.read(offset, size)
+            self.counts.inc("mmio.unimplemented")
+            return (1 << (8 * size)) - 1
+
+    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
+        with self.lock:
+            if bar == regs.BAR0:
+                self.mmio_bus.write(offset, size, value)
+            elif bar == regs.BAR1:
+                if self.bar1.write(offset, size, value) is not None:
+                    userd = self.pfifo.userd_channel(offset)
+                    if userd is not None and userd[1] == regs.USERD_GP_PUT:
+                        self.pfifo.doorbell(userd[0])
+            elif bar == regs.BAR3:
+                self.bar3.write(offset, size, value)
+            else:
+                self.counts.inc("mmio.unimplemented")
+
+    # ------------------------------------------------------------------ GpuTarget
+    def wait_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._events:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # bounded, so a condition met by someone the device does not hear is seen
+                self._events.wait(min(remaining, 0.05))
+            return True
+
+    def faults(self) -> list[ChannelFault]:
+        with self.lock:
+            return list(self.pfifo.faults)
+
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return self.counts.flat()
+
+    def device_time_ns(self) -> int:
+        return self.clock.now_ns()
+
+    # ------------------------------------------------------------------ internal hooks
+    def kick_engines(self) -> None:
+        """Something may be runnable now (called with the lock held)."""
+        self._work.notify()
+
+    def signal(self) -> None:
+        """GPU work completed or faulted: wake guests waiting on memory (lock held)."""
+        self._signalled = True
+
+    def flushed(self, pd: int) -> None:
+        self.bar1.forget()
+        self.bar3.forget()
+        for listener in self.flush_listeners:
+            listener(pd)
+
+    def space_from_words(self, pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
+                         inst: int) -> Space:
+        pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((pd_hi & 0xFF) << 32)
+        return Space(pd, pd_lo & regs.RAMIN_ADDR_TARGET_MASK,
+                     min(limit_lo | ((limit_hi & 0xFF) << 32), regs.VA_LIMIT - 1), inst)
+
+    def space_from_instance(self, inst: int, target: int) -> Space | None:
+        try:
+            w = self.mmu.view(target, inst + regs.RAMIN_PD_LO, 16).view("<u4").tolist()
+        except DmaFault:
+            return None
+        return self.space_from_words(w[0], w[1], w[2], w[3], inst)
+
+    def _engine_loop(self) -> None:
+        with self.lock:
+            while not self._stopping:
+                wake = self.pfifo.service(self.clock.now_ns())
+                if self._signalled:
+                    self._signalled = False
+                    self._events.notify_all()
+                timeout = None if wake is None else self.clock.wall_seconds_until(wake)
+                if timeout is None or timeout > 0:
+                    self._work.wait(timeout)

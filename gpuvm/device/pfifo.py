@@ -1,0 +1,216 @@
+"""PFIFO: the channel table, the runlist, doorbells, VM-fault records, and the round-robin
+service of runnable channels that the device's engine thread performs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.device.channel import Channel, ChannelExecutor
+from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault
+from gpuvm.device.mmio_bus import RegisterBlock
+from gpuvm.device.mmu import FAULT_NAMES, DmaFault, VmFault
+
+if TYPE_CHECKING:
+    from gpuvm.device.gpu import Gpu
+
+UNIT_NAMES = {regs.FAULT_UNIT_PGRAPH: "PGRAPH", regs.FAULT_UNIT_BAR1: "BAR1",
+              regs.FAULT_UNIT_BAR3: "BAR3", regs.FAULT_UNIT_PFIFO: "PFIFO",
+              regs.FAULT_UNIT_PCOPY0: "PCOPY0", regs.FAULT_UNIT_PCOPY1: "PCOPY1"}
+
+
+class Pfifo(RegisterBlock):
+    name, start, size = "pfifo", regs.BLOCK_PFIFO, 0x2000
+
+    def __init__(self, gpu: "Gpu") -> None:
+        super().__init__()
+        self.gpu = gpu
+        self.executor = ChannelExecutor(gpu)
+        self.intr = 0
+        self.intr_en = 0
+        self.ctrl = 0
+        self.userd_poll = 0
+        self.runlist_addr = 0
+        self.runlist_len = 0
+        self.runlist: list[int] = []
+        self.kick = 0
+        self.fault_mask = 0
+        self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
+        self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
+        self.faults: list[ChannelFault] = []
+        # Called (under the device lock) with a chid when that channel runs out of work.
+        self.idle_listeners: list[Callable[[int, int], None]] = []
+        for ch in self.channels:
+            ch.counts = lambda name, n, c=ch.chid: gpu.counts.chan(c, name, n)
+        self._register()
+
+    def _register(self) -> None:
+        self.reg(regs.PFIFO_INTR, read=lambda: self.intr, write=self._clear_intr)
+        self.reg(regs.PFIFO_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en)
+        self.reg(regs.PFIFO_CTRL, read=lambda: self.ctrl, write=self._set_ctrl)
+        self.reg(regs.PFIFO_USERD_POLL, read=lambda: self.userd_poll, write=self._set_poll)
+        self.reg(regs.PFIFO_RUNLIST_ADDR, read=lambda: self.runlist_addr,
+                 write=self._set_runlist_addr)
+        self.reg(regs.PFIFO_RUNLIST_SUBMIT, read=lambda: self.runlist_len,
+                 write=self._submit_runlist)
+        self.reg(regs.PFIFO_RUNLIST_STATUS, read=lambda: 0)  # submission is synchronous
+        self.reg(regs.PFIFO_KICK, read=lambda: self.kick, write=self._kick)
+        self.reg(regs.PFIFO_FAULT_UNIT_MASK, read=lambda: self.fault_mask,
+                 write=self._clear_fault_mask)
+        for unit in range(regs.PFIFO_FAULT_UNITS):
+            base = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
+            for i in range(4):
+                self.reg(base + 4 * i, read=lambda u=unit, k=i: self.fault_records[u][k])
+        for c in range(regs.NUM_CHANNELS):
+            ch = self.channels[c]
+            self.reg(regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE,
+                     read=lambda ch=ch: ch.table, write=lambda v, ch=ch: self._set_table(ch, v))
+            self.reg(regs.PFIFO_CHAN_STATE + c * regs.PFIFO_CHAN_STRIDE,
+                     read=lambda ch=ch: ch.state, write=lambda v, ch=ch: self._set_state(ch, v))
+            self.reg(regs.PFIFO_CHAN_ERROR_EXT + c * regs.PFIFO_CHAN_ERROR_STRIDE_EXT,
+                     read=lambda ch=ch: (regs.PFIFO_CHAN_ERROR_FAULTED_EXT | ch.error)
+                     if ch.error else 0)
+
+    # ------------------------------------------------------------------ registers
+    def _clear_intr(self, value: int) -> None:
+        self.intr &= ~value
+
+    def _set_intr_en(self, value: int) -> None:
+        self.intr_en = value
+
+    def _set_ctrl(self, value: int) -> None:
+        self.ctrl = value
+        self.gpu.kick_engines()
+
+    def _set_poll(self, value: int) -> None:
+        self.userd_poll = value
+
+    def _set_runlist_addr(self, value: int) -> None:
+        self.runlist_addr = value
+
+    def _submit_runlist(self, value: int) -> None:
+        count = value & regs.PFIFO_RUNLIST_LEN_MASK
+        self.runlist_len = count
+        addr = (self.runlist_addr & regs.PFIFO_RUNLIST_ADDR_MASK) << 12
+        target = (self.runlist_addr >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & 0x3
+        self.gpu.counts.inc("pfifo.runlist_submits")
+        try:
+            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE)
+        except DmaFault:
+            self.intr |= regs.PFIFO_INTR_RUNLIST
+            self.runlist = []
+            return
+        chids = entries.view(np.uint32)[0::2].tolist() if count else []
+        bad = [c for c in chids if c >= regs.NUM_CHANNELS]
+        if bad:
+            self.intr |= regs.PFIFO_INTR_RUNLIST
+        self.runlist = [c for c in dict.fromkeys(chids) if c < regs.NUM_CHANNELS]
+        for c in self.runlist:
+            self.channels[c].poll = True
+        self.gpu.kick_engines()
+
+    def _kick(self, value: int) -> None:
+        # Work in this model is never preempted mid-method, so the kick completes at once.
+        self.kick = value & 0xFFFF
+        self.gpu.counts.inc("pfifo.kicks")
+
+    def _clear_fault_mask(self, value: int) -> None:
+        self.fault_mask &= ~value
+
+    def _set_table(self, ch: Channel, value: int) -> None:
+        old = ch.table
+        ch.table = value
+        if value != old:
+            ch.reset()
+            if ch.valid:
+                ch.poll = True
+        self.gpu.kick_engines()
+
+    def _set_state(self, ch: Channel, value: int) -> None:
+        ch.state = value
+        if ch.runnable:
+            ch.poll = True
+            self.gpu.kick_engines()
+
+    # ------------------------------------------------------------------ doorbells
+    def userd_channel(self, bar1_offset: int) -> tuple[int, int] | None:
+        """(chid, register) if a BAR1 offset falls in the USERD poll area."""
+        if not self.userd_poll & regs.PFIFO_USERD_POLL_ENABLE:
+            return None
+        base = (self.userd_poll & regs.PFIFO_USERD_POLL_ADDR_MASK) << 12
+        rel = bar1_offset - base
+        if 0 <= rel < regs.NUM_CHANNELS * regs.USERD_STRIDE:
+            return rel // regs.USERD_STRIDE, rel % regs.USERD_STRIDE
+        return None
+
+    def doorbell(self, chid: int) -> None:
+        ch = self.channels[chid]
+        self.gpu.counts.chan(chid, "pfifo.doorbells")
+        ch.poll = True
+        ch.ctx = None  # reload RAMIN: the driver may have changed it since the last turn
+        self.gpu.kick_engines()
+
+    # ------------------------------------------------------------------ faults
+    def record_fault(self, unit: int, inst: int, va: int, write: bool, reason: int) -> None:
+        self.fault_records[unit] = [inst >> 12, va & 0xFFFFFFFF, va >> 32,
+                                    reason | (regs.PFIFO_FAULT_FLAGS_WRITE if write else 0) |
+                                    (unit << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT)]
+        self.fault_mask |= 1 << unit
+        self.intr |= regs.PFIFO_INTR_VM_FAULT
+        self.gpu.counts.inc("vm.faults")
+        self.gpu.signal()
+
+    def channel_vm_fault(self, ch: Channel, unit: int, exc: VmFault) -> None:
+        self.record_fault(unit, ch.inst, exc.va, exc.write, exc.reason)
+        self._stop(ch, regs.CHAN_ERR_VM_FAULT_EXT,
+                   f"vm-fault: {FAULT_NAMES.get(exc.reason, exc.reason)}"
+                   f"{' (write)' if exc.write else ''}", exc.va, UNIT_NAMES.get(unit, str(unit)))
+
+    def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None:
+        self.intr |= regs.PFIFO_INTR_PBDMA
+        self._stop(ch, code, text, address, "PFIFO")
+
+    def _stop(self, ch: Channel, code: int, text: str, address: int, engine: str) -> None:
+        ch.error = code
+        ch.pending.clear()
+        ch.poll = False
+        ch.acquire = None
+        ch.on_resume = None
+        self.faults.append(ChannelFault(ch.chid, text if text else CHAN_ERROR_NAMES[code],
+                                        address, engine, code))
+        self.gpu.counts.chan(ch.chid, "chan.faults")
+        self.gpu.signal()
+
+    # ------------------------------------------------------------------ service
+    def service(self, now: int) -> int | None:
+        """Run every channel that can make progress; returns the next time one unblocks."""
+        if not self.ctrl & regs.PFIFO_CTRL_ENABLE:
+            return None
+        progress = True
+        while progress:
+            progress = False
+            for chid in self.runlist:
+                ch = self.channels[chid]
+                if not ch.runnable or ch.resume_at > now:
+                    continue
+                was_idle = ch.busy_since is None
+                if self.executor.run(ch, now):
+                    progress = True
+                    if was_idle:
+                        ch.busy_since = now
+            now = self.gpu.clock.now_ns()
+        wake = None
+        for chid in self.runlist:
+            ch = self.channels[chid]
+            if ch.busy_since is not None and (ch.idle(now) or ch.error):
+                since, ch.busy_since = ch.busy_since, None
+                for listener in self.idle_listeners:
+                    listener(chid, now - since)
+            if ch.runnable and ch.resume_at > now:
+                wake = ch.resume_at if wake is None else min(wake, ch.resume_at)
+            elif ch.runnable and ch.acquire is not None:
+                # an acquire is re-checked when anything is released; poll slowly meanwhile
+                wake = now + 1_000_000 if wake is None else min(wake, now + 1_000_000)
+        return wake

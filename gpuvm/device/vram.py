@@ -1,0 +1,67 @@
+"""VRAM: one anonymous shared mapping viewed as numpy.
+
+A shared mapping (not a numpy allocation) so that a slice of VRAM can also be a KVM
+memslot -- BAR remap maps guest pages straight onto it.  Pages are only backed when
+touched, so a 6 GiB card costs what the guests actually use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+
+from gpuvm.device import regs
+
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+
+
+class Vram:
+    def __init__(self, size: int) -> None:
+        if size <= 0 or size % regs.SMALL_PAGE:
+            raise ValueError(f"VRAM size {size:#x} is not a positive multiple of 4 KiB")
+        self.size = size
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.u8 = np.frombuffer(self._map, dtype=np.uint8)
+        self.u32 = self.u8.view(np.uint32)
+        self.u64 = self.u8.view(np.uint64)
+        self.pages = self.u8.reshape(-1, regs.SMALL_PAGE)
+
+    @property
+    def host_address(self) -> int:
+        """Host virtual address of VRAM byte 0 (memslots map host address ranges)."""
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
+    def contains(self, addr: int, length: int) -> bool:
+        return 0 <= addr and length >= 0 and addr + length <= self.size
+
+    def read_u32(self, addr: int) -> int:
+        return int(self.u32[addr >> 2]) if not addr & 3 else \
+            int.from_bytes(self._map[addr:addr + 4], "little")
+
+    def write_u32(self, addr: int, value: int) -> None:
+        if addr & 3:
+            self._map[addr:addr + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
+        else:
+            self.u32[addr >> 2] = value & 0xFFFFFFFF
+
+    def read_u64(self, addr: int) -> int:
+        return int(self.u64[addr >> 3]) if not addr & 7 else \
+            int.from_bytes(self._map[addr:addr + 8], "little")
+
+    def read_bytes(self, addr: int, length: int) -> int:
+        """Little-endian integer of 1, 2, 4 or 8 bytes."""
+        return int.from_bytes(self._map[addr:addr + length], "little")
+
+    def write_bytes(self, addr: int, length: int, value: int) -> None:
+        self._map[addr:addr + length] = (value & ((1 << (8 * length)) - 1)).to_bytes(length,
+                                                                                     "little")
+
+    def close(self) -> None:
+        self.u8 = self.u32 = self.u64 = self.pages = np.empty(0, dtype=np.uint8)
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still alive (e.g. a memslot user); freed with it

@@ -1,0 +1,29 @@
+"""Shared fixtures: a small emulated GPU with a guest-RAM-backed sysram port."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvm.device import regs
+from gpuvm.device.dma import RamPort
+from gpuvm.device.gpu import Gpu
+from gpuvm.vmm.guest_ram import GuestRam
+
+TEST_VRAM = 384 * regs.MiB  # six partitions of 64 MiB: small, still a whole Quadro layout
+FAST_CLOCK = 1000.0  # device time runs 1000x wall time: modelled ms pass in µs
+
+
+@pytest.fixture
+def sysram():
+    ram = GuestRam(32 * regs.MiB)
+    yield ram
+    ram.close()
+
+
+@pytest.fixture
+def gpu(sysram):
+    g = Gpu(time_scale=FAST_CLOCK, vram_size=TEST_VRAM)
+    g.attach_sysram(RamPort(sysram.array))
+    g.start()
+    yield g
+    g.release_memory()
