@@ -4,6 +4,7 @@ Two changes to CREDIT:
 1. Demote a VM only if its credit is < 0 *and* its measured utilisation (GPU time /
    elapsed over a sliding window) exceeds its share.  Credit alone reacts to one long
    kernel; utilisation says whether the VM has really had more than its share.
+   (Gdev's code tests credit ≤ 0; the paper's description and GPUvm's a3 use < 0.)
 2. Before switching from the VM that just finished to a VM that is over its share, hold
    the engine for a short wait (500 µs).  A VM issuing short kernels with small gaps
    resubmits within that time and keeps its turn instead of handing the engine to a

@@ -20,7 +20,7 @@ Where each default comes from (see shared/reference/gpuvm.md, "Scheduling"):
   period (30 ms) in its credit thread and GPUvm's a3 sampled every 500 ms, because a
   kernel thread's timer was the only place to do it.  A stale sample lets a long-kernel
   VM that has just reached its share be dispatched again for up to a sample's length;
-  in the 2-VM isolation model it overshoots by about 2-3 pp with 30 ms sampling and
+  in the 2-VM isolation model it overshoots by about 3 pp with 30 ms sampling and
   under 1 pp measured exactly.  Set util_sample_ms = 30 to reproduce Gdev.
 """
 
