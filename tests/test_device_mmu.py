@@ -132,3 +132,26 @@ def test_garbage_tables_fault_cleanly(mmu, vram, ptes, pde, va, length):
     except DmaFault:
         return
     assert data.size == length
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ptes=st.lists(st.integers(0, 2 ** 64 - 1), min_size=4, max_size=4),
+       pde=st.integers(0, 2 ** 64 - 1), va=st.integers(0, 4 * 4096 - 1),
+       write=st.booleans(), user=st.booleans())
+def test_scalar_walk_agrees_with_range_walk(mmu, vram, ptes, pde, va, write, user):
+    """The BAR path and the engine path must never disagree about a translation."""
+    vram.u64[PD >> 3] = pde
+    vram.u64[SPT >> 3:(SPT >> 3) + 4] = np.array(ptes, dtype=np.uint64)
+    mmu.flush()
+
+    def outcome(fn):
+        try:
+            return fn()
+        except VmFault as exc:
+            return ("fault", exc.reason)
+
+    one = outcome(lambda: mmu.translate_one(Space(PD), va, write, user))
+    rng = outcome(lambda: (lambda p: (int(p.targets[0]), int(p.frames[0]) + (va & 0xFFF)))(
+        mmu.translate(Space(PD), va, 1, write, user)))
+    assert one == rng

@@ -246,9 +246,38 @@ class Mmu:
         return pages
 
     def translate_one(self, space: Space, va: int, write: bool, user: bool = False) -> tuple[int, int]:
-        """(target, physical address) of one byte; the scalar path BAR accesses take."""
-        pages = self.translate(space, va, 1, write, user)
-        return int(pages.targets[0]), int(pages.frames[0]) + (va & _PAGE_MASK)
+        """(target, physical address) of one byte: the scalar path BAR accesses take.
+
+        Same tables, same TLB and same faults as `translate`, without numpy's per-call
+        overhead (a BAR access translates one page at a time).
+        """
+        if va < 0 or va > space.limit or va >= regs.VA_LIMIT:
+            raise VmFault(regs.FAULT_VM_LIMIT, va, write)
+        tlb = self._space_tlb(space)
+        pde = self._pde(space, tlb, va >> regs.PDE_SPAN_SHIFT, va, write)
+        raw = 0
+        if pde.small is not None:
+            spt = self._pt(tlb, pde.small[0], pde.small[1], regs.SMALL_PTES_PER_PT, va, write)
+            raw = int(spt[(va >> 12) & (regs.SMALL_PTES_PER_PT - 1)])
+        large_offset = 0
+        if not raw & regs.PTE_PRESENT:
+            if pde.large is not None:
+                lidx = (va & (regs.PDE_SPAN - 1)) >> self.large_page_shift
+                if lidx >= pde.large[2]:
+                    raise VmFault(regs.FAULT_PT_TOO_SHORT, va, write)
+                raw = int(self._pt(tlb, pde.large[0], pde.large[1], pde.large[2], va, write)[lidx])
+                large_offset = va & ((1 << self.large_page_shift) - 1) & ~_PAGE_MASK
+            elif pde.small is None:
+                raise VmFault(regs.FAULT_PDE_NOT_PRESENT, va, write)
+        if not raw & regs.PTE_PRESENT:
+            raise VmFault(regs.FAULT_PAGE_NOT_PRESENT, va, write)
+        if write and raw & regs.PTE_READ_ONLY:
+            raise VmFault(regs.FAULT_READ_ONLY, va, write)
+        if user and raw & regs.PTE_SUPERVISOR:
+            raise VmFault(regs.FAULT_SUPERVISOR_ONLY, va, write)
+        self.counters.total["vm.translations"] += 1
+        phys = (((raw >> regs.PTE_ADDR_SHIFT) & regs.PTE_ADDR_FIELD_MASK) << 12) + large_offset
+        return (raw >> regs.PTE_TARGET_SHIFT) & regs.PTE_TARGET_MASK, phys + (va & _PAGE_MASK)
 
     # ------------------------------------------------------------------ translated access
     def _runs(self, pages: Pages) -> list[tuple[int, int, int]]:
