@@ -74,6 +74,7 @@ class KvmRunner:
     """Runs one flat guest image on a KVM vCPU (see the module docstring)."""
 
     backend = "kvm"
+    loop_class: type[ExitLoop] = ExitLoop  # the exit bench swaps in a raw-mode loop
 
     def __init__(self, name: str, flat_image: Path, ram: GuestRam, session: GuestSession,
                  bar_sizes: dict[int, int]) -> None:
@@ -165,7 +166,7 @@ class KvmRunner:
                 self._vm = vm
                 if self._stop is not None:
                     vm.run[1] = 1  # stopped before it began
-            loop = ExitLoop(vm, self.session, self.windows, self.counters,
+            loop = self.loop_class(vm, self.session, self.windows, self.counters,
                             self._stop_reason)
             self.session.start()
             started = True
