@@ -22,11 +22,13 @@ from gpuvm.vmm.kvm import kvm_usable
 USABLE, WHY = kvm_usable()
 pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
 
-MODE_BARS, MODE_UD2, MODE_BAD_PORT, MODE_MEMSLOT, MODE_SPIN = range(5)
+MODE_BARS, MODE_UD2, MODE_BAD_PORT, MODE_MEMSLOT, MODE_SPIN, MODE_PORT_IN, MODE_READONLY = \
+    range(7)
 RAM = 8 * regs.MiB
 BAR_SIZES = {0: regs.BAR0_SIZE, 1: 64 * regs.MiB, 3: 16 * regs.MiB}
 BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
 PAGE = 0x1000
+TEST_IN_PORT = 0x520
 
 
 class FakeTarget:
@@ -58,9 +60,15 @@ class FakeTarget:
 
 
 class HookedSession(GuestSession):
-    """Calls `on_phase(n)` after each phase mark (lets a test act at a guest's step)."""
+    """Calls `on_phase(n)` after each phase mark (lets a test act at a guest's step) and
+    answers `in` from TEST_IN_PORT."""
 
     on_phase: Callable[[int], None] = staticmethod(lambda n: None)
+
+    def port_in(self, port: int) -> int:
+        if port == TEST_IN_PORT:
+            return 0xABCD1234
+        return super().port_in(port)
 
     def port_out(self, port: int, value: int) -> bool:
         done = super().port_out(port, value)
@@ -132,6 +140,18 @@ def test_unknown_port_fails_only_that_guest(image: Path) -> None:
     assert outcome.rip is not None and abi.GUEST_IMAGE_BASE <= outcome.rip < \
         abi.GUEST_IMAGE_BASE + abi.GUEST_IMAGE_MAX
     assert not outcome.passed
+
+
+def test_port_in_values_reach_the_guest(image: Path) -> None:
+    outcome, target = run_one(image, MODE_PORT_IN, param1=TEST_IN_PORT,
+                              session_cls=HookedSession)
+    assert outcome.failure is None, outcome.describe_failure()
+    assert target.writes == [(0, 0x10C, 4, 0xABCD1234), (0, 0x110, 4, 0x34)]
+
+
+def test_port_in_nobody_answers_fails(image: Path) -> None:
+    outcome, _ = run_one(image, MODE_PORT_IN, param1=0x5F0)
+    assert outcome.failure == "read from port 0x5f0, which no device answers"
 
 
 def _ud2_address(image: Path) -> int:
@@ -234,6 +254,25 @@ def test_memslot_map_unmap_against_a_running_guest(image: Path) -> None:
     backing.close()
 
 
+def test_readonly_memslot_reads_memory_and_traps_writes(image: Path) -> None:
+    import ctypes
+    backing = mmap.mmap(-1, PAGE)
+    word = ctypes.c_uint32.from_buffer(backing)
+    word.value = 0x5555
+    runner, _, target, ram = make_vm(image, MODE_READONLY, param1=0x3000)
+    runner.memslots.map(abi.GUEST_BAR1_BASE + 0x3000, ctypes.addressof(word), PAGE,
+                        readonly=True)
+    runner.start()
+    outcome = runner.join(20)
+    assert outcome.failure is None, outcome.describe_failure()
+    assert target.read_log == []  # the read was served from host memory
+    assert target.writes == [(1, 0x3000, 4, 0x5556), (0, 0x114, 4, 0x5555)]
+    assert word.value == 0x5555  # the write trapped instead of landing
+    del word
+    ram.close()
+    backing.close()
+
+
 def test_four_vms_concurrently(image: Path) -> None:
     vms = [make_vm(image, MODE_BARS, name=f"vm{i}", param1=2 * i) for i in range(4)]
     for runner, *_ in vms:
@@ -258,6 +297,9 @@ def test_release_leaves_no_fds(image: Path) -> None:
     runner.start()
     runner.join(0.2)
     ram.close()
-    assert threading.active_count() == 1 or not any(
-        t.name.startswith("vcpu-") for t in threading.enumerate())
+    deadline = time.monotonic() + 2
+    while any(t.name.startswith("vcpu-") for t in threading.enumerate()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("vcpu-") for t in threading.enumerate())
     assert _fds() == before

@@ -2,11 +2,26 @@
 #include "gpuvm_abi.h"
 #include "fermi_regs.h"
 
-enum { MODE_BARS = 0, MODE_UD2 = 1, MODE_BAD_PORT = 2, MODE_MEMSLOT = 3, MODE_SPIN = 4 };
+enum { MODE_BARS = 0, MODE_UD2 = 1, MODE_BAD_PORT = 2, MODE_MEMSLOT = 3, MODE_SPIN = 4,
+       MODE_PORT_IN = 5, MODE_READONLY = 6 };
 
 static inline void out32(uint16_t port, uint32_t value)
 {
     __asm__ volatile("outl %0, %1" : : "a"(value), "Nd"(port));
+}
+
+static inline uint32_t in32(uint16_t port)
+{
+    uint32_t value;
+    __asm__ volatile("inl %1, %0" : "=a"(value) : "Nd"(port));
+    return value;
+}
+
+static inline uint8_t in8(uint16_t port)
+{
+    uint8_t value;
+    __asm__ volatile("inb %1, %0" : "=a"(value) : "Nd"(port));
+    return value;
 }
 
 static void say(const char *s) { out32(PORT_CONSOLE, (uint32_t)(uintptr_t)s); }
@@ -55,6 +70,25 @@ static int memslot(struct gpuvm_boot_params *bp)
     return 0;
 }
 
+/* `in` values come from the host; echoed to BAR0 so the test sees them arrive. */
+static int port_in(struct gpuvm_boot_params *bp)
+{
+    uintptr_t bar0 = bp->bar_base[0];
+    REG32(bar0, 0x10c) = in32((uint16_t)bp->params[1]);
+    REG32(bar0, 0x110) = in8((uint16_t)bp->params[1]);
+    return 0;
+}
+
+/* A read-only memslot: reads hit host memory, writes exit. */
+static int readonly(struct gpuvm_boot_params *bp)
+{
+    volatile uint32_t *p = (volatile uint32_t *)(uintptr_t)(bp->bar_base[1] + bp->params[1]);
+    uint32_t v = *p;
+    *p = v + 1;
+    REG32(bp->bar_base[0], 0x114) = v;
+    return 0;
+}
+
 int guest_main(struct gpuvm_boot_params *bp)
 {
     if (bp->magic != BOOT_MAGIC)
@@ -71,6 +105,10 @@ int guest_main(struct gpuvm_boot_params *bp)
         return 1;
     case MODE_MEMSLOT:
         return memslot(bp);
+    case MODE_PORT_IN:
+        return port_in(bp);
+    case MODE_READONLY:
+        return readonly(bp);
     case MODE_SPIN:
         for (;;)
             __asm__ volatile("pause");
