@@ -101,6 +101,10 @@ class BootParams(ctypes.Structure):
         ("host_port_out", ctypes.c_uint64),
         ("host_port_in", ctypes.c_uint64),
         ("bench", ctypes.c_char * BOOT_BENCH_NAME_LEN),
+        # in-process only: per BAR, 0 or the host address of a u64 array with one entry per
+        # 4 KiB page of the BAR: 0 = trap (call host_mmio_*), else the host address the
+        # page is remapped to (the in-process equivalent of a KVM memslot over VRAM)
+        ("host_bar_pages", ctypes.c_uint64 * BOOT_NUM_BARS),
     ]
 
 
