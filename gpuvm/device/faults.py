@@ -27,6 +27,9 @@ class ChannelFault:
     address: int = 0  # faulting GPU VA (VM faults) or the offending value
     engine: str = ""
     code: int = 0  # CHAN_ERR_*_EXT
+    unit: int = -1  # fault unit of a VM fault (FAULT_UNIT_*), else -1
+    vm_reason: int = -1  # FAULT_* reason of a VM fault, else -1
+    write: bool = False
 
     def __str__(self) -> str:
         where = f" at {self.address:#x}" if self.address else ""

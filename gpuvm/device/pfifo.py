@@ -164,22 +164,23 @@ class Pfifo(RegisterBlock):
 
     def channel_vm_fault(self, ch: Channel, unit: int, exc: VmFault) -> None:
         self.record_fault(unit, ch.inst, exc.va, exc.write, exc.reason)
-        self._stop(ch, regs.CHAN_ERR_VM_FAULT_EXT,
-                   f"vm-fault: {FAULT_NAMES.get(exc.reason, exc.reason)}"
-                   f"{' (write)' if exc.write else ''}", exc.va, UNIT_NAMES.get(unit, str(unit)))
+        self._stop(ch, ChannelFault(ch.chid, f"vm-fault: {FAULT_NAMES.get(exc.reason, exc.reason)}"
+                                    f"{' (write)' if exc.write else ''}", exc.va,
+                                    UNIT_NAMES.get(unit, str(unit)), regs.CHAN_ERR_VM_FAULT_EXT,
+                                    unit, exc.reason, exc.write))
 
     def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None:
         self.intr |= regs.PFIFO_INTR_PBDMA
-        self._stop(ch, code, text, address, "PFIFO")
+        self._stop(ch, ChannelFault(ch.chid, text or CHAN_ERROR_NAMES[code], address, "PFIFO",
+                                    code))
 
-    def _stop(self, ch: Channel, code: int, text: str, address: int, engine: str) -> None:
-        ch.error = code
+    def _stop(self, ch: Channel, fault: ChannelFault) -> None:
+        ch.error = fault.code
         ch.pending.clear()
         ch.poll = False
         ch.acquire = None
         ch.on_resume = None
-        self.faults.append(ChannelFault(ch.chid, text if text else CHAN_ERROR_NAMES[code],
-                                        address, engine, code))
+        self.faults.append(fault)
         self.gpu.counts.chan(ch.chid, "chan.faults")
         self.gpu.signal()
 

@@ -1,0 +1,94 @@
+"""The vGPU's BAR0 trap table: for each register, what a guest access does.
+
+Four kinds of handling, each counted under its own label:
+- virtual: the guest sees its own copy (interrupt enables, PRAMIN base, poll base, ...);
+- translated: forwarded after translating channel ids, instance blocks, addresses
+  (channel table, runlist, kick, BAR VMs, TLB flush -> shadow sync);
+- faked: what makes the guest see its partition (VRAM size registers);
+- passthrough: anything else is forwarded to the device unchanged (and the device
+  counts it as unimplemented if it is).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from gpuvm.device import regs
+
+if TYPE_CHECKING:
+    from gpuvm.mediator.vgpu import VGpu
+
+Reader = Callable[[], int]
+Writer = Callable[[int], None]
+
+
+def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str, Writer]]]:
+    reads: dict[int, tuple[str, Reader]] = {}
+    writes: dict[int, tuple[str, Writer]] = {}
+    r = v.vregs
+
+    def virtual(offset: int, name: str, writable: bool = True) -> None:
+        reads[offset] = ("virtual", lambda: r[name])
+        if writable:
+            writes[offset] = ("virtual", lambda value: r.__setitem__(name, value))
+
+    virtual(regs.PMC_INTR_EN, "pmc_intr_en")
+    virtual(regs.PMC_ENABLE, "pmc_enable")
+    virtual(regs.PBUS_PRAMIN_BASE, "pramin_base")
+    virtual(regs.PFIFO_INTR_EN, "pfifo_intr_en")
+    virtual(regs.PFIFO_CTRL, "pfifo_ctrl")
+    virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
+    virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
+    virtual(regs.PFFB_FLUSH_PD, "flush_pd")
+    reads[regs.PMC_INTR] = ("virtual", v.pmc_intr)
+    reads[regs.PFIFO_INTR] = ("virtual", v.pfifo_intr)
+    writes[regs.PFIFO_INTR] = ("virtual", v.pfifo_intr_clear)
+    reads[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask)
+    writes[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask_clear)
+    for unit in range(regs.PFIFO_FAULT_UNITS):
+        base = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
+        for i in range(4):
+            reads[base + 4 * i] = ("virtual", lambda u=unit, k=i: v.fault_record(u, k))
+
+    ch = v.channels
+    reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
+    writes[regs.PFIFO_USERD_POLL] = ("virtual", v.set_userd_poll)
+    reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
+    writes[regs.PFIFO_RUNLIST_SUBMIT] = ("runlist", v.runlist_submit)
+    reads[regs.PFIFO_RUNLIST_STATUS] = ("virtual", lambda: 0)
+    reads[regs.PFIFO_KICK] = ("virtual", lambda: ch.kick)
+    writes[regs.PFIFO_KICK] = ("channel", ch.kick_write)
+    for c in range(v.part.channels):
+        table = regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE
+        state = regs.PFIFO_CHAN_STATE + c * regs.PFIFO_CHAN_STRIDE
+        error = regs.PFIFO_CHAN_ERROR_EXT + c * regs.PFIFO_CHAN_ERROR_STRIDE_EXT
+        reads[table] = ("channel", lambda c=c: ch.table_read(c))
+        writes[table] = ("channel", lambda value, c=c: ch.table_write(c, value))
+        reads[state] = ("channel", lambda c=c: ch.state_read(c))
+        writes[state] = ("channel", lambda value, c=c: ch.state_write(c, value))
+        reads[error] = ("channel", lambda c=c: ch.error_read(c))
+    for c in range(v.part.channels, regs.NUM_CHANNELS):  # channels beyond the partition
+        for off in (regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE,
+                    regs.PFIFO_CHAN_STATE + c * regs.PFIFO_CHAN_STRIDE,
+                    regs.PFIFO_CHAN_ERROR_EXT + c * regs.PFIFO_CHAN_ERROR_STRIDE_EXT):
+            reads[off] = ("refused", lambda: 0)
+            writes[off] = ("refused", lambda value: v.count("trap.refused.channel_id", 1))
+
+    reads[regs.PBUS_BAR1_VM] = ("virtual", lambda: r["bar1_vm"])
+    writes[regs.PBUS_BAR1_VM] = ("bar_vm", lambda value: v.set_bar_vm(regs.BAR1, value))
+    reads[regs.PBUS_BAR3_VM] = ("virtual", lambda: r["bar3_vm"])
+    writes[regs.PBUS_BAR3_VM] = ("bar_vm", lambda value: v.set_bar_vm(regs.BAR3, value))
+    writes[regs.PFFB_FLUSH_TRIGGER] = ("tlb_flush", v.tlb_flush)
+    reads[regs.PFFB_FLUSH_TRIGGER] = ("virtual", lambda: 0)
+    # the large-page size is one setting for the whole GPU: a guest may not change it
+    writes[regs.PFFB_VM_CFG] = ("refused", lambda value: v.count("trap.refused.vm_cfg", 1))
+
+    # the guest sees a GPU with one memory partition the size of its slice
+    reads[regs.PFB_PART_COUNT] = ("faked", lambda: 1)
+    for p in range(regs.PFB_MAX_PARTS):
+        size = v.part.vram_size // regs.MiB if p == 0 else 0
+        reads[regs.PFBPA_PART_SIZE_MIB + p * regs.PFBPA_PART_STRIDE] = ("faked", lambda s=size: s)
+    for engine, base in ((v.med.gpu.engines.copy0, regs.BLOCK_PCOPY0),
+                         (v.med.gpu.engines.copy1, regs.BLOCK_PCOPY1)):
+        reads[base + regs.PCOPY_CUR_CHAN] = ("channel", lambda e=engine: v.pcopy_channel(e))
+    return reads, writes

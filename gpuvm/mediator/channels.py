@@ -1,0 +1,219 @@
+"""A vGPU's channels: the virtual channel table, shadow channels, runlist and doorbells.
+
+Guest channel ids are virtual (0..channels-1) and map onto the partition's physical
+range.  Binding a channel builds a shadow instance block in hypervisor VRAM; the
+guest's RAMIN page becomes sensitive (writes to it are reflected).  Doorbells never
+reach the device directly: they go to the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuvm.device import regs
+from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
+
+if TYPE_CHECKING:
+    from gpuvm.mediator.vgpu import VGpu
+
+
+@dataclass
+class VChannel:
+    vchid: int
+    pchid: int
+    shadow_inst: int
+    shadow_userd: int
+    table: int = 0  # the guest's channel-table word
+    state: int = 0
+    guest_inst: int | None = None  # bound: the guest RAMIN address
+    guest_pd: int | None = None
+    put: int = 0  # the guest's last GP_PUT
+
+    @property
+    def bound(self) -> bool:
+        return self.guest_inst is not None
+
+
+class Channels:
+    def __init__(self, vgpu: "VGpu") -> None:
+        self.vgpu = vgpu
+        self.by_vchid: dict[int, VChannel] = {}
+        self.runlist: list[int] = []
+        self.userd_poll = 0  # the guest's PFIFO_USERD_POLL
+        self.kick = 0
+
+    def _channel(self, vchid: int) -> VChannel | None:
+        ch = self.by_vchid.get(vchid)
+        if ch is None:
+            pchid = self.vgpu.part.pchid(vchid)
+            if pchid is None:
+                return None
+            pool = self.vgpu.part.shadow_pool
+            ch = self.by_vchid[vchid] = VChannel(vchid, pchid, pool.alloc(regs.RAMIN_SIZE),
+                                                 pool.alloc(regs.USERD_STRIDE))
+        return ch
+
+    # ------------------------------------------------------------------ channel table
+    def table_read(self, vchid: int) -> int:
+        ch = self.by_vchid.get(vchid)
+        return ch.table if ch else 0
+
+    def state_read(self, vchid: int) -> int:
+        ch = self.by_vchid.get(vchid)
+        return ch.state if ch else 0
+
+    def error_read(self, vchid: int) -> int:
+        ch = self.by_vchid.get(vchid)
+        if ch is None or not ch.bound:
+            return 0
+        return self.vgpu.med.gpu.mmio_read(regs.BAR0, regs.PFIFO_CHAN_ERROR_EXT +
+                                           ch.pchid * regs.PFIFO_CHAN_ERROR_STRIDE_EXT, 4)
+
+    def table_write(self, vchid: int, value: int) -> None:
+        v = self.vgpu
+        ch = self._channel(vchid)
+        if ch is None:
+            v.count("trap.refused.channel_id", 1)
+            return
+        ch.table = value
+        self._unbind(ch)
+        if not value & regs.PFIFO_CHAN_VALID:
+            v.shadowing.refresh_remap()
+            return
+        inst = (value & regs.PFIFO_CHAN_INST_MASK) << 12
+        target = (value >> regs.PFIFO_CHAN_TARGET_SHIFT) & 0x3
+        try:
+            if target != regs.TARGET_VRAM:
+                raise ChannelRefused("instance block not in VRAM")
+            ch.guest_inst = inst
+            self._build_shadow(ch)
+        except ChannelRefused:
+            ch.guest_inst = None
+            v.count("trap.refused.channel_instance", 1)
+            return
+        v.med.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
+                 regs.PFIFO_CHAN_VALID | (ch.shadow_inst >> 12))
+        v.med.submissions.channel_reset(ch.pchid)
+        v.shadowing.refresh_remap()
+
+    def _build_shadow(self, ch: VChannel) -> None:
+        v = self.vgpu
+        vram = v.med.gpu.vram
+        guest = read_guest_ramin(vram, v.policy, ch.guest_inst)
+        ch.guest_pd = guest.pd
+        shadow_pd = v.shadowing.space_pd(guest.pd)
+        v.shadowing.ensure_fresh(guest.pd)  # channel programming is a first use
+        write_shadow_ramin(vram, guest, ch.shadow_inst, shadow_pd, ch.shadow_userd, v.policy)
+        v.count("shadow.channel_builds", 1)
+
+    def _unbind(self, ch: VChannel) -> None:
+        if not ch.bound:
+            return
+        v = self.vgpu
+        v.med.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE, 0)
+        v.med.set_poll_page(ch.pchid, None)
+        ch.guest_inst = ch.guest_pd = None
+        ch.put = 0
+        v.med.gpu.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
+        v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
+
+    def state_write(self, vchid: int, value: int) -> None:
+        ch = self._channel(vchid)
+        if ch is None:
+            self.vgpu.count("trap.refused.channel_id", 1)
+            return
+        ch.state = value
+        if ch.bound:
+            self.vgpu.shadowing.ensure_fresh(ch.guest_pd)
+            self.vgpu.med.set_poll_page(ch.pchid, ch.shadow_userd)
+            self.vgpu.med.wr(regs.PFIFO_CHAN_STATE + ch.pchid * regs.PFIFO_CHAN_STRIDE, value)
+
+    def kick_write(self, vchid: int) -> None:
+        self.kick = vchid
+        ch = self.by_vchid.get(vchid)
+        if ch is not None and ch.bound:
+            self.vgpu.med.wr(regs.PFIFO_KICK, ch.pchid)
+
+    # ------------------------------------------------------------------ RAMIN reflection
+    def ramin_pages(self) -> list[int]:
+        return [c.guest_inst for c in self.by_vchid.values() if c.bound]
+
+    def reflect(self, guest_addr: int) -> None:
+        """A guest write landed at guest_addr: rebuild shadows of RAMIN it touched."""
+        page = guest_addr & ~0xFFF
+        for ch in self.by_vchid.values():
+            if ch.guest_inst == page:
+                self._build_shadow(ch)
+                self.vgpu.count("shadow.ramin_reflects", 1)
+
+    # ------------------------------------------------------------------ runlist
+    def runlist_submit(self, addr_reg: int, length: int) -> None:
+        v = self.vgpu
+        addr = (addr_reg & regs.PFIFO_RUNLIST_ADDR_MASK) << 12
+        target = (addr_reg >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & 0x3
+        nbytes = length * regs.RUNLIST_ENTRY_SIZE
+        if target != regs.TARGET_VRAM or not v.policy.guest_vram_ok(addr, nbytes):
+            v.count("trap.refused.runlist", 1)
+            self.runlist = []
+        else:
+            host = v.policy.host_vram(addr)
+            words = v.med.gpu.vram.u32[host >> 2:(host + nbytes) >> 2]
+            vchids = words[0::2].tolist()
+            self.runlist = [c for c in dict.fromkeys(vchids) if c < v.part.channels]
+            if len(self.runlist) != len(vchids):
+                v.count("trap.refused.runlist_entries", len(vchids) - len(self.runlist))
+        v.med.rebuild_runlist()
+
+    def runlist_pchids(self) -> list[int]:
+        return [self.by_vchid[c].pchid for c in self.runlist
+                if c in self.by_vchid and self.by_vchid[c].bound]
+
+    # ------------------------------------------------------------------ USERD / doorbells
+    def poll_base(self) -> int | None:
+        if not self.userd_poll & regs.PFIFO_USERD_POLL_ENABLE:
+            return None
+        return (self.userd_poll & regs.PFIFO_USERD_POLL_ADDR_MASK) << 12
+
+    def poll_offsets(self) -> set[int]:
+        base = self.poll_base()
+        if base is None:
+            return set()
+        return {base + c * regs.USERD_STRIDE for c in range(self.vgpu.part.channels)}
+
+    def userd_slot(self, bar1_offset: int) -> tuple[VChannel | None, int] | None:
+        base = self.poll_base()
+        if base is None:
+            return None
+        rel = bar1_offset - base
+        if 0 <= rel < self.vgpu.part.channels * regs.USERD_STRIDE:
+            return self.by_vchid.get(rel // regs.USERD_STRIDE), rel % regs.USERD_STRIDE
+        return None
+
+    def userd_read(self, ch: VChannel | None, reg: int, size: int) -> int:
+        if ch is None or not ch.bound:
+            return 0
+        if reg == regs.USERD_GP_PUT:
+            return ch.put
+        return self.vgpu.med.gpu.vram.read_bytes(ch.shadow_userd + reg, size)
+
+    def userd_write(self, ch: VChannel | None, reg: int, size: int, value: int) -> None:
+        v = self.vgpu
+        if ch is None or not ch.bound:
+            v.count("trap.refused.doorbell", 1)
+            return
+        if reg != regs.USERD_GP_PUT:
+            return  # only GP_PUT means anything to the device; the rest is guest scratch
+        ch.put = value & 0xFFFFFFFF
+        v.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
+        v.count("doorbells", 1)
+        v.med.submissions.submit(v, ch.pchid, ch.put)
+
+    def teardown(self) -> None:
+        for ch in self.by_vchid.values():
+            self._unbind(ch)
+            self.vgpu.part.shadow_pool.free(ch.shadow_inst)
+            self.vgpu.part.shadow_pool.free(ch.shadow_userd)
+        self.by_vchid.clear()
+        self.runlist = []
+

@@ -1,0 +1,88 @@
+"""Paravirtual hypercalls: page tables allocated and filled by the hypervisor.
+
+The guest passes a hypercall record (header + {va, pte} entries) by guest-physical
+address on the hypercall port.  Every entry is validated and translated as it is
+written (GPUvm's prototype validated nothing here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.vmm import abi
+from gpuvm.vmm.guest_ram import GuestRam
+from shadow.pv_space import PvSpace
+
+if TYPE_CHECKING:
+    from gpuvm.mediator.vgpu import VGpu
+
+OP_NAMES = {abi.HC_SET_PGD: "set_pgd", abi.HC_MAP_BATCH: "map_batch",
+            abi.HC_UNMAP_BATCH: "unmap_batch", abi.HC_VM_FLUSH: "vm_flush",
+            abi.HC_FREE_PGD: "free_pgd"}
+_ENTRY = np.dtype([("va", "<u8"), ("pte", "<u8")])
+
+
+class Hypercalls:
+    def __init__(self, vgpu: "VGpu") -> None:
+        self.vgpu = vgpu
+
+    def handle(self, ram: GuestRam, gpa: int) -> None:
+        v = self.vgpu
+        hdr = ram.struct_at(gpa, abi.HcallHeader)
+        op, count, key = int(hdr.op), int(hdr.count), int(hdr.args[0])
+        v.count("hcall.calls", 1)
+        v.count(f"hcall.{OP_NAMES.get(op, 'bad')}", 1)
+        status, refused = abi.HC_OK, 0
+        with v.med.lock:
+            if count > abi.HC_MAX_ENTRIES:
+                status = abi.HC_EINVAL
+            elif op == abi.HC_SET_PGD:
+                status = self._set_pgd(key)
+            elif op in (abi.HC_MAP_BATCH, abi.HC_UNMAP_BATCH):
+                space = v.shadowing.pv_spaces.get(key)
+                if space is None:
+                    status = abi.HC_EINVAL
+                else:
+                    raw = ram.read(gpa + abi.HCALL_HEADER_BYTES, count * _ENTRY.itemsize)
+                    entries = raw.view(_ENTRY)
+                    v.count("hcall.entries", count)
+                    v.counts["hcall.batch_max"] = max(v.counts.get("hcall.batch_max", 0), count)
+                    if op == abi.HC_MAP_BATCH:
+                        refused = space.map(entries["va"], entries["pte"])
+                    else:
+                        refused = space.unmap(entries["va"])
+                    status = abi.HC_OK if refused == 0 else abi.HC_EINVAL
+            elif op == abi.HC_VM_FLUSH:
+                status = self._flush(key)
+            elif op == abi.HC_FREE_PGD:
+                space = v.shadowing.pv_spaces.pop(key, None)
+                status = abi.HC_OK if space is not None else abi.HC_EINVAL
+                if space is not None:
+                    space.release()
+            else:
+                status = abi.HC_EINVAL
+        hdr.status = status
+        hdr.args[3] = refused
+        del hdr
+
+    def _set_pgd(self, key: int) -> int:
+        v = self.vgpu
+        if not v.policy.guest_vram_ok(key, regs.PD_BYTES) or key in v.shadowing.pv_spaces:
+            return abi.HC_EINVAL
+        v.shadowing.pv_spaces[key] = PvSpace(v.med.gpu.vram, v.policy, v.part.shadow_pool, key,
+                                             v.count)
+        return abi.HC_OK
+
+    def _flush(self, key: int) -> int:
+        v = self.vgpu
+        space = v.shadowing.pv_spaces.get(key)
+        if space is None:
+            return abi.HC_EINVAL
+        v.med.flush(space.pd)
+        for window, bar in ((v.shadowing.bar1, regs.BAR1), (v.shadowing.bar3, regs.BAR3)):
+            if window.pv is space:
+                v.shadowing.sync_window(window, bar)
+        return abi.HC_OK

@@ -1,0 +1,140 @@
+"""The mediator: one physical GPU, several vGPUs.
+
+It is the physical GPU's only driver.  It brings the device up, owns the physical BAR1
+and BAR3 address spaces (each VM's arena is a window into them), the USERD poll area, the
+runlist and the hypervisor's VRAM, creates and destroys partitions as VMs come and go,
+and hands doorbells to the scheduler.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.device.dma import BusMap
+from gpuvm.device.gpu import Gpu
+from gpuvm.device.host_driver import pte
+from gpuvm.mediator.modes import Mode
+from gpuvm.mediator.partition import PartitionSpec, PartitionTable
+from gpuvm.mediator.submission import Submissions
+from gpuvm.mediator.vgpu import VGpu
+from gpuvm.vmm.guest_ram import GuestRam
+from scheduler import FifoPolicy
+from scheduler.policy import Policy
+from shadow.vram_pool import VramPool
+
+HYP_GLOBAL = 16 * regs.MiB  # top of VRAM: physical BAR tables, runlist
+
+
+class Mediator:
+    def __init__(self, gpu: Gpu, policy: Policy | None = None) -> None:
+        self.gpu = gpu
+        self.lock = threading.RLock()
+        self.bus = BusMap()
+        gpu.attach_sysram(self.bus)
+        prof = gpu.profile
+        self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size)
+        self.hyp = VramPool(gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL, "hypervisor")
+        self.vgpus: list[VGpu] = []
+        self.owner: dict[int, VGpu] = {}
+        self._bring_up()
+        self.submissions = Submissions(gpu.device_time_ns, policy or FifoPolicy(),
+                                       self._ring, self._runnable)
+        gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
+
+    # ------------------------------------------------------------------ physical device
+    def wr(self, offset: int, value: int) -> None:
+        self.gpu.mmio_write(regs.BAR0, offset, 4, value)
+
+    def _zeroed(self, size: int) -> int:
+        addr = self.hyp.alloc(size)
+        self.gpu.vram.u8[addr:addr + size] = 0
+        return addr
+
+    def _bar_vm(self, size: int) -> tuple[int, int, int]:
+        """(instance, directory, small table) of one physical BAR VM, in hypervisor VRAM."""
+        inst = self._zeroed(regs.RAMIN_SIZE)
+        pd = self._zeroed(regs.PD_BYTES)
+        pt = self._zeroed(regs.SMALL_PTES_PER_PT * regs.PTE_SIZE)
+        v = self.gpu.vram
+        v.write_u32(inst + regs.RAMIN_PD_LO, pd | regs.TARGET_VRAM)
+        v.write_u32(inst + regs.RAMIN_PD_HI, pd >> 32)
+        v.write_u32(inst + regs.RAMIN_LIMIT_LO, size - 1)
+        v.write_u32(inst + regs.RAMIN_LIMIT_HI, 0)
+        v.u64[pd >> 3] = regs.PDE_SMALL_PRESENT | ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        return inst, pd, pt
+
+    def _bring_up(self) -> None:
+        prof = self.gpu.profile
+        self.wr(regs.PMC_ENABLE, regs.PMC_ENABLE_PFIFO | regs.PMC_ENABLE_PGRAPH |
+                regs.PMC_ENABLE_PCOPY0 | regs.PMC_ENABLE_PCOPY1 | regs.PMC_ENABLE_PTIMER)
+        self.wr(regs.PFIFO_CTRL, regs.PFIFO_CTRL_ENABLE)
+        self.wr(regs.PFIFO_INTR_EN, 0xFFFFFFFF)
+        inst1, self.bar1_pd, self.bar1_pt = self._bar_vm(prof.bar1_size)
+        inst3, self.bar3_pd, self.bar3_pt = self._bar_vm(prof.bar3_size)
+        self.wr(regs.PBUS_BAR1_VM, regs.PBUS_BARVM_ENABLE | (inst1 >> 12))
+        self.wr(regs.PBUS_BAR3_VM, regs.PBUS_BARVM_ENABLE | (inst3 >> 12))
+        self.wr(regs.PFIFO_USERD_POLL, regs.PFIFO_USERD_POLL_ENABLE)  # poll area at BAR1 0
+        self.runlist = self._zeroed(regs.NUM_CHANNELS * regs.RUNLIST_ENTRY_SIZE)
+
+    def flush(self, pd: int, bar_vm: bool = False) -> None:
+        """A real TLB flush of a hypervisor-owned directory, through the flush registers."""
+        self.wr(regs.PFFB_FLUSH_PD, pd >> regs.PFFB_FLUSH_PD_ADDR_SHIFT)
+        self.wr(regs.PFFB_FLUSH_TRIGGER, regs.PFFB_TRIGGER_BAR_VM if bar_vm
+                else regs.PFFB_TRIGGER_GO | regs.PFFB_TRIGGER_ALL_PAGES)
+
+    def set_poll_page(self, pchid: int, userd: int | None) -> None:
+        """Map physical channel pchid's USERD page in the poll area (None: unmap)."""
+        self.gpu.vram.u64[(self.bar1_pt >> 3) + pchid] = 0 if userd is None else pte(userd)
+        self.flush(self.bar1_pd, bar_vm=True)
+
+    def rebuild_runlist(self) -> None:
+        chids = sorted(c for v in self.vgpus for c in v.runlist_pchids())
+        entries = np.zeros(2 * len(chids), dtype=np.uint32)
+        entries[0::2] = chids
+        entries[1::2] = regs.RUNLIST_ENTRY_WORD1
+        self.gpu.vram.u8[self.runlist:self.runlist + entries.nbytes] = entries.view(np.uint8)
+        self.wr(regs.PFIFO_RUNLIST_ADDR, self.runlist >> 12)
+        self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
+
+    def _ring(self, pchid: int, put: int) -> None:
+        self.gpu.mmio_write(regs.BAR1, pchid * regs.USERD_STRIDE + regs.USERD_GP_PUT, 4, put)
+
+    def _runnable(self, pchid: int) -> bool:
+        with self.gpu.lock:
+            return pchid in self.gpu.pfifo.runlist and self.gpu.pfifo.channels[pchid].runnable
+
+    # ------------------------------------------------------------------ VMs
+    def add_vm(self, name: str, ram: GuestRam, mode: Mode, spec: PartitionSpec | None = None,
+               share: float = 1.0) -> VGpu:
+        with self.lock:
+            part = self.table.allocate(spec or PartitionSpec())
+            self.bus.add(part.sys_base, ram.array)
+            vgpu = VGpu(self, name, part, mode, ram)
+            self.vgpus.append(vgpu)
+            for c in range(part.chid_base, part.chid_base + part.channels):
+                self.owner[c] = vgpu
+        self.submissions.add_vm(vgpu, share)
+        return vgpu
+
+    def remove_vm(self, vgpu: VGpu) -> None:
+        """Stop a VM's channels, free its shadows and its partition; others keep running."""
+        pchids = set(range(vgpu.part.chid_base, vgpu.part.chid_base + vgpu.part.channels))
+        self.submissions.remove_vm(vgpu, pchids)
+        with self.lock:
+            vgpu.teardown()
+            self.vgpus.remove(vgpu)
+            self.rebuild_runlist()
+            for c in pchids:
+                self.owner.pop(c, None)
+            self.bus.remove(vgpu.part.sys_base)
+            self.table.release(vgpu.part)
+
+    def close(self) -> None:
+        for vgpu in list(self.vgpus):
+            self.remove_vm(vgpu)
+        self.submissions.close()
+        if self.submissions.on_idle in self.gpu.pfifo.idle_listeners:
+            self.gpu.pfifo.idle_listeners.remove(self.submissions.on_idle)

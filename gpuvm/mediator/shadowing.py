@@ -1,0 +1,169 @@
+"""A vGPU's shadow page tables: which guest directory backs what, when to resync, and
+which BAR pages may be remapped as a consequence.
+
+- fv: a guest TLB flush rescans at once (full scan), then the real flush is issued.
+- lazy: a flush only marks channel shadows stale; the resync happens at first use (a
+  doorbell, channel programming, a RAMIN write).  BAR-VM windows are always synced at
+  the flush, because remapped BAR pages are used without any trap that could resync them.
+- incremental: a resync compares with the previous one instead of translating everything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from gpuvm.device import regs
+from shadow.bar_window import NOT_VRAM, BarWindow
+from shadow.page_table import ShadowSpace
+from shadow.pv_space import PvSpace
+from shadow.remap import RemapPlan, RemapState
+
+if TYPE_CHECKING:
+    from gpuvm.mediator.vgpu import VGpu
+
+
+class Remapper(Protocol):
+    """How the VMM maps host memory straight into a guest's BAR window (KVM memslots, or
+    the in-process page map) -- and takes it away again."""
+
+    def map(self, bar: int, offset: int, host_address: int, size: int) -> None: ...
+
+    def unmap(self, bar: int, offset: int, size: int) -> None: ...
+
+
+class Shadowing:
+    def __init__(self, vgpu: "VGpu") -> None:
+        self.vgpu = vgpu
+        med = vgpu.med
+        part = vgpu.part
+        self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
+        self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
+        self.bar1 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar1_pt,
+                              part.bar1_base >> 12, part.spec.bar1_size >> 12)
+        self.bar3 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar3_pt,
+                              part.bar3_base >> 12, part.spec.bar3_size >> 12)
+        self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
+        med.gpu.vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
+        self.remapper: Remapper | None = None
+        self._remapped = {regs.BAR1: RemapState.empty(self.bar1.pages),
+                          regs.BAR3: RemapState.empty(self.bar3.pages)}
+
+    # ------------------------------------------------------------------ address spaces
+    def space_pd(self, guest_pd: int | None) -> int:
+        """The host directory a channel with this guest directory should use."""
+        if guest_pd is None:
+            return self.empty_pd
+        pv = self.pv_spaces.get(guest_pd)
+        if pv is not None:
+            return pv.pd
+        space = self.spaces.get(guest_pd)
+        if space is None:
+            v = self.vgpu
+            space = self.spaces[guest_pd] = ShadowSpace(v.med.gpu.vram, v.policy,
+                                                        v.part.shadow_pool, guest_pd, v.count)
+        return space.shadow_pd
+
+    def ensure_fresh(self, guest_pd: int | None) -> None:
+        """First use of a channel's address space: resync it if a flush left it stale."""
+        space = self.spaces.get(guest_pd) if guest_pd is not None else None
+        if space is not None and space.stale:
+            self._sync_space(space)
+
+    def _sync_space(self, space: ShadowSpace) -> None:
+        before = len(space._pts)
+        space.sync(incremental=self.vgpu.mode.incremental)
+        self.vgpu.med.flush(space.shadow_pd)
+        if len(space._pts) != before:
+            self.refresh_remap()  # new or dropped guest tables change what is sensitive
+
+    def release_unused(self, in_use: set[int]) -> None:
+        for pd in [pd for pd in self.spaces if pd not in in_use]:
+            self.spaces.pop(pd).release()
+
+    # ------------------------------------------------------------------ TLB flushes
+    def guest_flush(self, flush_pd: int, trigger: int) -> None:
+        if not trigger & regs.PFFB_TRIGGER_GO:
+            return
+        v = self.vgpu
+        v.count("tlb.guest_flushes", 1)
+        if flush_pd & regs.PFFB_FLUSH_PD_SYSRAM:
+            return  # no sysram directories are shadowed: nothing can be using it
+        pd = (flush_pd >> 4) << 12
+        all_pds = bool(trigger & regs.PFFB_TRIGGER_ALL_PDS)
+        for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
+            if window.pv is None and (all_pds or window.guest_pd == pd):
+                self.sync_window(window, bar)
+        for key, space in self.spaces.items():
+            if all_pds or key == pd:
+                if v.mode.lazy:
+                    space.stale = True
+                    v.count("shadow.marked_stale", 1)
+                else:
+                    self._sync_space(space)
+
+    def sync_window(self, window: BarWindow, bar: int) -> None:
+        window.sync(incremental=self.vgpu.mode.incremental)
+        self.vgpu.med.flush(self.vgpu.med.bar1_pd if bar == regs.BAR1 else self.vgpu.med.bar3_pd,
+                            bar_vm=True)
+        self.refresh_remap()
+
+    def bind_window(self, bar: int, reg: int) -> None:
+        """The guest wrote PBUS_BAR1_VM / PBUS_BAR3_VM."""
+        window = self.bar1 if bar == regs.BAR1 else self.bar3
+        inst = None
+        pv = None
+        if reg & regs.PBUS_BARVM_ENABLE and \
+                (reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK == regs.TARGET_VRAM:
+            inst = (reg & regs.PBUS_BARVM_INST_MASK) << 12
+            if self.vgpu.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
+                lo = self.vgpu.guest_u32(inst + regs.RAMIN_PD_LO)
+                hi = self.vgpu.guest_u32(inst + regs.RAMIN_PD_HI)
+                pv = self.pv_spaces.get((lo & regs.RAMIN_ADDR_MASK) | ((hi & 0xFF) << 32))
+        window.bind(inst, pv)
+        self.sync_window(window, bar)
+
+    # ------------------------------------------------------------------ remap
+    def sensitive_pages(self) -> set[int]:
+        """Host VRAM pages the mediator must keep trapping: tables, RAMIN, BAR VM blocks."""
+        v = self.vgpu
+        guest_pages: set[int] = set(v.channels.ramin_pages())
+        for space in self.spaces.values():
+            guest_pages.update(space.guest_table_pages())
+        guest_pages.update(self.bar1.guest_table_pages())
+        guest_pages.update(self.bar3.guest_table_pages())
+        return {v.policy.host_vram(p) for p in guest_pages}
+
+    def refresh_remap(self) -> None:
+        v = self.vgpu
+        if not v.mode.remap or self.remapper is None:
+            return
+        sensitive = self.sensitive_pages()
+        base = v.med.gpu.vram.host_address
+        for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):
+            trapped = v.channels.poll_offsets() if bar == regs.BAR1 else set()
+            plan = RemapPlan.build(window.host_pages, sensitive, trapped)
+            unmaps, maps = self._remapped[bar].diff(plan)
+            for first, n in unmaps:
+                self.remapper.unmap(bar, first << 12, n << 12)
+                v.count("remap.unmaps", 1)
+            for first, n, host in maps:
+                self.remapper.map(bar, first << 12, base + host, n << 12)
+                v.count("remap.maps", 1)
+
+    def remapped_pages(self) -> int:
+        return sum(int((s.pages != NOT_VRAM).sum()) for s in self._remapped.values())
+
+    def teardown(self) -> None:
+        if self.remapper is not None:
+            for bar, state in self._remapped.items():
+                if (state.pages != NOT_VRAM).any():
+                    self.remapper.unmap(bar, 0, state.pages.size << 12)
+        self.bar1.clear()
+        self.bar3.clear()
+        for space in self.spaces.values():
+            space.release()
+        for pv in self.pv_spaces.values():
+            pv.release()
+        self.spaces.clear()
+        self.pv_spaces.clear()
+        self.vgpu.part.shadow_pool.free(self.empty_pd)

@@ -1,0 +1,110 @@
+"""Intercepted doorbells, held per VM and released to the GPU one at a time.
+
+GPU work is not preemptible, so whoever's submission reaches the engine holds it until
+done.  Doorbells are queued per VM; a scheduler policy (FIFO, CREDIT, BAND) picks whose
+goes next; the mediator performs the real GP_PUT write, learns from the device when that
+channel has gone idle, and charges the VM the device time it used.
+
+A thread of its own runs the dispatcher, because the device reports completions from its
+engine thread while holding its lock: completions and doorbells arrive here through a
+queue, never a lock the device thread could wait on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from scheduler import Dispatcher
+from scheduler.policy import Policy
+
+
+@dataclass(frozen=True)
+class Doorbell:
+    pchid: int
+    put: int
+
+
+class Submissions:
+    def __init__(self, now: Callable[[], int], policy: Policy,
+                 ring: Callable[[int, int], None], runnable: Callable[[int], bool]) -> None:
+        self._now = now
+        self._ring = ring
+        self._runnable = runnable
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.dispatcher: Dispatcher[Doorbell] = Dispatcher(policy, self._start,
+                                                           self._request_wakeup)
+        self._last_put: dict[int, int] = {}
+        self._running: Doorbell | None = None
+        self._wake_at: int | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="gpu-submissions", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------- called by anyone
+    def add_vm(self, vm: object, share: float) -> None:
+        with self._lock:
+            self.dispatcher.add_vm(vm, share, self._now())
+
+    def remove_vm(self, vm: object, pchids: set[int]) -> None:
+        with self._lock:
+            self.dispatcher.remove_vm(vm, self._now())
+            for c in pchids:
+                self._last_put.pop(c, None)
+
+    def submit(self, vm: object, pchid: int, put: int) -> None:
+        self._events.put(("submit", vm, Doorbell(pchid, put)))
+
+    def on_idle(self, pchid: int, busy_ns: int) -> None:
+        """Device engine thread (device lock held): only enqueue."""
+        self._events.put(("idle", pchid, None))
+
+    def channel_reset(self, pchid: int) -> None:
+        """A (re)bound channel starts at GP_GET 0: forget the put we last rang."""
+        with self._lock:
+            self._last_put.pop(pchid, None)
+
+    def close(self) -> None:
+        self._stopping = True
+        self._events.put(("stop", None, None))
+        self._thread.join()
+
+    # ----------------------------------------------------------- dispatcher side
+    def _start(self, vm: object, bell: Doorbell) -> None:
+        self._running = bell
+        if self._last_put.get(bell.pchid, 0) == bell.put or not self._runnable(bell.pchid):
+            # Nothing the GPU would run now (no new entries, or a channel not on the
+            # runlist): it would never report the channel busy, so don't hold the engine.
+            self._running = None
+            self.dispatcher.complete(self._now(), used=0)
+            return
+        self._last_put[bell.pchid] = bell.put
+        self._ring(bell.pchid, bell.put)
+
+    def _request_wakeup(self, t: int) -> None:
+        self._wake_at = t if self._wake_at is None else min(self._wake_at, t)
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            timeout = None
+            if self._wake_at is not None:
+                timeout = max(0.0, (self._wake_at - self._now()) / 1e9)
+            try:
+                kind, a, b = self._events.get(timeout=timeout)
+            except queue.Empty:
+                kind, a, b = "wake", None, None
+            with self._lock:
+                now = self._now()
+                if kind == "submit":
+                    if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
+                        self.dispatcher.submit(a, b, now)
+                elif kind == "idle":
+                    if self._running is not None and self._running.pchid == a:
+                        self._running = None
+                        self.dispatcher.complete(now)
+                if self._wake_at is not None and now >= self._wake_at:
+                    self._wake_at = None
+                    self.dispatcher.wake(now)

@@ -1,0 +1,133 @@
+"""The shadow of a guest's BAR1 or BAR3 VM: one VM's arena inside the physical BAR page
+table.
+
+The physical BAR VM is one address space shared by all VMs; VM i's guest BAR offset x is
+physical BAR offset arena_i + x.  Its entries come from the guest's own BAR VM (instance
+block -> page directory -> small table), validated like any other guest entry.  The
+per-page host addresses it records are what BAR remap maps straight into the guest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.device.vram import Vram
+from shadow.entries import EntryPolicy
+from shadow.page_table import Count, SyncStats, record, sync_entries
+from shadow.pv_space import PvSpace
+
+NOT_VRAM = -1  # host_pages entry of a page that is absent, refused, or in sysram
+
+
+class BarWindow:
+    def __init__(self, vram: Vram, policy: EntryPolicy, count: Count, phys_pt: int,
+                 first_index: int, pages: int) -> None:
+        self.vram = vram
+        self.policy = policy
+        self.count = count
+        self.phys_pt = phys_pt  # host VRAM address of the physical BAR's small page table
+        self.first = first_index
+        self.pages = pages
+        self.guest_inst: int | None = None
+        self.guest_pd: int | None = None
+        self.guest_pt: int | None = None
+        self._snapshot: np.ndarray | None = None
+        self.host_pages = np.full(pages, NOT_VRAM, dtype=np.int64)
+        self.pv: PvSpace | None = None  # a PV guest's BAR VM: entries are already validated
+        self.stale = True
+
+    def _window(self) -> np.ndarray:
+        base = (self.phys_pt >> 3) + self.first
+        return self.vram.u64[base:base + self.pages]
+
+    def bind(self, guest_inst: int | None, pv: PvSpace | None = None) -> None:
+        """The guest pointed its BAR VM at another instance block (or turned it off)."""
+        self.guest_inst = guest_inst
+        self.pv = pv
+        self._snapshot = None
+        self.stale = True
+
+    def clear(self) -> None:
+        self._window()[:] = 0
+        self.host_pages[:] = NOT_VRAM
+        self._snapshot = None
+
+    def _guest_u32(self, addr: int) -> int:
+        return int(self.vram.u32[self.policy.host_vram(addr) >> 2])
+
+    def sync(self, incremental: bool) -> SyncStats:
+        stats = SyncStats()
+        entries = self._guest_entries(stats)
+        if entries is None:
+            self.clear()
+        elif self.pv is not None:
+            table = self.pv.small_table(0)
+            window = self._window()
+            window[:] = 0
+            if table is not None:
+                n = min(entries.size, self.pages)
+                window[:n] = table[:n]
+            stats.ptes_written += self.pages
+            self._set_host_pages()
+        else:
+            padded = np.zeros(self.pages, dtype=np.uint64)
+            padded[:entries.size] = entries
+            snapshot = self._snapshot if incremental else None
+            sync_entries(padded, snapshot, self._window(), self.policy, regs.SMALL_PAGE, stats)
+            self._snapshot = padded
+            self._set_host_pages()
+        self.stale = False
+        record(self.count, stats)
+        return stats
+
+    def _set_host_pages(self) -> None:
+        shadow = self._window()
+        in_vram = ((shadow & np.uint64(regs.PTE_PRESENT)) != 0) & \
+            (((shadow >> np.uint64(regs.PTE_TARGET_SHIFT)) & np.uint64(3)) == 0)
+        phys = ((shadow >> np.uint64(regs.PTE_ADDR_SHIFT)) &
+                np.uint64(regs.PTE_ADDR_FIELD_MASK)) << np.uint64(12)
+        self.host_pages = np.where(in_vram, phys.astype(np.int64), NOT_VRAM)
+
+    def _guest_entries(self, stats: SyncStats) -> np.ndarray | None:
+        inst = self.guest_inst
+        self.guest_pd = self.guest_pt = None
+        if inst is None or not self.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
+            return None
+        pd_lo = self._guest_u32(inst + regs.RAMIN_PD_LO)
+        pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((self._guest_u32(inst + regs.RAMIN_PD_HI) & 0xFF) << 32)
+        limit = self._guest_u32(inst + regs.RAMIN_LIMIT_LO) | \
+            ((self._guest_u32(inst + regs.RAMIN_LIMIT_HI) & 0xFF) << 32)
+        stats.pdes_scanned = 1
+        if self.pv is None and (pd_lo & regs.RAMIN_ADDR_TARGET_MASK != regs.TARGET_VRAM or
+                                not self.policy.guest_vram_ok(pd, regs.PDE_SIZE)):
+            stats.ptes_refused += 1
+            return None
+        self.guest_pd = pd
+        n = min(self.pages, (limit + 1) >> 12)
+        if self.pv is not None:
+            return np.zeros(n, dtype=np.uint64)  # only the size matters: see sync
+        pde = int(self.vram.u64[self.policy.host_vram(pd) >> 3])
+        if pde & regs.PDE_LARGE_PRESENT:
+            stats.ptes_refused += 1  # BAR VMs are mapped with small pages only
+        if not pde & regs.PDE_SMALL_PRESENT:
+            return None
+        pt = ((pde >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
+        if not self.policy.guest_vram_ok(pt, n * regs.PTE_SIZE):
+            stats.ptes_refused += 1
+            return None
+        self.guest_pt = pt
+        base = self.policy.host_vram(pt) >> 3
+        return self.vram.u64[base:base + n].copy()
+
+    def guest_table_pages(self) -> list[int]:
+        """Guest VRAM pages of this BAR VM's instance, directory and table (sensitive)."""
+        pages = []
+        if self.guest_inst is not None:
+            pages.append(self.guest_inst & ~0xFFF)
+        if self.guest_pd is not None:
+            pages.append(self.guest_pd & ~0xFFF)
+        if self.guest_pt is not None:
+            end = self.guest_pt + self.pages * regs.PTE_SIZE
+            pages.extend(range(self.guest_pt & ~0xFFF, end, regs.SMALL_PAGE))
+        return pages

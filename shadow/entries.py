@@ -1,0 +1,48 @@
+"""Validation and translation of guest page-table entries, vectorized.
+
+This is where GPUvm's holes are closed: a VRAM entry must point inside the VM's slice and
+a sysram entry inside the VM's own RAM; anything else becomes not-present and is counted.
+The same policy serves shadow scans and paravirtual map hypercalls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuvm.device import regs
+
+_ADDR_FIELD = np.uint64(regs.PTE_ADDR_FIELD_MASK << regs.PTE_ADDR_SHIFT)
+_TARGET_SHIFT = np.uint64(regs.PTE_TARGET_SHIFT)
+_ONE = np.uint64(1)
+
+
+@dataclass(frozen=True)
+class EntryPolicy:
+    vram_base: int  # host VRAM address of the VM's guest VRAM address 0
+    vram_size: int  # the slice's size: guest VRAM addresses must stay below it
+    sys_base: int  # device bus address of the VM's guest-physical 0
+    sys_size: int  # the VM's RAM size
+
+    def guest_vram_ok(self, addr: int, length: int) -> bool:
+        return 0 <= addr and addr + length <= self.vram_size
+
+    def host_vram(self, addr: int) -> int:
+        return self.vram_base + addr
+
+    def translate(self, ptes: np.ndarray, page: int = regs.SMALL_PAGE) -> tuple[np.ndarray, np.ndarray]:
+        """(shadow entries, refused mask) for guest entries describing pages of `page` bytes."""
+        ptes = ptes.astype(np.uint64, copy=False)
+        present = (ptes & _ONE).astype(bool)
+        target = (ptes >> _TARGET_SHIFT) & np.uint64(regs.PTE_TARGET_MASK)
+        addr = ((ptes & _ADDR_FIELD) >> np.uint64(regs.PTE_ADDR_SHIFT)) << np.uint64(12)
+        end = addr + np.uint64(page)
+        is_vram = target == np.uint64(regs.TARGET_VRAM)
+        is_sys = (target == np.uint64(regs.TARGET_SYSRAM)) | \
+            (target == np.uint64(regs.TARGET_SYSRAM_NOSNOOP))
+        ok = present & ((is_vram & (end <= np.uint64(self.vram_size))) |
+                        (is_sys & (end <= np.uint64(self.sys_size))))
+        host = np.where(is_vram, addr + np.uint64(self.vram_base), addr + np.uint64(self.sys_base))
+        shadow = (ptes & ~_ADDR_FIELD) | ((host >> np.uint64(12)) << np.uint64(regs.PTE_ADDR_SHIFT))
+        return np.where(ok, shadow, np.uint64(0)), present & ~ok

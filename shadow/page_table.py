@@ -1,0 +1,196 @@
+"""Shadow page tables for a guest GPU address space.
+
+The guest keeps its page directory and tables in its own VRAM slice; the GPU walks the
+shadow, which lives in hypervisor VRAM and holds only validated, translated entries.
+
+Two ways to bring a shadow up to date:
+- full: read every PDE, translate every entry of every present table (what GPUvm did on
+  each TLB flush), vectorized per table;
+- incremental: compare the guest's tables with the copy taken at the last sync and
+  translate only the entries that differ.  Comparing is a memory-speed numpy operation,
+  and it sees every writer (CPU through any BAR, or a GPU engine) without write tracking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gpuvm.device import regs
+from gpuvm.device.vram import Vram
+from shadow.entries import EntryPolicy
+from shadow.vram_pool import VramPool
+
+Count = Callable[[str, int], None]
+
+SMALL, LARGE = 0, 1
+_PDE_ADDR = regs.PDE_ADDR_FIELD_MASK
+
+
+def _pt_kind_entries(kind: int, pde: int) -> int:
+    if kind == SMALL:
+        return regs.SMALL_PTES_PER_PT
+    return regs.LARGE_PTES_PER_PT >> ((pde >> regs.PDE_SIZE_SHIFT) & regs.PDE_SIZE_MASK)
+
+
+def _pt_guest_addr(kind: int, pde: int) -> int:
+    if kind == SMALL:
+        return ((pde >> regs.PDE_SMALL_ADDR_SHIFT) & _PDE_ADDR) << 12
+    return ((pde >> regs.PDE_LARGE_ADDR_SHIFT) & _PDE_ADDR) << 12
+
+
+def _present(kind: int, pde: int) -> bool:
+    return bool(pde & (regs.PDE_SMALL_PRESENT if kind == SMALL else regs.PDE_LARGE_PRESENT))
+
+
+@dataclass
+class _ShadowPt:
+    guest: int  # guest VRAM address of the guest table
+    entries: int
+    shadow: int  # host VRAM address of the shadow table
+    snapshot: np.ndarray  # the guest table as of the last sync
+
+
+@dataclass
+class SyncStats:
+    pdes_scanned: int = 0
+    ptes_scanned: int = 0
+    ptes_written: int = 0
+    ptes_refused: int = 0
+
+
+def sync_entries(current: np.ndarray, snapshot: np.ndarray | None, dest: np.ndarray,
+                 policy: EntryPolicy, page: int, stats: SyncStats) -> None:
+    """Translate guest entries into `dest`: all of them, or those that differ from snapshot."""
+    stats.ptes_scanned += current.size
+    if snapshot is not None:
+        idx = np.flatnonzero(current != snapshot)
+        if idx.size:
+            translated, refused = policy.translate(current[idx], page)
+            dest[idx] = translated
+            stats.ptes_written += int(idx.size)
+            stats.ptes_refused += int(refused.sum())
+        return
+    translated, refused = policy.translate(current, page)
+    dest[:] = translated
+    stats.ptes_written += current.size
+    stats.ptes_refused += int(refused.sum())
+
+
+def record(count: Count, stats: SyncStats) -> None:
+    count("shadow.syncs", 1)
+    count("shadow.pdes_scanned", stats.pdes_scanned)
+    count("shadow.ptes_scanned", stats.ptes_scanned)
+    count("shadow.ptes_written", stats.ptes_written)
+    count("shadow.ptes_refused", stats.ptes_refused)
+
+
+class ShadowSpace:
+    """The shadow of one guest address space (a page directory in the guest's slice)."""
+
+    def __init__(self, vram: Vram, policy: EntryPolicy, pool: VramPool, guest_pd: int,
+                 count: Count) -> None:
+        self.vram = vram
+        self.policy = policy
+        self.pool = pool
+        self.guest_pd = guest_pd
+        self.count = count
+        self.shadow_pd = self._alloc_zeroed(regs.PD_BYTES)
+        self._pd_snapshot: np.ndarray | None = None
+        self._pts: dict[tuple[int, int], _ShadowPt] = {}  # (pde index, kind) -> table
+        self.stale = True
+
+    def _alloc_zeroed(self, size: int) -> int:
+        addr = self.pool.alloc(size)
+        self.vram.u8[addr:addr + size] = 0
+        return addr
+
+    def _u64(self, addr: int, n: int) -> np.ndarray:
+        return self.vram.u64[addr >> 3:(addr >> 3) + n]
+
+    def guest_table_pages(self) -> list[int]:
+        """Guest VRAM pages holding this space's directory and tables (sensitive pages)."""
+        pages = list(range(self.guest_pd, self.guest_pd + regs.PD_BYTES, regs.SMALL_PAGE))
+        for pt in self._pts.values():
+            pages.extend(range(pt.guest, pt.guest + pt.entries * regs.PTE_SIZE, regs.SMALL_PAGE))
+        return pages
+
+    def release(self) -> None:
+        for pt in self._pts.values():
+            self.pool.free(pt.shadow)
+        self._pts.clear()
+        self.pool.free(self.shadow_pd)
+
+    # ------------------------------------------------------------------ sync
+    def sync(self, incremental: bool) -> SyncStats:
+        stats = SyncStats()
+        if not self.policy.guest_vram_ok(self.guest_pd, regs.PD_BYTES):
+            guest_pd = np.zeros(regs.PDE_COUNT, dtype=np.uint64)
+            stats.ptes_refused += 1
+        else:
+            guest_pd = self._u64(self.policy.host_vram(self.guest_pd), regs.PDE_COUNT).copy()
+        stats.pdes_scanned = regs.PDE_COUNT
+        changed: set[int] = set()
+        if incremental and self._pd_snapshot is not None:
+            changed = set(np.flatnonzero(guest_pd != self._pd_snapshot).tolist())
+        else:
+            incremental = False
+        # Absent PDEs shadow to zero in one vector write; only present ones (and ones that
+        # had tables before) are visited, each table translated as one array.
+        self._u64(self.shadow_pd, regs.PDE_COUNT)[guest_pd == 0] = 0
+        visit = set(np.flatnonzero(guest_pd).tolist()) | {i for i, _ in self._pts}
+        for index in sorted(visit):
+            self._sync_pde(index, int(guest_pd[index]), incremental and index not in changed,
+                           stats)
+        self._pd_snapshot = guest_pd
+        self.stale = False
+        record(self.count, stats)
+        return stats
+
+    def _sync_pde(self, index: int, pde: int, incremental: bool, stats: SyncStats) -> None:
+        shadow_pde = pde & ~((_PDE_ADDR << regs.PDE_SMALL_ADDR_SHIFT) |
+                             (_PDE_ADDR << regs.PDE_LARGE_ADDR_SHIFT) |
+                             regs.PDE_SMALL_PRESENT | regs.PDE_LARGE_PRESENT)
+        for kind in (SMALL, LARGE):
+            key = (index, kind)
+            old = self._pts.get(key)
+            if not _present(kind, pde):
+                if old is not None:
+                    self.pool.free(old.shadow)
+                    del self._pts[key]
+                continue
+            guest, entries = _pt_guest_addr(kind, pde), _pt_kind_entries(kind, pde)
+            if not self.policy.guest_vram_ok(guest, entries * regs.PTE_SIZE):
+                stats.ptes_refused += 1  # a table outside the slice: the whole PDE half
+                if old is not None:
+                    self.pool.free(old.shadow)
+                    del self._pts[key]
+                continue
+            if old is not None and (old.guest != guest or old.entries != entries):
+                self.pool.free(old.shadow)
+                del self._pts[key]
+                old = None
+            table = self._sync_table(kind, guest, entries, old, incremental, stats)
+            self._pts[key] = table
+            if kind == SMALL:
+                shadow_pde |= regs.PDE_SMALL_PRESENT | \
+                    ((table.shadow >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+            else:
+                shadow_pde |= regs.PDE_LARGE_PRESENT | \
+                    ((table.shadow >> 12) << regs.PDE_LARGE_ADDR_SHIFT)
+        self.vram.u64[(self.shadow_pd >> 3) + index] = shadow_pde
+
+    def _sync_table(self, kind: int, guest: int, entries: int, old: _ShadowPt | None,
+                    incremental: bool, stats: SyncStats) -> _ShadowPt:
+        current = self._u64(self.policy.host_vram(guest), entries).copy()
+        page = regs.SMALL_PAGE if kind == SMALL else regs.LARGE_PAGE
+        if old is None:
+            old = _ShadowPt(guest, entries, self._alloc_zeroed(entries * regs.PTE_SIZE),
+                            np.zeros(entries, dtype=np.uint64))
+            incremental = False
+        sync_entries(current, old.snapshot if incremental else None,
+                     self._u64(old.shadow, entries), self.policy, page, stats)
+        old.snapshot = current
+        return old

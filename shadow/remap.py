@@ -1,0 +1,82 @@
+"""Which guest BAR pages may be mapped straight onto VRAM (BAR remap).
+
+A page may be remapped when its shadow entry points at VRAM inside the VM's slice and
+holds nothing the mediator must see: no page table, no instance block, no doorbell.
+Those stay trapped, and a page that becomes sensitive later is torn down again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shadow.bar_window import NOT_VRAM
+
+
+@dataclass
+class RemapPlan:
+    """The desired host page address per BAR page (NOT_VRAM = keep trapping)."""
+
+    pages: np.ndarray  # int64
+
+    @classmethod
+    def build(cls, host_pages: np.ndarray, sensitive_host_pages: set[int],
+              trapped_offsets: set[int]) -> "RemapPlan":
+        want = host_pages.copy()
+        if sensitive_host_pages:
+            mask = np.isin(want, np.fromiter(sensitive_host_pages, dtype=np.int64))
+            want[mask] = NOT_VRAM
+        for off in trapped_offsets:
+            if 0 <= off >> 12 < want.size:
+                want[off >> 12] = NOT_VRAM
+        return cls(want)
+
+
+@dataclass
+class RemapState:
+    """What is currently mapped; `apply` yields the changes as coalesced runs."""
+
+    pages: np.ndarray
+    changes: int = field(default=0)
+
+    @classmethod
+    def empty(cls, n: int) -> "RemapState":
+        return cls(np.full(n, NOT_VRAM, dtype=np.int64))
+
+    def diff(self, plan: RemapPlan) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """(unmaps as (first page, count), maps as (first page, count, host address))."""
+        changed = plan.pages != self.pages
+        unmaps: list[tuple[int, int]] = []
+        maps: list[tuple[int, int, int]] = []
+        idx = np.flatnonzero(changed)
+        if idx.size == 0:
+            return unmaps, maps
+        for i in _runs(idx[self.pages[idx] != NOT_VRAM]):
+            unmaps.append(i)
+        want = plan.pages
+        new = idx[want[idx] != NOT_VRAM]
+        # coalesce pages that are consecutive in both BAR offset and host address
+        start = None
+        for p in new.tolist():
+            if start is not None and p == prev + 1 and want[p] == want[prev] + 4096:
+                prev = p
+                continue
+            if start is not None:
+                maps.append((start, prev - start + 1, int(want[start])))
+            start = prev = p
+        if start is not None:
+            maps.append((start, prev - start + 1, int(want[start])))
+        self.pages = want.copy()
+        self.changes += len(unmaps) + len(maps)
+        return unmaps, maps
+
+
+def _runs(idx: np.ndarray) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for p in idx.tolist():
+        if out and out[-1][0] + out[-1][1] == p:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((p, 1))
+    return out
