@@ -7,6 +7,11 @@
  * library and returns a dummy value; every callback site checks the flag and, when set,
  * jumps back to plat_run(), which returns PLAT_ABORTED.  The entry stub then reports the
  * exit as usual; the VMM ignores callbacks from an aborted guest.
+ *
+ * BAR remap: bp->host_bar_pages[bar] may name a table with one u64 per 4 KiB page of
+ * the BAR: 0 = trap (call back), else the host address the page is mapped to, which the
+ * access then uses directly -- the in-process equivalent of a KVM memslot.  The VMM may
+ * change entries while the guest runs; each access reads its page's entry once.
  */
 #ifdef GPUVM_GUEST_HOST
 #include "lib.h"
@@ -19,6 +24,8 @@ static uint64_t phys_offset;
 static gpuvm_host_mmio_read_fn mmio_read;
 static gpuvm_host_mmio_write_fn mmio_write;
 static gpuvm_host_port_out_fn port_out;
+static const volatile uint64_t *bar_pages[BOOT_NUM_BARS];
+static uint64_t bar_size[BOOT_NUM_BARS];
 static void *landing[5];  /* __builtin_setjmp buffer */
 static int exit_code;
 
@@ -29,6 +36,10 @@ int plat_run(plat_main_fn main, struct gpuvm_boot_params *bp)
     mmio_read = (gpuvm_host_mmio_read_fn)(uintptr_t)bp->host_mmio_read;
     mmio_write = (gpuvm_host_mmio_write_fn)(uintptr_t)bp->host_mmio_write;
     port_out = (gpuvm_host_port_out_fn)(uintptr_t)bp->host_port_out;
+    for (unsigned bar = 0; bar < BOOT_NUM_BARS; bar++) {
+        bar_pages[bar] = (const volatile uint64_t *)(uintptr_t)bp->host_bar_pages[bar];
+        bar_size[bar] = bp->bar_size[bar];
+    }
     exit_code = PLAT_ABORTED;
     if (__builtin_setjmp(landing))
         return exit_code;
@@ -47,8 +58,20 @@ static inline void check_abort(void)
         land(PLAT_ABORTED);
 }
 
+/* The host address a remapped BAR page gives `off`, or NULL when the access traps. */
+static inline volatile void *remapped(unsigned bar, uint64_t off)
+{
+    if (bar >= BOOT_NUM_BARS || !bar_pages[bar] || off >= bar_size[bar])
+        return NULL;
+    uint64_t host = bar_pages[bar][off >> 12];
+    return host ? (volatile void *)(uintptr_t)(host + (off & 0xfff)) : NULL;
+}
+
 uint32_t plat_rd32(unsigned bar, uint64_t off)
 {
+    volatile void *p = remapped(bar, off);
+    if (p)
+        return *(volatile uint32_t *)p;
     uint32_t v = (uint32_t)mmio_read(bar, off, 4);
     check_abort();
     return v;
@@ -56,12 +79,20 @@ uint32_t plat_rd32(unsigned bar, uint64_t off)
 
 void plat_wr32(unsigned bar, uint64_t off, uint32_t value)
 {
+    volatile void *p = remapped(bar, off);
+    if (p) {
+        *(volatile uint32_t *)p = value;
+        return;
+    }
     mmio_write(bar, off, 4, value);
     check_abort();
 }
 
 uint64_t plat_rd64(unsigned bar, uint64_t off)
 {
+    volatile void *p = remapped(bar, off);
+    if (p)
+        return *(volatile uint64_t *)p;
     uint64_t v = mmio_read(bar, off, 8);
     check_abort();
     return v;
@@ -69,6 +100,11 @@ uint64_t plat_rd64(unsigned bar, uint64_t off)
 
 void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
 {
+    volatile void *p = remapped(bar, off);
+    if (p) {
+        *(volatile uint64_t *)p = value;
+        return;
+    }
     mmio_write(bar, off, 8, value);
     check_abort();
 }
