@@ -140,27 +140,28 @@ static int probe_pramin(struct probe *p)
     return 0;
 }
 
-static void read_userd(struct probe *p, const struct channel *ch, uint8_t *out)
+/* GP_GET and GP_PUT of the probe channel's USERD page, read through its poll page. */
+static uint64_t read_gp(const struct channel *ch)
 {
-    static const unsigned bar1 = BAR1;
-    read_bytes(out, ch->userd_bar1 + (p->addr & (PAGE_SIZE - 1)), p->len, rd_bar, &bar1);
+    return plat_rd64(BAR1, ch->userd_bar1 + USERD_GP_GET);
 }
 
 static int probe_ramin(struct probe *p)
 {
     static struct channel ch;
-    static uint8_t after[PROBE_MAX_LEN];
+    static const unsigned bar1 = BAR1;
     if ((p->addr & (PAGE_SIZE - 1)) + p->len > PAGE_SIZE)
         p->len = PAGE_SIZE - (p->addr & (PAGE_SIZE - 1));
     int err = channel_create(&ch, p->g, 1, p->addr);
     if (err)
         return err;
     bar_fault_pending(p->g, FAULT_UNIT_BAR1);
-    read_userd(p, &ch, p->data);
+    read_bytes(p->data, ch.userd_bar1 + (p->addr & (PAGE_SIZE - 1)), p->len, rd_bar, &bar1);
+    uint64_t gp_before = read_gp(&ch);
     p->have_data = 1;
     p->faulted = bar_fault_pending(p->g, FAULT_UNIT_BAR1);
     uint32_t seq;
-    err = channel_fence(&ch, &seq);  /* the doorbell stores GP_PUT at addr + 0x8c */
+    err = channel_fence(&ch, &seq);  /* the doorbell stores GP_PUT at the page + 0x8c */
     if (!err) {
         err = channel_wait_timeout(&ch, seq, PROBE_WAIT_NS);
         p->wrote = !err;
@@ -171,9 +172,8 @@ static int probe_ramin(struct probe *p)
             err = 0;
         }
     }
-    read_userd(p, &ch, after);
+    p->changed = read_gp(&ch) != gp_before;
     p->faulted |= bar_fault_pending(p->g, FAULT_UNIT_BAR1);
-    p->changed = memcmp(p->data, after, p->len) != 0;
     channel_destroy(&ch);
     return err;
 }

@@ -142,18 +142,21 @@ static int channel_stopped(struct channel *ch)
     return 1;
 }
 
-/* Always sleeps through PORT_WAIT, even when the fence may already have passed: whether
- * it has depends on timing, and the exits a run makes must not. */
-int channel_wait(struct channel *ch, uint32_t seq)
-{
-    return channel_wait_timeout(ch, seq, 0);
-}
-
+/*
+ * Always sleeps through PORT_WAIT, even when the fence may already have passed: whether
+ * it has depends on timing, and the exits a run makes must not.
+ *
+ * The VMM reports WAIT_FAULT for faults that happen *during* the wait, so a fault that
+ * lands between the doorbell and the wait would go unnoticed until the wait timed out:
+ * the channel's error word is read before every wait (one BAR0 read, deterministic),
+ * and again whenever a wait ends without its fence.  With timeout_ns 0 a wait that hits
+ * the VMM's limit while the channel is healthy simply waits again (a long kernel).
+ */
 int channel_wait_timeout(struct channel *ch, uint32_t seq, uint64_t timeout_ns)
 {
-    if (ch->faulted)
-        return -E_FAULT;
-    for (int tries = 0; tries < 8; tries++) {
+    for (;;) {
+        if (ch->faulted || channel_stopped(ch))
+            return -E_FAULT;
         ch->gpu->stats.waits++;
         uint32_t status = wait_fence(ch->fence.phys, seq, timeout_ns);
         if (status == WAIT_OK) {
@@ -161,13 +164,15 @@ int channel_wait_timeout(struct channel *ch, uint32_t seq, uint64_t timeout_ns)
                 ch->gp_inflight = 0;
             return 0;
         }
-        if (status != WAIT_FAULT)
-            return -E_TIMEDOUT;
-        /* Some channel of this VM faulted: this one, or another one (then wait on). */
-        if (channel_stopped(ch))
-            return -E_FAULT;
+        if (status == WAIT_TIMEOUT && timeout_ns)
+            return channel_stopped(ch) ? -E_FAULT : -E_TIMEDOUT;
+        /* WAIT_FAULT: this channel or another one of this VM; the loop checks which. */
     }
-    return -E_TIMEDOUT;
+}
+
+int channel_wait(struct channel *ch, uint32_t seq)
+{
+    return channel_wait_timeout(ch, seq, 0);
 }
 
 int channel_sync(struct channel *ch)

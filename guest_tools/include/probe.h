@@ -17,9 +17,9 @@
 #define PROBE_BAR3 3        /* map addr into the BAR3 VM; CPU reads/writes through BAR3 */
 #define PROBE_PRAMIN 4      /* point the PRAMIN window at addr; CPU reads/writes via BAR0 */
 #define PROBE_RAMIN 5       /* a second channel whose RAMIN_USERD (and BAR1 poll page) is
-                               addr: read through the poll page, then ring its doorbell, so
-                               GP_PUT lands at addr+0x8c and the GPU writes GP_GET at +0x88;
-                               changed=1 when the bytes at addr differ afterwards */
+                               the page of addr: read through the poll page, then ring its
+                               doorbell, so GP_PUT lands at page+0x8c and the GPU advances
+                               GP_GET at +0x88; changed=1 when those 8 bytes changed */
 #define PROBE_SYSRAM 6      /* map guest-physical addr (e.g. beyond RAM) with a sysram PTE;
                                the copy engine reads it, then copies the marker over it */
 #define PROBE_PV_MAP 7      /* PV build only: PROBE_CHANNEL_PT with the PTE sent by
