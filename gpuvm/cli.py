@@ -25,26 +25,30 @@ class UserError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="gpuvm", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log guest consoles")
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, (module, help_text) in COMMANDS.items():
+    # Only the chosen command's module is imported, so `gpuvm bench` does not pay for (or
+    # depend on) the experiment runner and vice versa.
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
-        modules[name] = importlib.import_module(module)
-        modules[name].add_arguments(p)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(modules[args.command].main(args) or 0)
+        return int(module.main(args) or 0)
     except UserError as exc:
         print(f"gpuvm: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gpuvm: interrupted", file=sys.stderr)
         return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())

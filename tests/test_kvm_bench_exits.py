@@ -14,14 +14,17 @@ USABLE, WHY = kvm_usable()
 pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
 
 
-@pytest.mark.parametrize("target", ["registers", "auto"])
+@pytest.mark.parametrize("target", ["registers", "all"])
 def test_exit_bench_counts_and_shape(target: str) -> None:
     r = exits.run_exit_bench(iterations=300, repeats=1, remap_iterations=5000, target=target)
-    assert r["dispatch_exits"] == 300  # every dispatched store exited exactly once
+    expected = {"registers": {"RegisterTarget"}, "all": {"Gpu", "VGpu (fv)"}}[target]
+    assert set(r["targets"]) == expected
+    for t in r["targets"].values():
+        assert t["exits"] == 300  # every dispatched store exited exactly once
+        assert t["dispatch_us"] > 0
     assert r["remap_exits"] == 0  # the memslot-backed page never exits
-    assert r["raw_us"] > 0 and r["dispatch_us"] > 0 and r["remap_us"] > 0
+    assert r["raw_us"] > 0 and r["remap_us"] > 0
     assert r["remap_us"] < r["raw_us"]  # no exit is cheaper than any exit
-    assert r["dispatch_over_raw"] == pytest.approx(r["dispatch_us"] / r["raw_us"])
     exits.print_exit_bench(r)
 
 
@@ -32,5 +35,5 @@ def test_cli_helpers_print_json(capsys: pytest.CaptureFixture[str]) -> None:
                               "--target", "registers"])
     assert exits.main_exits(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["iterations"] == 100 and out["target"] == "RegisterTarget"
+    assert out["iterations"] == 100 and list(out["targets"]) == ["RegisterTarget"]
     assert out["remap_exits"] == 0

@@ -123,3 +123,7 @@ def print_device_bench(r: DeviceBench) -> None:
 def main_device(args: argparse.Namespace) -> int:
     print_device_bench(run_device_bench(repeat=args.repeat))
     return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions; the best is kept")

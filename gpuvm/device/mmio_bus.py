@@ -29,13 +29,18 @@ class RegisterBlock:
     def __init__(self) -> None:
         self.readers: dict[int, Callable[[], int]] = {}
         self.writers: dict[int, Callable[[int], None]] = {}
+        self.unlocked_writes: set[int] = set()
 
     def reg(self, offset: int, read: Callable[[], int] | None = None,
-            write: Callable[[int], None] | None = None) -> None:
+            write: Callable[[int], None] | None = None, plain: bool = False) -> None:
+        """Register handlers.  Reads never take the device lock (they read one value);
+        a write does unless `plain`: it only stores a value nothing else updates."""
         if read is not None:
             self.readers[offset] = read
         if write is not None:
             self.writers[offset] = write
+            if plain:
+                self.unlocked_writes.add(offset)
 
     def read(self, offset: int) -> int | None:
         """The register's value, or None when this block does not implement it."""
@@ -65,6 +70,19 @@ class MmioBus:
                 raise ValueError(f"block {block.name} overlaps {self._slots[i].name}")
             self._slots[i] = block
         self._keys[block.name] = (f"mmio.bar0.{block.name}.read", f"mmio.bar0.{block.name}.write")
+
+    def fast_tables(self) -> tuple[dict[int, tuple[Callable[[], int], str]],
+                                   dict[int, tuple[Callable[[int], None], str, bool]]]:
+        """Every register handler by offset with its counter name (and, for writes, whether
+        it needs the device lock): one dict lookup per access on the measured trap path."""
+        reads: dict[int, tuple[Callable[[], int], str]] = {}
+        writes: dict[int, tuple[Callable[[int], None], str, bool]] = {}
+        for block in {b for b in self._slots if b is not None}:
+            rkey, wkey = self._keys[block.name]
+            reads.update({off: (fn, rkey) for off, fn in block.readers.items()})
+            writes.update({off: (fn, wkey, off not in block.unlocked_writes)
+                           for off, fn in block.writers.items()})
+        return reads, writes
 
     def block_at(self, offset: int) -> RegisterBlock | None:
         if 0 <= offset < regs.BAR0_SIZE:

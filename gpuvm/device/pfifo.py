@@ -48,11 +48,11 @@ class Pfifo(RegisterBlock):
 
     def _register(self) -> None:
         self.reg(regs.PFIFO_INTR, read=lambda: self.intr, write=self._clear_intr)
-        self.reg(regs.PFIFO_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en)
+        self.reg(regs.PFIFO_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en, plain=True)
         self.reg(regs.PFIFO_CTRL, read=lambda: self.ctrl, write=self._set_ctrl)
-        self.reg(regs.PFIFO_USERD_POLL, read=lambda: self.userd_poll, write=self._set_poll)
+        self.reg(regs.PFIFO_USERD_POLL, read=lambda: self.userd_poll, write=self._set_poll, plain=True)
         self.reg(regs.PFIFO_RUNLIST_ADDR, read=lambda: self.runlist_addr,
-                 write=self._set_runlist_addr)
+                 write=self._set_runlist_addr, plain=True)
         self.reg(regs.PFIFO_RUNLIST_SUBMIT, read=lambda: self.runlist_len,
                  write=self._submit_runlist)
         self.reg(regs.PFIFO_RUNLIST_STATUS, read=lambda: 0)  # submission is synchronous

@@ -11,6 +11,7 @@ Four kinds of handling, each counted under its own label:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
@@ -28,9 +29,10 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     r = v.vregs
 
     def virtual(offset: int, name: str, writable: bool = True) -> None:
-        reads[offset] = ("virtual", lambda: r[name])
+        # partials of the dict's own methods: no Python frame on the trap path
+        reads[offset] = ("virtual", partial(r.__getitem__, name))
         if writable:
-            writes[offset] = ("virtual", lambda value: r.__setitem__(name, value))
+            writes[offset] = ("virtual", partial(r.__setitem__, name))
 
     virtual(regs.PMC_INTR_EN, "pmc_intr_en")
     virtual(regs.PMC_ENABLE, "pmc_enable")
@@ -52,7 +54,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
 
     ch = v.channels
     reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
-    writes[regs.PFIFO_USERD_POLL] = ("virtual", v.set_userd_poll)
+    writes[regs.PFIFO_USERD_POLL] = ("channel", v.set_userd_poll)  # changes what is remapped
     reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
     writes[regs.PFIFO_RUNLIST_SUBMIT] = ("runlist", v.runlist_submit)
     reads[regs.PFIFO_RUNLIST_STATUS] = ("virtual", lambda: 0)

@@ -17,7 +17,8 @@ class Pbus(RegisterBlock):
     def __init__(self, gpu: "Gpu") -> None:
         super().__init__()
         self.pramin_base = 0
-        self.reg(regs.PBUS_PRAMIN_BASE, read=lambda: self.pramin_base, write=self._set_pramin)
+        self.reg(regs.PBUS_PRAMIN_BASE, read=lambda: self.pramin_base, write=self._set_pramin,
+                 plain=True)
         self.reg(regs.PBUS_BAR1_VM, read=lambda: gpu.bar1.reg, write=gpu.bar1.set_reg)
         self.reg(regs.PBUS_BAR3_VM, read=lambda: gpu.bar3.reg, write=gpu.bar3.set_reg)
 

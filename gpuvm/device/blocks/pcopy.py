@@ -22,7 +22,7 @@ class Pcopy(RegisterBlock):
         self.next_chan = 0
         self.reg(self.start + regs.PCOPY_CUR_CHAN, read=self._cur)
         self.reg(self.start + regs.PCOPY_NEXT_CHAN, read=lambda: self.next_chan,
-                 write=self._set_next)
+                 write=self._set_next, plain=True)
 
     def _cur(self) -> int:
         inst = self.engine.current_inst

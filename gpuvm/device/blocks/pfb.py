@@ -60,8 +60,8 @@ class Pffb(RegisterBlock):
         self.flush_pd = 0
         self.flush_page = 0
         self.reg(regs.PFFB_VM_CFG, read=self._read_cfg, write=self._write_cfg)
-        self.reg(regs.PFFB_FLUSH_PAGE, read=lambda: self.flush_page, write=self._set_page)
-        self.reg(regs.PFFB_FLUSH_PD, read=lambda: self.flush_pd, write=self._set_pd)
+        self.reg(regs.PFFB_FLUSH_PAGE, read=lambda: self.flush_page, write=self._set_page, plain=True)
+        self.reg(regs.PFFB_FLUSH_PD, read=lambda: self.flush_pd, write=self._set_pd, plain=True)
         self.reg(regs.PFFB_FLUSH_TRIGGER, read=lambda: 0, write=self._trigger)
 
     def _read_cfg(self) -> int:

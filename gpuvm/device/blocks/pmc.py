@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
 
 
+_INTR_EN_BITS = regs.PMC_INTR_EN_HW | regs.PMC_INTR_EN_SW
+
+
 class Pmc(RegisterBlock):
     name, start, size = "pmc", regs.BLOCK_PMC, 0x1000
 
@@ -21,7 +24,8 @@ class Pmc(RegisterBlock):
         self.enable = 0
         self.reg(regs.PMC_BOOT_0, read=lambda: gpu.profile.boot0)
         self.reg(regs.PMC_INTR, read=self.pending)
-        self.reg(regs.PMC_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en)
+        self.reg(regs.PMC_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en,
+                 plain=True)
         self.reg(regs.PMC_ENABLE, read=lambda: self.enable, write=self._set_enable)
 
     def pending(self) -> int:
@@ -34,7 +38,7 @@ class Pmc(RegisterBlock):
         return value
 
     def _set_intr_en(self, value: int) -> None:
-        self.intr_en = value & (regs.PMC_INTR_EN_HW | regs.PMC_INTR_EN_SW)
+        self.intr_en = value & _INTR_EN_BITS
 
     def _set_enable(self, value: int) -> None:
         self.enable = value
