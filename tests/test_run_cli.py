@@ -1,0 +1,69 @@
+"""`gpuvm run`: a table on success, one error line and a non-zero exit on failure."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from gpuvm import cli
+
+
+@pytest.fixture
+def gpuvm(monkeypatch, capsys):
+    """Calls the real CLI; subcommands whose module is not written yet are left out."""
+    commands = {}
+    for name, (module, help_text) in cli.COMMANDS.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        commands[name] = (module, help_text)
+    monkeypatch.setattr(cli, "COMMANDS", commands)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        rc = cli.main(["run", "--backend", "inproc", "--vram-mib", "384", *argv])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run
+
+
+def test_table_for_a_passing_run(gpuvm):
+    rc, out, err = gpuvm("--benchmark", "mmul", "--mode", "native", "--size", "32")
+    assert rc == 0 and err == ""
+    assert "vm0: mmul n=32" in out and "PASS" in out
+    for phase in ("Init", "HtoD", "Launch", "DtoH", "Close", "Total"):
+        assert phase in out
+    for column in ("Wall ms", "Device ms", "Exits BAR0", "TLB flush", "Doorbell", "Kernels"):
+        assert column in out
+    assert "bar0.pramin" in out and "driver: pte_writes=" in out
+
+
+def test_pinned_flag_reaches_the_guest(gpuvm):
+    rc, out, _ = gpuvm("-b", "memcpy", "--size", "65536", "--pinned")
+    assert rc == 0 and "pinned=1" in out
+
+
+@pytest.mark.parametrize("inject,expect", [
+    ("unmapped-copy", "gpuvm: error: vm0: channel 0 (PCOPY0): vm-fault: PDE not present at 0x1000"),
+    ("bad-method", "gpuvm: error: vm0: channel 0 (PFIFO): bad method header"),
+    ("bad-kernel", "gpuvm: error: vm0: channel 0 (PFIFO): bad kernel object"),
+    ("unknown-class", "gpuvm: error: vm0: channel 0 (PFIFO): unknown class"),
+])
+def test_guest_failure_is_one_line_and_nonzero(gpuvm, inject, expect):
+    rc, out, err = gpuvm("-b", "madd", "--size", "16", "--inject", inject)
+    assert rc != 0
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith(expect)
+    assert "FAIL" in out
+
+
+def test_bad_arguments_are_one_line(gpuvm):
+    rc, _, err = gpuvm("-b", "loop", "--pinned")
+    assert rc == 2 and err.strip() == \
+        "gpuvm: error: --pinned applies to vecadd, madd, mmul, fmadd, memcpy, not loop"
+    rc, _, err = gpuvm("-b", "idle", "--vms", "2")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "exactly one VM" in err
+    rc, _, err = gpuvm("-b", "idle", "--mode", "nope")
+    assert rc == 2 and "no mode 'nope'" in err
