@@ -29,7 +29,7 @@ PROBE_VECTORS = {"channel_pt": 1, "bar1": 2, "bar3": 3, "pramin": 4, "ramin": 5,
 _COMMON = [
     "platform/platform_kvm.c", "platform/platform_host.c",
     "lib/string.c", "lib/fmt.c", "lib/range.c", "lib/ram.c", "lib/io.c",
-    "driver/gpu.c", "driver/instmem.c", "driver/vm.c", "driver/hostmem.c",
+    "driver/gpu.c", "driver/vram.c", "driver/instmem.c", "driver/vm.c", "driver/hostmem.c",
     "driver/pushbuf.c", "driver/channel.c",
     "runtime/runtime.c",
     "bench/main.c", "bench/common.c", "bench/kernels.c", "bench/misc.c", "bench/probe.c",

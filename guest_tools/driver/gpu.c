@@ -1,4 +1,4 @@
-/* Bring-up and teardown, VRAM, PRAMIN, the BAR1/BAR3 VMs and the runlist. */
+/* Bring-up and teardown, the BAR1/BAR3 VMs and the runlist. */
 #include "gpu.h"
 #include "instmem.h"
 #include "lib.h"
@@ -24,48 +24,6 @@ int gpu_poll_any(struct gpu *g, uint32_t reg, uint32_t mask)
             return 0;
     con_printf("gpu: register %#x stayed clear under mask %#x", reg, mask);
     return -E_BUSY;
-}
-
-int vram_alloc(struct gpu *g, uint64_t size, uint64_t align, uint64_t *addr)
-{
-    int err = range_alloc(&g->vram, ALIGN_UP(size, PAGE_SIZE), align < PAGE_SIZE ? PAGE_SIZE : align,
-                          addr);
-    if (err)
-        con_printf("gpu: out of VRAM allocating %lu bytes", (unsigned long)size);
-    return err;
-}
-
-void vram_free(struct gpu *g, uint64_t addr)
-{
-    if (!range_free(&g->vram, addr))
-        con_printf("gpu: vram_free of unallocated %#lx", (unsigned long)addr);
-}
-
-static void pramin_move(struct gpu *g, uint64_t vram)
-{
-    uint32_t base = (uint32_t)(vram >> PBUS_PRAMIN_BASE_SHIFT);
-    if (g->pramin_base != base) {
-        gpu_wr32(g, PBUS_PRAMIN_BASE, base);
-        g->pramin_base = base;
-    }
-}
-
-void pramin_wr32(struct gpu *g, uint64_t vram, uint32_t v)
-{
-    pramin_move(g, vram);
-    gpu_wr32(g, PRAMIN_WINDOW + (uint32_t)(vram & 0xffff), v);
-}
-
-uint32_t pramin_rd32(struct gpu *g, uint64_t vram)
-{
-    pramin_move(g, vram);
-    return gpu_rd32(g, PRAMIN_WINDOW + (uint32_t)(vram & 0xffff));
-}
-
-void pramin_wr64(struct gpu *g, uint64_t vram, uint64_t v)
-{
-    pramin_wr32(g, vram, (uint32_t)v);
-    pramin_wr32(g, vram + 4, (uint32_t)(v >> 32));
 }
 
 int gpu_bar_flush(struct gpu *g)

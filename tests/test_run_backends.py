@@ -1,0 +1,35 @@
+"""The same driver binary on both backends: KVM (flat image on a real vCPU) and
+in-process (shared library) report identical counts, phase by phase."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvm.device import regs
+from gpuvm.runner import RunOptions, VmSpec, run_vms
+from gpuvm.vmm.backends import kvm_usable
+
+KVM_OK, KVM_WHY = kvm_usable()
+pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not KVM_OK, reason=KVM_WHY)]
+
+
+def counts(backend: str, spec: VmSpec):
+    options = RunOptions(backend=backend, vram_size=384 * regs.MiB, wait_slice=2.0)
+    (r,) = run_vms([spec], options)
+    assert r.outcome.backend == backend
+    return r, [(p.name, p.counters) for p in r.session.phases]
+
+
+def test_kvm_and_inproc_count_the_same():
+    spec = VmSpec("vm0", "mmul", [48])
+    kvm, kvm_counts = counts("kvm", spec)
+    inproc, inproc_counts = counts("inproc", spec)
+    assert kvm.passed and inproc.passed
+    assert kvm_counts == inproc_counts
+    assert kvm.record == inproc.record
+
+
+def test_fault_injection_on_kvm():
+    r, _ = counts("kvm", VmSpec("vm0", "vecadd", [1000], inject="unmapped-copy"))
+    assert not r.passed and r.record["chan_err"] == "vm_fault"
+    assert r.error().startswith("vm0: channel 0 (PCOPY0): vm-fault")
