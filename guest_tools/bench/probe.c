@@ -191,9 +191,9 @@ int bench_probe(struct bench_run *r)
     int err = bench_step(r, rt_init(r->bp), "init");
     p.g = rt_gpu();
     if (!err)
-        err = bench_step(r, rt_mem_alloc_host((void **)&p.buf, PROBE_MAX_LEN), "pinned allocation");
+        err = bench_step(r, rt_mem_alloc_host((void **)&p.buf, PROBE_MAX_LEN), "pinned buffer");
     if (!err)
-        err = bench_step(r, rt_mem_alloc_host((void **)&p.marker, PROBE_MAX_LEN), "pinned allocation");
+        err = bench_step(r, rt_mem_alloc_host((void **)&p.marker, PROBE_MAX_LEN), "pinned marker");
     if (!err) {
         for (unsigned i = 0; i < PROBE_MAX_LEN; i += 4)
             *(uint32_t *)(p.marker + i) = PROBE_MARKER;

@@ -60,8 +60,19 @@ struct gpu {
 int gpu_init(struct gpu *g, const struct gpuvm_boot_params *bp);
 void gpu_fini(struct gpu *g);
 
-static inline uint32_t gpu_rd32(struct gpu *g, uint32_t reg) { (void)g; return plat_rd32(BAR0, reg); }
-static inline void gpu_wr32(struct gpu *g, uint32_t reg, uint32_t v) { (void)g; plat_wr32(BAR0, reg, v); }
+/* BAR0 register access (aligned 32-bit only, as the device requires). */
+static inline uint32_t gpu_rd32(struct gpu *g, uint32_t reg)
+{
+    (void)g;
+    return plat_rd32(BAR0, reg);
+}
+
+static inline void gpu_wr32(struct gpu *g, uint32_t reg, uint32_t v)
+{
+    (void)g;
+    plat_wr32(BAR0, reg, v);
+}
+
 /* Polls `reg` until (value & mask) == want; -E_BUSY after POLL_LIMIT reads. */
 int gpu_poll(struct gpu *g, uint32_t reg, uint32_t mask, uint32_t want);
 /* Polls `reg` until some bit of `mask` is set. */
