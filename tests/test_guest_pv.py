@@ -127,3 +127,19 @@ def test_pv_map_probe_goes_through_the_hypercall():
                            paravirtual=True)], OPTIONS)
     assert r.passed and r.record["vector"] == "pv_map" and r.record["refused"] == "0"
     assert r.record["wrote"] == "1"
+
+
+def test_pv_flat_image_on_kvm_counts_like_inproc():
+    from dataclasses import replace
+
+    from gpuvm.vmm.backends import kvm_usable
+
+    ok, why = kvm_usable()
+    if not ok:
+        pytest.skip(why)
+    spec = VmSpec("vm0", "madd", [32], paravirtual=True, pv_batch=16)
+    (kvm,) = run_vms([spec], replace(OPTIONS, backend="kvm"))
+    (inproc,) = run_vms([spec], OPTIONS)
+    assert kvm.passed and inproc.passed
+    assert [p.counters for p in kvm.session.phases] == \
+        [p.counters for p in inproc.session.phases]
