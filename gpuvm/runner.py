@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.faults import ChannelFault
@@ -23,87 +24,14 @@ from gpuvm.vmm.backends import BACKENDS, GuestRunner, make_runner, resolve_backe
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
-from gpuvm.vmm.target import GpuTarget
+from gpuvm.run_spec import Attachment, Machine, RunError, RunOptions, VmSpec
+
+__all__ = ["Attachment", "Machine", "RunError", "RunOptions", "VmSpec", "VmResult", "run_vms",
+           "register_mode", "MODES", "render"]
 
 BAR_BASES = {regs.BAR0: abi.GUEST_BAR0_BASE, regs.BAR1: abi.GUEST_BAR1_BASE,
              regs.BAR3: abi.GUEST_BAR3_BASE}
 PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] = pinned
-
-
-class RunError(Exception):
-    """A run cannot be set up (bad spec, unknown mode, build failure); one line."""
-
-
-# ------------------------------------------------------------------------------ specs
-@dataclass
-class VmSpec:
-    """One VM: the benchmark it runs and how its guest is configured."""
-
-    name: str
-    benchmark: str
-    params: list[int] = field(default_factory=list)  # benchmark params[0..6]
-    inject: str | None = None  # a key of abi.FI_NAMES
-    paravirtual: bool = False  # run the PV driver build
-    pv_batch: int = 0  # PV build: entries per hypercall (0 = HC_MAX_ENTRIES, 1 = naive)
-    ram_size: int = abi.GUEST_RAM_DEFAULT
-
-    @property
-    def program(self) -> str:
-        return guest_programs.DRIVER_PV.name if self.paravirtual else guest_programs.DRIVER.name
-
-    def flags(self) -> int:
-        flags = abi.BOOT_FLAG_PV if self.paravirtual else 0
-        if self.inject is not None:
-            if self.inject not in abi.FI_NAMES:
-                raise RunError(f"{self.name}: unknown fault injection {self.inject!r} "
-                               f"(have {', '.join(sorted(abi.FI_NAMES))})")
-            flags |= abi.FI_NAMES[self.inject] << abi.BOOT_FI_SHIFT
-        return flags
-
-    def boot_params(self) -> list[int]:
-        if self.benchmark not in guest_programs.BENCHMARKS:
-            raise RunError(f"{self.name}: no benchmark {self.benchmark!r} (have "
-                           f"{', '.join(guest_programs.BENCHMARKS)})")
-        if len(self.params) > guest_programs.BENCH_NUM_PARAMS:
-            raise RunError(f"{self.name}: at most {guest_programs.BENCH_NUM_PARAMS} "
-                           f"benchmark parameters, got {len(self.params)}")
-        if any(not 0 <= p < 1 << 64 for p in self.params) or self.pv_batch < 0:
-            raise RunError(f"{self.name}: parameters must be unsigned 64-bit integers")
-        params = list(self.params) + [0] * (abi.BOOT_NUM_PARAMS - len(self.params))
-        params[guest_programs.PARAM_PV_BATCH] = self.pv_batch
-        return params
-
-
-@dataclass
-class RunOptions:
-    mode: str = "native"
-    backend: str = "auto"  # kvm | inproc | auto
-    timeout: float = 600.0  # per VM, wall seconds
-    # Longest single PORT_WAIT; the driver re-waits while its channel is healthy, so this
-    # only bounds how late a fault the wait did not see is noticed.
-    wait_slice: float = 30.0
-    time_scale: float = 1.0  # device clock speed relative to wall time
-    vram_size: int | None = None  # None: the device profile's
-    profile: str | None = None  # device profile name or path
-
-
-# ------------------------------------------------------------------------------ machines
-@dataclass
-class Attachment:
-    """How one VM reaches the GPU."""
-
-    target: GpuTarget
-    hypercall: Callable[[GuestRam, int], None] | None = None
-
-
-class Machine(Protocol):
-    """What a mode builds for one run (see the module docstring)."""
-
-    bar_sizes: dict[int, int]
-
-    def attach(self, spec: VmSpec, ram: GuestRam) -> Attachment: ...
-
-    def close(self) -> None: ...
 
 
 class NativeMachine:
@@ -122,8 +50,17 @@ class NativeMachine:
         if specs[0].paravirtual and not self.paravirtual:
             raise RunError(f"{specs[0].name}: native mode runs the unmodified driver; "
                            f"the PV driver needs a paravirtual mode")
-        profile = load_profile(options.profile) if options.profile else None
-        self.gpu = Gpu(profile, time_scale=options.time_scale, vram_size=options.vram_size)
+        profile = load_profile(options.profile) if options.profile else load_profile()
+        vram_size = options.vram_size
+        if options.native_as_partition is not None:
+            from dataclasses import replace
+
+            from gpuvm.mediator.partition import PartitionSpec
+            part = PartitionSpec(**options.native_as_partition)
+            profile = replace(profile, bar1_size=part.bar1_size, bar3_size=part.bar3_size,
+                              partitions=1)  # a vGPU reports its slice as one partition
+            vram_size = part.vram_size
+        self.gpu = Gpu(profile, time_scale=options.time_scale, vram_size=vram_size)
         self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: self.gpu.profile.bar1_size,
                           regs.BAR3: self.gpu.profile.bar3_size}
         self.gpu.start()
@@ -134,9 +71,14 @@ class NativeMachine:
         self.gpu.attach_sysram(RamPort(ram.array))
         return Attachment(self.gpu)
 
+    def detach(self, spec: VmSpec) -> None:
+        pass  # the one VM's GPU goes away with the machine
+
     def close(self) -> None:
         self.gpu.release_memory()
 
+
+POLL_S = 0.005  # how often the runner looks for VMs that ended or are due to start
 
 MODES: dict[str, Callable[[RunOptions, list[VmSpec]], Machine]] = {"native": NativeMachine}
 
@@ -188,6 +130,8 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None) -> list[VmRe
         backend = resolve_backend(options.backend)
     except (ValueError, RuntimeError) as exc:
         raise RunError(str(exc)) from None
+    from gpuvm.mediated_machine import guest_for_mode
+    specs = [guest_for_mode(s, options.mode) for s in specs]
     boot = [(s, s.boot_params(), s.flags()) for s in specs]  # validate before building
     try:
         programs = guest_programs.build_all(sorted({s.program for s in specs}),
@@ -196,31 +140,69 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None) -> list[VmRe
         raise RunError(str(exc)) from None
 
     machine = MODES[options.mode](options, specs)
+    return _run_on(machine, boot, programs, backend, options)
+
+
+@dataclass
+class _Running:
+    spec: VmSpec
+    ram: GuestRam
+    att: Attachment
+    runner: GuestRunner
+    deadline: float
+
+
+def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
+            programs: dict, backend: str, options: RunOptions) -> list[VmResult]:
+    """Start each VM at its start_delay (its partition is created then), collect each as it
+    ends (its partition is given back then, while the others keep running)."""
+    pending = sorted(boot, key=lambda b: b[0].start_delay)
+    running: list[_Running] = []
+    results: dict[str, VmResult] = {}
     rams: list[GuestRam] = []
-    runners: list[tuple[VmSpec, Attachment, GuestRunner]] = []
+    stuck = False
+    t0 = time.monotonic()
     try:
-        for spec, params, flags in boot:
-            ram = GuestRam(spec.ram_size)
-            rams.append(ram)
-            att = machine.attach(spec, ram)
-            session = GuestSession(spec.name, ram, att.target,
-                                   wait_timeout=min(options.wait_slice, options.timeout),
-                                   hypercall=att.hypercall)
-            boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, machine.bar_sizes)
-            prog = programs[spec.program]
-            runners.append((spec, att, make_runner(backend, spec.name, prog.flat, prog.shared,
-                                                   ram, session, machine.bar_sizes)))
-        for _, _, runner in runners:
-            runner.start()
-        results = []
-        for spec, att, runner in runners:
-            outcome = runner.join(options.timeout)
-            results.append(VmResult(spec, outcome, att.target.faults()))
-        return results
+        while pending or running:
+            now = time.monotonic()
+            while pending and now - t0 >= pending[0][0].start_delay:
+                spec, params, flags = pending.pop(0)
+                ram = GuestRam(spec.ram_size)
+                rams.append(ram)
+                att = machine.attach(spec, ram)
+                bar_sizes = att.bar_sizes or machine.bar_sizes
+                session = GuestSession(spec.name, ram, att.target,
+                                       wait_timeout=min(options.wait_slice, options.timeout),
+                                       hypercall=att.hypercall)
+                boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, bar_sizes)
+                prog = programs[spec.program]
+                runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
+                                     bar_sizes)
+                if att.memslots is not None:
+                    att.memslots(runner.memslots)
+                runner.start()
+                running.append(_Running(spec, ram, att, runner, now + options.timeout))
+            for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
+                outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
+                results[r.spec.name] = VmResult(r.spec, outcome, r.att.target.faults())
+                running.remove(r)
+                if r.runner.alive():
+                    stuck = True  # its thread would not stop: leave its VM in place
+                else:
+                    machine.detach(r.spec)
+            if pending or running:
+                next_start = pending[0][0].start_delay - (time.monotonic() - t0) if pending \
+                    else POLL_S
+                time.sleep(max(0.0, min(POLL_S, next_start)))
+        return [results[spec.name] for spec, _, _ in boot]
     finally:
+        for r in running:  # only on an exception: stop what still runs
+            r.runner.stop("the run was aborted")
+            r.runner.join(5)
+            stuck = stuck or r.runner.alive()
         # A guest thread that would not stop may still touch its RAM and the GPU: then
         # both stay mapped (leaked) rather than pulled from under it.
-        if not any(getattr(r, "alive", lambda: False)() for _, _, r in runners):
+        if not stuck:
             machine.close()
             for ram in rams:
                 ram.close()
@@ -240,11 +222,19 @@ PHASE_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Exits BAR1", lambda c: _sum(c, "exits.mmio.bar1.read", "exits.mmio.bar1.write")),
     ("Exits BAR3", lambda c: _sum(c, "exits.mmio.bar3.read", "exits.mmio.bar3.write")),
     ("Exits I/O", lambda c: c.get("exits.io", 0)),
-    ("PRAMIN", lambda c: _prefix_sum(c, "mmio.bar0.pramin.")),
-    ("TLB flush", lambda c: c.get("tlb.flushes", 0)),
+    # the device counts these in native mode; the vGPU counts the guest's own in mediated ones
+    ("PRAMIN", lambda c: _prefix_sum(c, "mmio.bar0.pramin.") + _prefix_sum(c, "trap.bar0.pramin.")),
+    ("TLB flush", lambda c: c.get("tlb.guest_flushes", c.get("tlb.flushes", 0))),
     ("Doorbell", lambda c: c.get("pfifo.doorbells", 0)),
     ("Copied bytes", lambda c: c.get("copy.bytes", 0)),
     ("Kernels", lambda c: c.get("compute.kernels", 0)),
+]
+MEDIATED_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
+    ("Traps", lambda c: _prefix_sum(c, "trap.bar")),
+    ("Shadow syncs", lambda c: c.get("shadow.syncs", 0)),
+    ("PTEs scanned", lambda c: c.get("shadow.ptes_scanned", 0)),
+    ("Refused", lambda c: c.get("shadow.ptes_refused", 0) + _prefix_sum(c, "trap.refused.")),
+    ("Hypercalls", lambda c: c.get("hcall.calls", 0)),
 ]
 TABLE_WIDTH = 150  # when stdout is not a terminal (rich would assume 80 columns)
 
@@ -278,15 +268,16 @@ def render(result: VmResult, backend: str, mode: str) -> list[object]:
         title.append(f"  maxerr={rec['maxerr']} tol={rec.get('tol', '?')}")
 
     table = Table(title=title, title_justify="left")
+    columns = PHASE_COLUMNS + (MEDIATED_COLUMNS if mode != "native" else [])
     table.add_column("Phase")
     table.add_column("Wall ms", justify="right")
     table.add_column("Device ms", justify="right")
-    for name, _ in PHASE_COLUMNS:
+    for name, _ in columns:
         table.add_column(name, justify="right", no_wrap=True)
     rows = s.phases + ([_total(s.phases)] if s.phases else [])
     for i, p in enumerate(rows):
         table.add_row(p.name, f"{p.wall_ns / 1e6:.2f}", f"{p.device_ns / 1e6:.2f}",
-                      *(f"{fn(p.counters):,}" for _, fn in PHASE_COLUMNS),
+                      *(f"{fn(p.counters):,}" for _, fn in columns),
                       end_section=i == len(rows) - 2)
 
     total = rows[-1].counters if rows else {}
@@ -306,6 +297,37 @@ def render(result: VmResult, backend: str, mode: str) -> list[object]:
     return out
 
 
+def totals(result: VmResult) -> PhaseRecord:
+    return _total(result.session.phases)
+
+
+def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object:
+    """One row per mode (summed over its VMs): where the time and the traps went."""
+    from rich.table import Table
+
+    table = Table(title=f"{benchmark}: modes compared (sums over each mode's VMs)",
+                  title_justify="left")
+    for col in ("Mode", "VMs pass", "Wall ms", "Init+Close %", "Exits", "Traps",
+                "Shadow syncs", "PTEs scanned", "Refused", "Hypercalls", "HC entries",
+                "Remap maps"):
+        table.add_column(col, justify="left" if col == "Mode" else "right", no_wrap=True)
+    for mode, results in runs.items():
+        phases = [p for r in results for p in r.session.phases]
+        total = _total(phases)
+        c = total.counters
+        init_close = sum(p.wall_ns for p in phases if p.name in ("Init", "Close"))
+        table.add_row(
+            mode, f"{sum(r.passed for r in results)}/{len(results)}",
+            f"{total.wall_ns / 1e6:,.1f}",
+            f"{100 * init_close / total.wall_ns:.0f}" if total.wall_ns else "-",
+            f"{_prefix_sum(c, 'exits.'):,}", f"{_prefix_sum(c, 'trap.bar'):,}",
+            f"{c.get('shadow.syncs', 0):,}", f"{c.get('shadow.ptes_scanned', 0):,}",
+            f"{c.get('shadow.ptes_refused', 0) + _prefix_sum(c, 'trap.refused.'):,}",
+            f"{c.get('hcall.calls', 0):,}", f"{c.get('hcall.entries', 0):,}",
+            f"{c.get('remap.maps', 0):,}")
+    return table
+
+
 # ------------------------------------------------------------------------------ CLI
 def _int(text: str) -> int:
     return int(text, 0)
@@ -314,7 +336,9 @@ def _int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmark", "-b", required=True, choices=guest_programs.BENCHMARKS)
     parser.add_argument("--mode", default="native",
-                        help=f"how the GPU is shared (have: {', '.join(sorted(MODES))})")
+                        help="how the GPU is shared: one mode, several separated by commas "
+                             "(a comparison table follows), or 'all' (have: "
+                             "native, fv, fv+remap, fv+lazy, fv-opt, pv-naive, pv)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--size", type=_int, nargs="+", default=[], metavar="N",
                         help="benchmark parameters: params[0] (size), params[1], ...")
@@ -346,24 +370,54 @@ def specs_from_args(args: argparse.Namespace) -> list[VmSpec]:
             for i in range(args.vms)]
 
 
+def parse_modes(text: str) -> list[str]:
+    modes = list(MODES) if text == "all" else [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise RunError(f"no mode {unknown[0] if unknown else text!r} "
+                       f"(have {', '.join(MODES)}, or all)")
+    return modes
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gpuvm.cli import UserError
 
-    options = RunOptions(mode=args.mode, backend=args.backend, timeout=args.timeout,
-                         time_scale=args.time_scale,
-                         vram_size=args.vram_mib * regs.MiB if args.vram_mib else None)
+    console = Console(width=None if sys.stdout.isatty() else TABLE_WIDTH)
+    runs: dict[str, list[VmResult]] = {}
+    failed: list[str] = []
     try:
-        results = run_vms(specs_from_args(args), options)
+        modes = parse_modes(args.mode)
+        for mode in modes:
+            specs = specs_from_args(args)
+            if mode == "native" and len(specs) > 1 and len(modes) > 1:
+                continue  # a comparison skips native when several VMs share the GPU
+            options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
+                                 time_scale=args.time_scale,
+                                 vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
+                                 # compared with mediated modes, the native guest sees the
+                                 # GPU one partition shows, so its driver does the same work
+                                 native_as_partition={} if len(modes) > 1 else None)
+            results = runs[mode] = run_vms(specs, options)
+            backend = results[0].outcome.backend
+            for r in results:
+                for renderable in render(r, backend, mode):
+                    console.print(renderable)
+            prefix = f"{mode}: " if len(modes) > 1 else ""
+            failed += [f"{prefix}{r.error() or 'failed'}" for r in results if not r.passed]
     except RunError as exc:
         raise UserError(str(exc)) from None
-    backend = results[0].outcome.backend
-    console = Console(width=None if sys.stdout.isatty() else TABLE_WIDTH)
-    for r in results:
-        for renderable in render(r, backend, args.mode):
-            console.print(renderable)
-    failed = [r.error() for r in results if not r.passed]
+    if len(runs) > 1:
+        console.print(render_comparison(runs, args.benchmark))
     if failed:
-        raise UserError("; ".join(e or "failed" for e in failed))
+        raise UserError("; ".join(failed))
     return 0
+
+
+def _register_mediated_modes() -> None:
+    from gpuvm.mediated_machine import register
+    register()
+
+
+_register_mediated_modes()

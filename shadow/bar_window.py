@@ -78,7 +78,7 @@ class BarWindow:
             self._snapshot = padded
             self._set_host_pages()
         self.stale = False
-        record(self.count, stats)
+        record(self.count, stats, "bar_syncs")
         return stats
 
     def _set_host_pages(self) -> None:

@@ -79,8 +79,9 @@ def sync_entries(current: np.ndarray, snapshot: np.ndarray | None, dest: np.ndar
     stats.ptes_refused += int(refused.sum())
 
 
-def record(count: Count, stats: SyncStats) -> None:
-    count("shadow.syncs", 1)
+def record(count: Count, stats: SyncStats, what: str = "syncs") -> None:
+    """Count one sync: `syncs` for channel page tables, `bar_syncs` for BAR-VM windows."""
+    count(f"shadow.{what}", 1)
     count("shadow.pdes_scanned", stats.pdes_scanned)
     count("shadow.ptes_scanned", stats.ptes_scanned)
     count("shadow.ptes_written", stats.ptes_written)

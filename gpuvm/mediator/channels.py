@@ -199,11 +199,11 @@ class Channels:
 
     def userd_write(self, ch: VChannel | None, reg: int, size: int, value: int) -> None:
         v = self.vgpu
+        if reg != regs.USERD_GP_PUT:
+            return  # only GP_PUT means anything to the device; the rest is guest scratch
         if ch is None or not ch.bound:
             v.count("trap.refused.doorbell", 1)
             return
-        if reg != regs.USERD_GP_PUT:
-            return  # only GP_PUT means anything to the device; the rest is guest scratch
         ch.put = value & 0xFFFFFFFF
         v.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
         v.count("doorbells", 1)

@@ -133,6 +133,9 @@ class VGpu:
             if delta:
                 out[name] = out.get(name, 0) + delta
         out["remap.pages"] = self.shadowing.remapped_pages()
+        slots = getattr(self.shadowing.remapper, "slots_in_use", None)
+        if slots is not None:
+            out["remap.memslots"] = slots()
         return out
 
     def device_time_ns(self) -> int:

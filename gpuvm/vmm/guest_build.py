@@ -34,7 +34,8 @@ COMMON_FLAGS = [
 ]
 FLAT_FLAGS = ["-nostdlib", "-fno-pic", "-fno-pie", "-no-pie", "-mno-red-zone", "-static",
               "-Wl,--build-id=none"]
-SHARED_FLAGS = ["-fPIC", "-shared", "-nostdlib", "-fvisibility=hidden"]
+SHARED_FLAGS = ["-fPIC", "-shared", "-nostdlib", "-fvisibility=hidden",
+                "-Wl,-z,defs"]  # an unresolved symbol fails the build, not the load
 
 
 class BuildError(Exception):

@@ -70,6 +70,7 @@ class GuestSession:
         self.port_counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._phase_start: tuple[int, int, dict[str, int]] | None = None
+        self._faults_reported = 0
         self._current: str | None = None
 
     # ---------------------------------------------------------------- accounting
@@ -151,20 +152,25 @@ class GuestSession:
         addr, value = int(rec.addr), int(rec.value)
         self.ram.check(addr, 4)
         timeout = rec.timeout_ns / 1e9 if rec.timeout_ns else self.wait_timeout
-        faults_before = len(self.target.faults())
+        # Faults are reported once, to the first wait that follows them -- including a
+        # fault that landed before this wait began (between the doorbell and the wait).
+        reported = self._faults_reported
 
-        def reached() -> bool:
-            current = self.ram.read_u32(addr)
-            return ((current - value) & 0xFFFFFFFF) < 0x80000000 or \
-                len(self.target.faults()) > faults_before
+        def fence_reached() -> bool:
+            return ((self.ram.read_u32(addr) - value) & 0xFFFFFFFF) < 0x80000000
 
-        ok = self.target.wait_event(reached, timeout)
-        if len(self.target.faults()) > faults_before:
-            rec.status = abi.WAIT_FAULT
-        elif not ok:
-            rec.status = abi.WAIT_TIMEOUT
-        else:
+        def done() -> bool:
+            return fence_reached() or len(self.target.faults()) > reported
+
+        ok = self.target.wait_event(done, timeout)
+        faults = len(self.target.faults())
+        if fence_reached():
             rec.status = abi.WAIT_OK
+        elif faults > reported:
+            rec.status = abi.WAIT_FAULT
+            self._faults_reported = faults
+        else:
+            rec.status = abi.WAIT_TIMEOUT if not ok else abi.WAIT_OK
         del rec  # release the view on guest memory
 
     # ---------------------------------------------------------------- outcome

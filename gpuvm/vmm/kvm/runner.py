@@ -120,6 +120,10 @@ class KvmRunner:
                             failure=f"{self._stop}; the vCPU thread is still busy in a "
                                     f"handler and will release the VM when it returns")
 
+    def alive(self) -> bool:
+        """True while the vCPU thread runs (started and not yet finished)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, reason: str) -> None:
         """Ask the vCPU to stop at once (from any thread); `reason` becomes the failure."""
         with self._lock:

@@ -1,0 +1,104 @@
+"""What a run is made of: VM specs, run options, and the machine interface a mode builds.
+
+Kept apart from the runner so that each mode's machine (native here, mediated in
+gpuvm.mediated_machine) can be written against these types without importing the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from gpuvm.vmm import abi, guest_programs
+from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.target import GpuTarget
+
+
+class RunError(Exception):
+    """A run cannot be set up (bad spec, unknown mode, build failure); one line."""
+
+
+# ------------------------------------------------------------------------------ specs
+@dataclass
+class VmSpec:
+    """One VM: the benchmark it runs and how its guest is configured."""
+
+    name: str
+    benchmark: str
+    params: list[int] = field(default_factory=list)  # benchmark params[0..6]
+    inject: str | None = None  # a key of abi.FI_NAMES
+    paravirtual: bool = False  # run the PV driver build
+    pv_batch: int = 0  # PV build: entries per hypercall (0 = HC_MAX_ENTRIES, 1 = naive)
+    ram_size: int = abi.GUEST_RAM_DEFAULT
+    share: float = 1.0  # scheduler weight when VMs share the GPU
+    start_delay: float = 0.0  # seconds after the run starts that this VM is created
+    partition: dict[str, int] = field(default_factory=dict)  # PartitionSpec fields (bytes)
+
+    @property
+    def program(self) -> str:
+        return guest_programs.DRIVER_PV.name if self.paravirtual else guest_programs.DRIVER.name
+
+    def flags(self) -> int:
+        flags = abi.BOOT_FLAG_PV if self.paravirtual else 0
+        if self.inject is not None:
+            if self.inject not in abi.FI_NAMES:
+                raise RunError(f"{self.name}: unknown fault injection {self.inject!r} "
+                               f"(have {', '.join(sorted(abi.FI_NAMES))})")
+            flags |= abi.FI_NAMES[self.inject] << abi.BOOT_FI_SHIFT
+        return flags
+
+    def boot_params(self) -> list[int]:
+        if self.benchmark not in guest_programs.BENCHMARKS:
+            raise RunError(f"{self.name}: no benchmark {self.benchmark!r} (have "
+                           f"{', '.join(guest_programs.BENCHMARKS)})")
+        if len(self.params) > guest_programs.BENCH_NUM_PARAMS:
+            raise RunError(f"{self.name}: at most {guest_programs.BENCH_NUM_PARAMS} "
+                           f"benchmark parameters, got {len(self.params)}")
+        if any(not 0 <= p < 1 << 64 for p in self.params) or self.pv_batch < 0:
+            raise RunError(f"{self.name}: parameters must be unsigned 64-bit integers")
+        params = list(self.params) + [0] * (abi.BOOT_NUM_PARAMS - len(self.params))
+        params[guest_programs.PARAM_PV_BATCH] = self.pv_batch
+        return params
+
+
+@dataclass
+class RunOptions:
+    mode: str = "native"
+    backend: str = "auto"  # kvm | inproc | auto
+    timeout: float = 600.0  # per VM, wall seconds
+    # Longest single PORT_WAIT; the driver re-waits while its channel is healthy, so this
+    # only bounds how late a fault the wait did not see is noticed.
+    wait_slice: float = 30.0
+    time_scale: float = 1.0  # device clock speed relative to wall time
+    vram_size: int | None = None  # None: the device profile's
+    profile: str | None = None  # device profile name or path
+    scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
+    # native only: present the guest the GPU a partition of this spec shows a mediated
+    # guest (VRAM and BAR sizes), so counts compare one to one across modes
+    native_as_partition: dict[str, int] | None = None
+
+
+# ------------------------------------------------------------------------------ machines
+@dataclass
+class Attachment:
+    """How one VM reaches the GPU."""
+
+    target: GpuTarget
+    hypercall: Callable[[GuestRam, int], None] | None = None
+    bar_sizes: dict[int, int] | None = None  # None: the machine's
+    # called with the runner's MemslotTable once the guest's runner exists (BAR remap)
+    memslots: Callable[[Any], None] | None = None
+
+
+class Machine(Protocol):
+    """What a mode builds for one run (see the module docstring)."""
+
+    bar_sizes: dict[int, int]
+
+    def attach(self, spec: VmSpec, ram: GuestRam) -> Attachment: ...
+
+    def detach(self, spec: VmSpec) -> None:
+        """The VM has stopped: give back what attach took (others keep running)."""
+        ...
+
+    def close(self) -> None: ...
