@@ -20,6 +20,7 @@ from gpuvm.run_spec import Attachment, RunError, RunOptions, VmSpec
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from scheduler import FifoPolicy, SchedulerConfig
+from scheduler.metrics import VmMetrics
 
 BAR_BASES = {regs.BAR1: abi.GUEST_BAR1_BASE, regs.BAR3: abi.GUEST_BAR3_BASE}
 PARTITION_FIELDS = {f.name for f in fields(PartitionSpec)}
@@ -95,8 +96,13 @@ class MediatedMachine:
         if vgpu is not None:
             self.med.remove_vm(vgpu)
 
-    def scheduler_metrics(self) -> dict:
-        return {v.name: m for v, m in self.med.submissions.dispatcher.metrics.items()}
+    def metrics(self, spec: VmSpec) -> VmMetrics | None:
+        """The scheduler's record of this VM (read before it is detached)."""
+        vgpu = self.vgpus.get(spec.name)
+        if vgpu is None:
+            return None
+        self.med.submissions.wait_idle(vgpu)
+        return self.med.submissions.metrics(vgpu)
 
     def close(self) -> None:
         self.med.close()

@@ -25,6 +25,7 @@ from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
 from gpuvm.run_spec import Attachment, Machine, RunError, RunOptions, VmSpec
+from scheduler.metrics import VmMetrics
 
 __all__ = ["Attachment", "Machine", "RunError", "RunOptions", "VmSpec", "VmResult", "run_vms",
            "register_mode", "MODES", "render"]
@@ -94,6 +95,7 @@ class VmResult:
     spec: VmSpec
     outcome: GuestOutcome
     faults: list[ChannelFault]
+    scheduler: VmMetrics | None = None  # what the GPU scheduler saw (mediated modes)
 
     @property
     def session(self) -> GuestSession:
@@ -184,7 +186,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 running.append(_Running(spec, ram, att, runner, now + options.timeout))
             for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
-                results[r.spec.name] = VmResult(r.spec, outcome, r.att.target.faults())
+                metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
+                results[r.spec.name] = VmResult(r.spec, outcome, r.att.target.faults(), metrics)
                 running.remove(r)
                 if r.runner.alive():
                     stuck = True  # its thread would not stop: leave its VM in place

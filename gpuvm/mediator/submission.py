@@ -12,8 +12,10 @@ queue, never a lock the device thread could wait on.
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,6 +68,24 @@ class Submissions:
         """A (re)bound channel starts at GP_GET 0: forget the put we last rang."""
         with self._lock:
             self._last_put.pop(pchid, None)
+
+    def metrics(self, vm: object):
+        """A copy of the dispatcher's record of `vm` (taken under the dispatcher's lock)."""
+        with self._lock:
+            m = self.dispatcher.metrics.get(vm)
+            return copy.deepcopy(m) if m is not None else None
+
+    def wait_idle(self, vm: object, timeout: float = 5.0) -> bool:
+        """Wait until nothing of `vm` is queued or running (its last completion counted)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                running = self.dispatcher.running
+                if not self.dispatcher.queued(vm) and (running is None or running.vm is not vm) \
+                        and self._events.empty():
+                    return True
+            time.sleep(0.001)
+        return False
 
     def close(self) -> None:
         self._stopping = True

@@ -6,8 +6,11 @@ CREDIT barely helps, BAND holds each VM near its share.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 import matplotlib
 
@@ -15,33 +18,47 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gpuvm.sim.results import SimResult  # noqa: E402
+from scheduler.metrics import VmMetrics  # noqa: E402
 from scheduler.params import MS  # noqa: E402
 
 
-def render_utilisation(results: Sequence[SimResult], path: str | Path,
-                       step_ns: int = 50 * MS, window_ns: int = 1000 * MS) -> Path:
-    """Write a PNG of sliding-window utilisation per VM, one panel per result."""
-    if not results:
+@dataclass
+class UtilisationPanel:
+    """One panel: the VMs of one run, their shares, and the window where all were active.
+
+    Both the simpy model and the emulator's isolation runs draw through this, so their
+    figures are the same shape and can be compared side by side."""
+
+    title: str
+    metrics: dict[str, VmMetrics]
+    shares: dict[str, float]  # normalised
+    window: tuple[int, int]  # ns, all VMs active
+    end_ns: int
+
+
+def render_panels(panels: Sequence[UtilisationPanel], path: str | Path,
+                  step_ns: int = 50 * MS, window_ns: int = 1000 * MS) -> Path:
+    """Write a PNG of sliding-window utilisation per VM, one panel per run."""
+    if not panels:
         raise ValueError("results: nothing to plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)),
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)),
                              sharex=True, squeeze=False)
-    for ax, result in zip(axes[:, 0], results):
-        times, series = result.utilisation_series(step_ns, window_ns)
-        shares = result.scenario.nominal_shares()
-        for i, spec in enumerate(result.scenario.vms):
-            if spec.name not in series:
-                continue
+    for ax, panel in zip(axes[:, 0], panels):
+        times = np.arange(step_ns, panel.end_ns + 1, step_ns, dtype=np.int64)
+        for i, (name, metrics) in enumerate(panel.metrics.items()):
             colour = f"C{i}"
-            ax.plot(times / 1e9, 100 * series[spec.name], color=colour, label=spec.name)
-            ax.axhline(100 * shares[spec.name], color=colour, linestyle="--", linewidth=0.8)
-        t0, t1 = result.scenario.measure_window
+            ax.plot(times / 1e9, 100 * metrics.utilisation_series(times, window_ns),
+                    color=colour, label=name)
+            if name in panel.shares:
+                ax.axhline(100 * panel.shares[name], color=colour, linestyle="--",
+                           linewidth=0.8)
+        t0, t1 = panel.window
         ax.axvspan(t0 / 1e9, t1 / 1e9, color="0.93", zorder=0)
         ax.set_ylim(0, 105)
         ax.set_ylabel("GPU util %")
-        ax.set_title(f"{result.scenario.name} — {result.policy.upper()} "
-                     f"(max error {result.max_error_pp():.1f} pp)", fontsize=10)
+        ax.set_title(panel.title, fontsize=10)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel(f"time (s); utilisation over a sliding {window_ns / 1e9:g} s window; "
                            "shaded: all VMs active; dashed: share")
@@ -49,3 +66,17 @@ def render_utilisation(results: Sequence[SimResult], path: str | Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def render_utilisation(results: Sequence[SimResult], path: str | Path,
+                       step_ns: int = 50 * MS, window_ns: int = 1000 * MS) -> Path:
+    """Write a PNG of sliding-window utilisation per VM, one panel per simulation."""
+    panels = []
+    for result in results:
+        order = [spec.name for spec in result.scenario.vms if spec.name in result.metrics]
+        panels.append(UtilisationPanel(
+            f"{result.scenario.name} — {result.policy.upper()} "
+            f"(max error {result.max_error_pp():.1f} pp)",
+            {name: result.metrics[name] for name in order}, result.scenario.nominal_shares(),
+            result.scenario.measure_window, result.end_ns))
+    return render_panels(panels, path, step_ns, window_ns)

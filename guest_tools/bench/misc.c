@@ -59,13 +59,16 @@ int bench_memcpy(struct bench_run *r)
 }
 
 /* params[0] = iterations of the timed spin kernel. */
+/* params[0] = iterations per kernel (device ns at 1 ns each), params[1] = kernels to run
+ * one after another, each waited for (default 1): the isolation experiment's workload. */
 int bench_loop(struct bench_run *r)
 {
     uint64_t iterations = r->param[0];
+    uint64_t kernels = r->param[1] ? r->param[1] : 1;
     uint32_t *word = ram_alloc(4);
     uint64_t out = 0;
     struct rt_module mod = {0, 0, 0};
-    rec_add(r, "iterations=%lu", (unsigned long)iterations);
+    rec_add(r, "iterations=%lu kernels=%lu", (unsigned long)iterations, (unsigned long)kernels);
     if (!word)
         return bench_step(r, -E_NOMEM, "host allocation"), bench_finish(r, 0);
 
@@ -85,9 +88,11 @@ int bench_loop(struct bench_run *r)
         uint32_t p[4] = {(uint32_t)out, (uint32_t)(out >> 32), (uint32_t)iterations,
                          (uint32_t)(iterations >> 32)};
         struct rt_dim one = {1, 1, 1};
-        err = bench_step(r, rt_launch(&mod, one, one, p, 4), "launch");
-        if (!err)
-            err = bench_step(r, rt_synchronize(), "synchronize");
+        for (uint64_t k = 0; k < kernels && !err; k++) {
+            err = bench_step(r, rt_launch(&mod, one, one, p, 4), "launch");
+            if (!err)
+                err = bench_step(r, rt_synchronize(), "synchronize");
+        }
     }
 
     phase_mark(PHASE_DTOH);

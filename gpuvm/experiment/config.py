@@ -1,0 +1,231 @@
+"""Experiment files: what to run, in TOML.
+
+An experiment is a set of scenarios (each a list of VMs with their benchmark, share,
+start time and partition), run under each of its modes and scheduler policies, a number
+of times.  Every key is checked: a typo or a wrong type is one line naming the file and
+the field, before anything runs.
+
+    [experiment]
+    name = "modes"            # results go to results/<name>/ unless `output` says otherwise
+    kind = "benchmarks"       # or "isolation": which report to write
+    modes = ["native", "fv", "fv-opt", "pv"]
+    policies = ["fifo"]       # fifo | credit | band
+    backend = "auto"          # kvm | inproc | auto
+    repetitions = 1
+    time_scale = 1.0          # device clock speed relative to wall time
+    cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
+
+    [scheduler]               # parameters shared by every policy (scheduler.SchedulerParams)
+    period_ms = 30
+
+    [[scenario]]
+    name = "mmul"
+    [[scenario.vm]]
+    name = "vm"
+    benchmark = "mmul"
+    params = [256]
+    count = 4                 # four such VMs: vm0 .. vm3
+    share = 1.0
+    start_s = 0.0
+    partition = { vram_mib = 512 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuvm.device import regs
+from gpuvm.mediator.modes import MODES
+from gpuvm.vmm import abi, guest_programs
+from gpuvm.vmm.backends import BACKENDS
+from scheduler import POLICIES, SchedulerParams
+
+REPO = Path(__file__).resolve().parents[2]
+KINDS = ("benchmarks", "isolation")
+PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
+                  "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
+
+
+class ConfigError(ValueError):
+    """One line: the file, the field, what is wrong."""
+
+
+@dataclass(frozen=True)
+class VmConfig:
+    name: str
+    benchmark: str
+    params: tuple[int, ...] = ()
+    share: float = 1.0
+    start_s: float = 0.0
+    ram_mib: int = abi.GUEST_RAM_DEFAULT // regs.MiB
+    partition: dict[str, int] = field(default_factory=dict)  # PartitionSpec fields, bytes
+    inject: str | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    vms: tuple[VmConfig, ...]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    kind: str
+    scenarios: tuple[Scenario, ...]
+    modes: tuple[str, ...] = ("fv-opt",)
+    policies: tuple[str, ...] = ("fifo",)
+    backend: str = "auto"
+    repetitions: int = 1
+    time_scale: float = 1.0
+    timeout_s: float = 600.0
+    cost_profile: str = "xen-2014"
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    output: Path = Path("results")
+    source: str = ""
+
+
+class _Table:
+    """Typed access to one TOML table that remembers where it is, for error messages."""
+
+    def __init__(self, data: Any, where: str, source: str) -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: {where} must be a table")
+        self.data, self.where, self.source = data, where, source
+        self.used: set[str] = set()
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self.where}.{key}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...,
+            check: Any = None) -> Any:
+        self.used.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "missing")
+            return default
+        value = self.data[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.fail(key, f"must be a {names}, got {value!r}")
+        if check is not None:
+            problem = check(value)
+            if problem:
+                raise self.fail(key, problem)
+        return value
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise self.fail(unknown[0], "unknown key")
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _names(allowed: tuple[str, ...] | list[str], what: str):
+    def check(values: list) -> str | None:
+        if not values:
+            return f"needs at least one {what}"
+        bad = [v for v in values if v not in allowed]
+        return f"unknown {what} {bad[0]!r} (have {', '.join(allowed)})" if bad else None
+    return check
+
+
+def _vm(t: _Table) -> list[VmConfig]:
+    name = t.get("name", str)
+    benchmark = t.get("benchmark", str, check=lambda b: None if b in guest_programs.BENCHMARKS
+                      else f"unknown benchmark (have {', '.join(guest_programs.BENCHMARKS)})")
+    params = t.get("params", list, [])
+    if len(params) > guest_programs.BENCH_NUM_PARAMS or \
+            any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in params):
+        raise t.fail("params", f"must be at most {guest_programs.BENCH_NUM_PARAMS} "
+                               "non-negative integers")
+    count = t.get("count", int, 1, check=lambda c: None if c >= 1 else "must be >= 1")
+    share = t.get("share", float, 1.0, check=_positive)
+    start = t.get("start_s", float, 0.0, check=lambda s: None if s >= 0 else "must be >= 0")
+    ram = t.get("ram_mib", int, abi.GUEST_RAM_DEFAULT // regs.MiB, check=_positive)
+    inject = t.get("inject", str, None, check=lambda i: None if i in abi.FI_NAMES
+                   else f"unknown fault injection (have {', '.join(sorted(abi.FI_NAMES))})")
+    part_table = _Table(t.get("partition", dict, {}), f"{t.where}.partition", t.source)
+    partition = {}
+    for key, field_name in PARTITION_KEYS.items():
+        value = part_table.get(key, int, None, check=_positive)
+        if value is not None:
+            partition[field_name] = value if key == "channels" else value * regs.MiB
+    part_table.done()
+    t.done()
+    names = [name] if count == 1 else [f"{name}{i}" for i in range(count)]
+    return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject)
+            for n in names]
+
+
+def parse(text: str, source: str = "<config>") -> Experiment:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    root = _Table(data, "<top>", source)
+    exp = _Table(root.get("experiment", dict), "experiment", source)
+    sched = root.get("scheduler", dict, {})
+    try:
+        SchedulerParams.from_dict(sched)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: scheduler: {exc}") from None
+    raw_scenarios = root.get("scenario", list)
+    root.done()
+    name = exp.get("name", str, check=lambda n: None if n and "/" not in n
+                   else "must be a non-empty name without '/'")
+    result = dict(
+        name=name,
+        kind=exp.get("kind", str, "benchmarks", check=lambda k: None if k in KINDS
+                     else f"must be one of {', '.join(KINDS)}"),
+        modes=tuple(exp.get("modes", list, ["fv-opt"], check=_names(list(MODES), "mode"))),
+        policies=tuple(exp.get("policies", list, ["fifo"],
+                               check=_names(sorted(POLICIES), "policy"))),
+        backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
+                        else f"must be one of {', '.join(BACKENDS)}"),
+        repetitions=exp.get("repetitions", int, 1, check=_positive),
+        time_scale=exp.get("time_scale", float, 1.0, check=_positive),
+        timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
+        cost_profile=exp.get("cost_profile", str, "xen-2014"),
+        description=exp.get("description", str, ""),
+        output=Path(exp.get("output", str, f"results/{name}")),
+        scheduler=sched, source=source,
+    )
+    exp.done()
+    if not raw_scenarios:
+        raise ConfigError(f"{source}: scenario: needs at least one [[scenario]]")
+    scenarios = []
+    for i, raw in enumerate(raw_scenarios):
+        st = _Table(raw, f"scenario[{i}]", source)
+        sname = st.get("name", str)
+        vms_raw = st.get("vm", list)
+        st.done()
+        vms: list[VmConfig] = []
+        for j, vm in enumerate(vms_raw):
+            vms.extend(_vm(_Table(vm, f"scenario[{i}].vm[{j}]", source)))
+        if not vms:
+            raise ConfigError(f"{source}: scenario[{i}].vm: needs at least one [[scenario.vm]]")
+        if len({v.name for v in vms}) != len(vms):
+            raise ConfigError(f"{source}: scenario[{i}].vm: VM names repeat")
+        scenarios.append(Scenario(sname, tuple(vms)))
+    if len({s.name for s in scenarios}) != len(scenarios):
+        raise ConfigError(f"{source}: scenario: names repeat")
+    return Experiment(scenarios=tuple(scenarios), **result)
+
+
+def load(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(text, str(path))

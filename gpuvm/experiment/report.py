@@ -1,0 +1,274 @@
+"""Turning an experiment's rows into a CSV, figures and a Markdown report.
+
+Two kinds of report:
+- benchmarks: per scenario, one line per mode -- wall time (this emulator), modelled time
+  (counts priced by the cost profile), the share spent in Init+Close, and the exact counts
+  that explain them -- next to the paper's reference ratios;
+- isolation: per scenario, each VM's GPU utilisation while all VMs ran, against its
+  share, under each policy, with utilisation-over-time figures.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuvm.experiment.config import Experiment
+from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.execute import VmRow
+from gpuvm.mediator.modes import MODES
+from gpuvm.sim.figure import UtilisationPanel, render_panels
+from scheduler.metrics import VmMetrics
+
+PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
+BAND_TOLERANCE_PP = 5.0
+
+# What the paper (and a reading note of it) reports; see shared reference gpuvm.md.
+PAPER_REFERENCE = {
+    "fv": "~100x slower than native (FV naive, nine benchmarks) [note]",
+    "pv-naive": "3-10x slower than native [note]",
+    "pv": "within 2-3x of native (PV multicall) [abstract, note]",
+    "fv+lazy": "about 7 shadow page-table updates per benchmark [note]",
+    "init+close": "> 90% of the time under FV [note]",
+}
+
+CSV_COUNTERS = ("exits.io", "trap.bar0.pramin.write", "shadow.syncs", "shadow.bar_syncs",
+                "shadow.ptes_scanned", "shadow.ptes_refused", "hcall.calls", "hcall.entries",
+                "remap.maps", "copy.bytes", "compute.kernels", "pfifo.doorbells",
+                "engine.busy_ns")
+
+
+def _sum(counters: dict[str, int], prefix: str) -> int:
+    return sum(v for k, v in counters.items() if k.startswith(prefix))
+
+
+def write_csv(rows: list[VmRow], path: Path) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "mode", "policy", "rep", "vm", "benchmark", "backend", "passed",
+                    "error", "share", "wall_ms", "modelled_ms", "init_close_pct", "exits_mmio",
+                    "traps", *CSV_COUNTERS, "gpu_time_ms", "dispatches", "mean_queue_ms"])
+        for r in rows:
+            w.writerow([r.scenario, r.mode, r.policy, r.rep, r.vm, r.benchmark, r.backend,
+                        r.passed, r.error or "", f"{r.share:.4f}", f"{r.total_wall_ns / 1e6:.3f}",
+                        f"{r.total_modelled_ns / 1e6:.3f}", f"{_init_close(r):.1f}",
+                        _sum(r.counters, "exits.mmio."), _sum(r.counters, "trap.bar"),
+                        *(r.counters.get(k, 0) for k in CSV_COUNTERS),
+                        f"{r.sched.get('gpu_time_ns', 0) / 1e6:.3f}", r.sched.get("dispatches", 0),
+                        f"{r.sched.get('mean_queue_delay_ns', 0) / 1e6:.3f}"])
+    return path
+
+
+def _init_close(r: VmRow) -> float:
+    total = r.total_wall_ns
+    return 100 * (r.wall_ns.get("Init", 0) + r.wall_ns.get("Close", 0)) / total if total else 0.0
+
+
+# ------------------------------------------------------------------------- benchmarks
+@dataclass
+class ModeLine:
+    mode: str
+    vms: int
+    passed: int
+    wall_ms: float
+    modelled_ms: float
+    init_close_pct: float
+    exits: int
+    traps: int
+    syncs: int
+    ptes_scanned: int
+    hypercalls: int
+    phase_wall_ms: dict[str, float]
+    phase_modelled_ms: dict[str, float]
+
+
+def mode_lines(rows: list[VmRow]) -> list[ModeLine]:
+    """Per mode: means over repetitions of the sums over a run's VMs."""
+    by_mode: dict[str, list[VmRow]] = defaultdict(list)
+    for r in rows:
+        by_mode[r.mode].append(r)
+    out = []
+    for mode, rs in by_mode.items():
+        reps = len({r.rep for r in rs}) or 1
+
+        def per_run(f) -> float:
+            return sum(f(r) for r in rs) / reps
+        out.append(ModeLine(
+            mode, len(rs) // reps, sum(r.passed for r in rs) // reps,
+            per_run(lambda r: r.total_wall_ns) / 1e6, per_run(lambda r: r.total_modelled_ns) / 1e6,
+            sum(_init_close(r) for r in rs) / len(rs),
+            int(per_run(lambda r: _sum(r.counters, "exits."))),
+            int(per_run(lambda r: _sum(r.counters, "trap.bar"))),
+            int(per_run(lambda r: r.counters.get("shadow.syncs", 0))),
+            int(per_run(lambda r: r.counters.get("shadow.ptes_scanned", 0))),
+            int(per_run(lambda r: r.counters.get("hcall.calls", 0))),
+            {p: per_run(lambda r: r.wall_ns.get(p, 0)) / 1e6 for p in PHASES},
+            {p: per_run(lambda r: r.modelled_ns.get(p, 0)) / 1e6 for p in PHASES}))
+    return out
+
+
+def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    names = [l.mode for l in lines]
+    for ax, attr, title in ((axes[0], "phase_modelled_ms", "modelled time (cost profile)"),
+                            (axes[1], "phase_wall_ms", "wall time of this emulator")):
+        bottom = [0.0] * len(lines)
+        for i, phase in enumerate(PHASES):
+            values = [getattr(l, attr)[phase] for l in lines]
+            ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log)")
+        ax.set_title(f"{scenario}: {title}", fontsize=10)
+        ax.tick_params(axis="x", rotation=30)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def benchmarks_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]:
+    md = []
+    for scenario in exp.scenarios:
+        srows = [r for r in rows if r.scenario == scenario.name]
+        if not srows:
+            md += [f"## {scenario.name}", "", "No run completed.", ""]
+            continue
+        lines = mode_lines(srows)
+        native = next((l for l in lines if l.mode == "native"), None)
+        fig = _mode_figure(scenario.name, lines, out / f"modes-{scenario.name}.png")
+        benches = ", ".join(sorted({v.benchmark for v in scenario.vms}))
+        md += [f"## {scenario.name}", "",
+               f"{len(scenario.vms)} VM(s): {benches}.  Wall = this emulator; modelled = "
+               f"engine time + counts priced by the `{exp.cost_profile}` cost profile.", "",
+               "| mode | VMs pass | wall ms | modelled ms | x native (modelled) | Init+Close % "
+               "| exits | traps | shadow syncs | PTEs scanned | hypercalls | paper |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for l in lines:
+            ratio = f"{l.modelled_ms / native.modelled_ms:.1f}" if native and native.modelled_ms \
+                else "-"
+            md.append(f"| {l.mode} | {l.passed}/{l.vms} | {l.wall_ms:,.1f} | {l.modelled_ms:,.1f} "
+                      f"| {ratio} | {l.init_close_pct:.0f} | {l.exits:,} | {l.traps:,} "
+                      f"| {l.syncs:,} | {l.ptes_scanned:,} | {l.hypercalls:,} "
+                      f"| {PAPER_REFERENCE.get(l.mode, '')} |")
+        md += ["", f"![modes]({fig.name})", ""]
+    md += ["Paper: Init+Close take " + PAPER_REFERENCE["init+close"] + ".", ""]
+    return md
+
+
+# ------------------------------------------------------------------------- isolation
+@dataclass
+class Share:
+    vm: str
+    share: float
+    utilisation: float
+    dispatches: int
+    mean_queue_ms: float
+
+    @property
+    def error_pp(self) -> float:
+        return 100 * (self.utilisation - self.share)
+
+
+def _metrics(r: VmRow) -> VmMetrics:
+    m = VmMetrics(added_at=int(r.sched.get("added_at", 0)))
+    removed = int(r.sched.get("removed_at", -1))
+    m.removed_at = None if removed < 0 else removed
+    m.busy = [tuple(b) for b in r.busy]
+    m.gpu_time_ns = int(r.sched.get("gpu_time_ns", 0))
+    return m
+
+
+def isolation_window(rows: list[VmRow]) -> tuple[int, int]:
+    """Device time during which every VM of the run was on the GPU (added, not removed)."""
+    starts = [int(r.sched.get("added_at", 0)) for r in rows]
+    ends = [int(r.sched["removed_at"]) for r in rows if int(r.sched.get("removed_at", -1)) >= 0]
+    return max(starts), min(ends) if ends else max(e for r in rows for _, e in r.busy)
+
+
+def shares_in_window(rows: list[VmRow]) -> tuple[tuple[int, int], list[Share]]:
+    t0, t1 = isolation_window(rows)
+    return (t0, t1), [Share(r.vm, r.share, _metrics(r).utilisation_between(t0, t1),
+                            int(r.sched.get("dispatches", 0)),
+                            float(r.sched.get("mean_queue_delay_ns", 0)) / 1e6) for r in rows]
+
+
+def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]:
+    md = []
+    for scenario in exp.scenarios:
+        panels, table = [], []
+        for policy in exp.policies:
+            for mode in exp.modes:
+                runs = [r for r in rows if r.scenario == scenario.name and r.policy == policy
+                        and r.mode == mode and r.sched]
+                for rep in sorted({r.rep for r in runs}):
+                    run = [r for r in runs if r.rep == rep]
+                    (t0, t1), shares = shares_in_window(run)
+                    worst = max(abs(s.error_pp) for s in shares)
+                    table.append((policy, mode, rep, t1 - t0, shares, worst))
+                    end = max((e for r in run for _, e in r.busy), default=t1)
+                    panels.append(UtilisationPanel(
+                        f"{scenario.name} — {policy.upper()} ({mode}, rep {rep}): "
+                        f"max error {worst:.1f} pp", {r.vm: _metrics(r) for r in run},
+                        {s.vm: s.share for s in shares}, (t0, t1), end))
+        if not table:
+            md += [f"## {scenario.name}", "", "No run completed.", ""]
+            continue
+        fig = render_panels(panels, out / f"isolation-{scenario.name}.png")
+        md += [f"## {scenario.name}", "",
+               "GPU utilisation of each VM while every VM was running (device time), "
+               "against its share.", "",
+               "| policy | mode | rep | window s | VM | share % | util % | error pp "
+               "| dispatches | mean queue ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for policy, mode, rep, span, shares, worst in table:
+            for s in shares:
+                md.append(f"| {policy} | {mode} | {rep} | {span / 1e9:.2f} | {s.vm} "
+                          f"| {100 * s.share:.1f} | {100 * s.utilisation:.1f} "
+                          f"| {s.error_pp:+.1f} | {s.dispatches:,} | {s.mean_queue_ms:.2f} |")
+        for policy in exp.policies:
+            worst = [w for p, _, _, _, _, w in table if p == policy]
+            if worst:
+                mean = sum(worst) / len(worst)
+                verdict = ""
+                if policy == "band":
+                    verdict = " — within" if mean <= BAND_TOLERANCE_PP else " — NOT within"
+                    verdict += f" {BAND_TOLERANCE_PP:g} pp of the shares (Gdev: within 7%)"
+                md.append(f"\n**{policy.upper()}**: worst |util − share| averages "
+                          f"{mean:.1f} pp{verdict}.")
+        md += ["", f"![isolation]({fig.name})", ""]
+    return md
+
+
+def reprice(exp: Experiment, rows: list[VmRow]) -> None:
+    """Modelled times from the stored exact counts and the experiment's current profile."""
+    costs = load_costs(exp.cost_profile)
+    for r in rows:
+        mediated = MODES[r.mode].mediated
+        r.modelled_ns = {phase: costs.modelled_ns(c, mediated)
+                         for phase, c in r.phase_counters.items()}
+
+
+def write_report(exp: Experiment, rows: list[VmRow], out: Path) -> Path:
+    reprice(exp, rows)
+    write_csv(rows, out / "results.csv")
+    md = [f"# {exp.name}", "", exp.description, "",
+          f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
+          f"{exp.repetitions}; device time scale: {exp.time_scale:g}; backend: "
+          f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
+          f"Runs: {len(rows)} VM runs, {sum(r.passed for r in rows)} passed.  "
+          "Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
+    failed = [r for r in rows if not r.passed]
+    if failed:
+        md += ["Failed VMs:", ""] + [f"- {r.scenario}/{r.mode}/{r.policy}/{r.vm}: {r.error}"
+                                     for r in failed] + [""]
+    md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows, out)
+    path = out / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    return path
