@@ -86,15 +86,21 @@ def test_sysram_beyond_ram(world):
     # the victim's RAM sits at another bus window: name it relative to the attacker's
     gpa_of_victim = victim.vgpu.part.sys_base - attacker.vgpu.part.sys_base + 0x100000
     va = 0x71000000
+
+    def fresh_channel() -> None:
+        """A faulted channel stays stopped: each attempt gets a newly bound one."""
+        attacker.drv.wr(regs.PFIFO_CHAN_TABLE, 0)
+        attacker.rig.ch = attacker.drv.create_channel(0, attacker.rig.space, 0x30000000)
+        attacker.drv.submit_runlist([0])
+
     for gpa in (attacker.ram.size, gpa_of_victim):
         attacker.drv.map(attacker.rig.space, va, gpa, target=regs.TARGET_SYSRAM)
         attacker.drv.flush(attacker.rig.space)
-        attacker.drv.wr(regs.PFIFO_CHAN_TABLE, 0)  # rebind the faulted channel
-        attacker.rig.ch = attacker.drv.create_channel(0, attacker.rig.space, 0x30000000)
-        attacker.rig.ch.put = 0
-        attacker.drv.submit_runlist([0])
-        assert not attacker.copy(va, attacker.rig.sys_va(0), 4)
+        fresh_channel()
+        assert not attacker.copy(va, attacker.rig.sys_va(0), 4)  # read attempt
+        fresh_channel()
         assert not attacker.copy(attacker.rig.va(0), va, 4)  # write attempt
+        assert "page not present" in attacker.vgpu.faults()[-1].reason
     assert victim.ram.read_u32(0x100000) == PATTERN
     assert attacker.vgpu.counters()["shadow.ptes_refused"] >= 2
     victim_still_fine(gpu, victim)

@@ -187,10 +187,13 @@ def _metrics(r: VmRow) -> VmMetrics:
 
 
 def isolation_window(rows: list[VmRow]) -> tuple[int, int]:
-    """Device time during which every VM of the run was on the GPU (added, not removed)."""
-    starts = [int(r.sched.get("added_at", 0)) for r in rows]
-    ends = [int(r.sched["removed_at"]) for r in rows if int(r.sched.get("removed_at", -1)) >= 0]
-    return max(starts), min(ends) if ends else max(e for r in rows for _, e in r.busy)
+    """Device time during which every VM of the run was competing for the GPU: from the
+    last VM's first piece of GPU work to the end of the first VM's last one (a VM whose
+    guest is still booting, or has finished, is not competing)."""
+    start = max((min(s for s, _ in r.busy) if r.busy else int(r.sched.get("added_at", 0)))
+                for r in rows)
+    end = min((max(e for _, e in r.busy) for r in rows if r.busy), default=start)
+    return start, max(start, end)
 
 
 def shares_in_window(rows: list[VmRow]) -> tuple[tuple[int, int], list[Share]]:
@@ -233,15 +236,21 @@ def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]
                           f"| {100 * s.share:.1f} | {100 * s.utilisation:.1f} "
                           f"| {s.error_pp:+.1f} | {s.dispatches:,} | {s.mean_queue_ms:.2f} |")
         for policy in exp.policies:
-            worst = [w for p, _, _, _, _, w in table if p == policy]
-            if worst:
-                mean = sum(worst) / len(worst)
-                verdict = ""
-                if policy == "band":
-                    verdict = " — within" if mean <= BAND_TOLERANCE_PP else " — NOT within"
-                    verdict += f" {BAND_TOLERANCE_PP:g} pp of the shares (Gdev: within 7%)"
-                md.append(f"\n**{policy.upper()}**: worst |util − share| averages "
-                          f"{mean:.1f} pp{verdict}.")
+            runs = [shares for p, _, _, _, shares, _ in table if p == policy]
+            if not runs:
+                continue
+            errors = [abs(s.error_pp) for shares in runs for s in shares]
+            mean = sum(errors) / len(errors)
+            line = f"\n**{policy.upper()}**: mean |util − share| {mean:.1f} pp " \
+                   f"(worst {max(errors):.1f})"
+            if policy == "band":
+                line += (" — within" if mean <= BAND_TOLERANCE_PP else " — NOT within") + \
+                    f" {BAND_TOLERANCE_PP:g} pp of the shares on average (Gdev reports 7%)"
+            pair = runs[0]
+            if len(pair) == 2 and pair[0].share != pair[1].share and pair[1].utilisation:
+                line += f"; measured {pair[0].utilisation / pair[1].utilisation:.2f}:1 for " \
+                        f"shares {pair[0].share / pair[1].share:.0f}:1"
+            md.append(line + ".")
         md += ["", f"![isolation]({fig.name})", ""]
     return md
 

@@ -1,0 +1,83 @@
+"""Experiment files: valid ones parse to what they say; any mistake is one line naming the
+file and the field, before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuvm.device import regs
+from gpuvm.experiment.config import ConfigError, load, parse
+
+GOOD = """
+[experiment]
+name = "t"
+kind = "isolation"
+modes = ["fv", "pv"]
+policies = ["band", "fifo"]
+repetitions = 2
+time_scale = 2
+
+[scheduler]
+period_ms = 10
+
+[[scenario]]
+name = "s"
+[[scenario.vm]]
+name = "a"
+benchmark = "loop"
+params = [1000, 3]
+count = 2
+share = 2
+start_s = 0.5
+partition = { vram_mib = 256, channels = 4 }
+"""
+
+
+def test_good_file_parses():
+    exp = parse(GOOD, "good.toml")
+    assert exp.name == "t" and exp.kind == "isolation" and exp.repetitions == 2
+    assert exp.modes == ("fv", "pv") and exp.policies == ("band", "fifo")
+    assert exp.time_scale == 2.0 and exp.scheduler == {"period_ms": 10}
+    vms = exp.scenarios[0].vms
+    assert [v.name for v in vms] == ["a0", "a1"]
+    assert vms[0].params == (1000, 3) and vms[0].share == 2.0 and vms[0].start_s == 0.5
+    assert vms[0].partition == {"vram_size": 256 * regs.MiB, "channels": 4}
+
+
+@pytest.mark.parametrize("change, message", [
+    (("kind = \"isolation\"", "kind = \"speed\""), "experiment.kind: must be one of"),
+    (("repetitions = 2", "repetitions = \"2\""), "experiment.repetitions: must be a int"),
+    (("modes = [\"fv\", \"pv\"]", "modes = [\"fv\", \"fast\"]"), "unknown mode 'fast'"),
+    (("policies = [\"band\", \"fifo\"]", "policies = [\"lottery\"]"), "unknown policy 'lottery'"),
+    (("benchmark = \"loop\"", "benchmark = \"lud\""), "scenario[0].vm[0].benchmark: unknown"),
+    (("count = 2", "count = 2\ncolour = 1"), "scenario[0].vm[0].colour: unknown key"),
+    (("share = 2", "share = 0"), "scenario[0].vm[0].share: must be > 0"),
+    (("params = [1000, 3]", "params = [-1]"), "scenario[0].vm[0].params: must be"),
+    (("channels = 4", "channels = 4, ram = 1"), "scenario[0].vm[0].partition.ram: unknown key"),
+    (("period_ms = 10", "period_ms = -10"), "good.toml: scheduler:"),
+    (("[[scenario]]\nname = \"s\"", "[[scenario]]\nnom = \"s\""), "scenario[0].name: missing"),
+    (("name = \"t\"", "name = \"a/b\""), "experiment.name: must be a non-empty name"),
+    (("time_scale = 2", "time_scale = 2\nspeed = 1"), "experiment.speed: unknown key"),
+])
+def test_mistakes_are_one_line_naming_the_field(change, message):
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(ConfigError) as exc:
+        parse(GOOD.replace(old, new, 1), "good.toml")
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("good.toml: ") and message in text, text
+
+
+def test_not_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"^x.toml: not valid TOML"):
+        parse("[experiment\nname=1", "x.toml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "absent.toml")
+
+
+def test_shipped_experiments_parse():
+    from pathlib import Path
+    files = sorted(Path(__file__).resolve().parents[1].glob("experiments/*.toml"))
+    assert files
+    for f in files:
+        assert load(f).scenarios
