@@ -36,47 +36,52 @@ PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] =
 
 
 class NativeMachine:
-    """Native mode: one VM owns the emulated GPU; its accesses reach the device directly,
+    """Native mode: no mediator.  Each VM owns an emulated GPU of its own (as if one
+    physical GPU were passed through to each); its accesses reach that device directly,
     and the device DMAs straight into its RAM (guest-physical = bus address)."""
 
     paravirtual = False  # whether the PV driver may run here (it needs a hypercall handler)
 
     def __init__(self, options: RunOptions, specs: list[VmSpec]) -> None:
-        from gpuvm.device.gpu import Gpu
+        from dataclasses import replace
+
         from gpuvm.device.profile import load_profile
 
-        if len(specs) != 1:
-            raise RunError(f"native mode runs exactly one VM (the GPU is not shared); "
-                           f"got {len(specs)}")
-        if specs[0].paravirtual and not self.paravirtual:
-            raise RunError(f"{specs[0].name}: native mode runs the unmodified driver; "
-                           f"the PV driver needs a paravirtual mode")
-        profile = load_profile(options.profile) if options.profile else load_profile()
-        vram_size = options.vram_size
+        for spec in specs:
+            if spec.paravirtual and not self.paravirtual:
+                raise RunError(f"{spec.name}: native mode runs the unmodified driver; "
+                               f"the PV driver needs a paravirtual mode")
+        self.profile = load_profile(options.profile) if options.profile else load_profile()
+        self.vram_size = options.vram_size
         if options.native_as_partition is not None:
-            from dataclasses import replace
-
             from gpuvm.mediator.partition import PartitionSpec
             part = PartitionSpec(**options.native_as_partition)
-            profile = replace(profile, bar1_size=part.bar1_size, bar3_size=part.bar3_size,
-                              partitions=1)  # a vGPU reports its slice as one partition
-            vram_size = part.vram_size
-        self.gpu = Gpu(profile, time_scale=options.time_scale, vram_size=vram_size)
-        self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: self.gpu.profile.bar1_size,
-                          regs.BAR3: self.gpu.profile.bar3_size}
-        self.gpu.start()
+            self.profile = replace(self.profile, bar1_size=part.bar1_size,
+                                   bar3_size=part.bar3_size,
+                                   partitions=1)  # a vGPU reports its slice as one partition
+            self.vram_size = part.vram_size
+        self.time_scale = options.time_scale
+        self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: self.profile.bar1_size,
+                          regs.BAR3: self.profile.bar3_size}
+        self.gpus: dict[str, object] = {}
 
     def attach(self, spec: VmSpec, ram: GuestRam) -> Attachment:
         from gpuvm.device.dma import RamPort
+        from gpuvm.device.gpu import Gpu
 
-        self.gpu.attach_sysram(RamPort(ram.array))
-        return Attachment(self.gpu)
+        gpu = Gpu(self.profile, time_scale=self.time_scale, vram_size=self.vram_size)
+        gpu.attach_sysram(RamPort(ram.array))
+        self.gpus[spec.name] = gpu.start()
+        return Attachment(gpu)
 
     def detach(self, spec: VmSpec) -> None:
-        pass  # the one VM's GPU goes away with the machine
+        gpu = self.gpus.pop(spec.name, None)
+        if gpu is not None:
+            gpu.release_memory()
 
     def close(self) -> None:
-        self.gpu.release_memory()
+        for name in list(self.gpus):
+            self.gpus.pop(name).release_memory()
 
 
 POLL_S = 0.005  # how often the runner looks for VMs that ended or are due to start
@@ -337,7 +342,10 @@ def _int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--benchmark", "-b", required=True, choices=guest_programs.BENCHMARKS)
+    parser.add_argument("--benchmark", "-b", required=True, type=benchmark_list,
+                        metavar="NAME[,NAME...]",
+                        help=f"benchmark(s): VM i runs the i-th (have: "
+                             f"{', '.join(guest_programs.BENCHMARKS)})")
     parser.add_argument("--mode", default="native",
                         help="how the GPU is shared: one mode, several separated by commas "
                              "(a comparison table follows), or 'all' (have: "
@@ -349,7 +357,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pinned host buffers (sets params[1] = 1)")
     parser.add_argument("--inject", choices=sorted(abi.FI_NAMES),
                         help="make the driver program this error")
-    parser.add_argument("--vms", type=int, default=1, help="number of VMs")
+    parser.add_argument("--vms", type=int, default=None,
+                        help="number of VMs (default: one per benchmark named)")
     parser.add_argument("--pv", action="store_true", help="run the paravirtual driver")
     parser.add_argument("--pv-batch", type=int, default=0,
                         help="PV: entries per hypercall (1 = pv-naive, 0 = the maximum)")
@@ -359,18 +368,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vram-mib", type=int, help="VRAM of the emulated GPU")
 
 
+def benchmark_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in guest_programs.BENCHMARKS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"no benchmark {bad[0] if bad else text!r} (have {', '.join(guest_programs.BENCHMARKS)})")
+    return names
+
+
 def specs_from_args(args: argparse.Namespace) -> list[VmSpec]:
+    benchmarks: list[str] = args.benchmark
     params = list(args.size)
     if args.pinned:
-        if args.benchmark not in PINNED_BENCHMARKS:
+        if any(b not in PINNED_BENCHMARKS for b in benchmarks):
             raise RunError(f"--pinned applies to {', '.join(PINNED_BENCHMARKS)}, "
-                           f"not {args.benchmark}")
+                           f"not {', '.join(b for b in benchmarks if b not in PINNED_BENCHMARKS)}")
         params += [0] * max(0, 2 - len(params))
         params[1] = 1
-    if args.vms < 1:
+    vms = args.vms if args.vms is not None else len(benchmarks)
+    if vms < 1:
         raise RunError("--vms must be at least 1")
-    return [VmSpec(f"vm{i}", args.benchmark, params, args.inject, args.pv, args.pv_batch)
-            for i in range(args.vms)]
+    return [VmSpec(f"vm{i}", benchmarks[i % len(benchmarks)], params, args.inject, args.pv,
+                   args.pv_batch) for i in range(vms)]
 
 
 def parse_modes(text: str) -> list[str]:
@@ -394,8 +414,6 @@ def main(args: argparse.Namespace) -> int:
         modes = parse_modes(args.mode)
         for mode in modes:
             specs = specs_from_args(args)
-            if mode == "native" and len(specs) > 1 and len(modes) > 1:
-                continue  # a comparison skips native when several VMs share the GPU
             options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
                                  time_scale=args.time_scale,
                                  vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
@@ -412,7 +430,7 @@ def main(args: argparse.Namespace) -> int:
     except RunError as exc:
         raise UserError(str(exc)) from None
     if len(runs) > 1:
-        console.print(render_comparison(runs, args.benchmark))
+        console.print(render_comparison(runs, ",".join(args.benchmark)))
     if failed:
         raise UserError("; ".join(failed))
     return 0

@@ -57,9 +57,8 @@ def finished(tmp_path_factory):
 
 def test_rows_report_and_figures(finished):
     exp, run, rows, report, lines = finished
-    # idle in 3 modes + two VMs in 2 mediated modes (native skips the 2-VM scenario)
-    assert len(rows) == 3 + 4
-    assert any("skipped (native mode runs one VM)" in line for line in lines)
+    # idle in 3 modes + two VMs in 3 modes (native: a GPU each)
+    assert len(rows) == 3 + 6
     assert len((run / "runs.jsonl").read_text().splitlines()) == len(rows)
     assert (run / "results.csv").read_text().count("\n") == len(rows) + 1
     assert (run / "modes-idle.png").stat().st_size > 0

@@ -23,19 +23,18 @@ class Seeded(NativeMachine):
 
     last: dict[str, bytes] = {}
 
-    def __init__(self, options, specs):
-        super().__init__(options, specs)
-        self.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16] = SECRET
-
     def attach(self, spec, ram):
         ram.write(SECRET_RAM, SECRET.tobytes())
         self.ram = ram
-        return super().attach(spec, ram)
+        attachment = super().attach(spec, ram)
+        self.gpu = self.gpus[spec.name]  # the VM's own GPU, created by attach
+        self.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16] = SECRET
+        return attachment
 
-    def close(self):
+    def detach(self, spec):
         Seeded.last = {"vram": bytes(self.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16]),
                        "ram": bytes(self.ram.read(SECRET_RAM, 16))}
-        super().close()
+        super().detach(spec)
 
 
 register_mode("native-seeded", Seeded)

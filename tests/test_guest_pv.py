@@ -66,10 +66,10 @@ class ToyPv(NativeMachine):
     last: "ToyPv | None" = None
 
     def attach(self, spec, ram):
-        super().attach(spec, ram)
-        self.hv = ToyPvHypervisor(self.gpu)
+        gpu = super().attach(spec, ram).target  # the VM's own GPU
+        self.hv = ToyPvHypervisor(gpu)
         ToyPv.last = self
-        return Attachment(self.gpu, hypercall=self.hv)
+        return Attachment(gpu, hypercall=self.hv)
 
 
 register_mode("toy-pv", ToyPv)

@@ -116,9 +116,20 @@ def test_bad_specs_are_one_line_errors():
         run_vms([VmSpec("vm0", "nope")], OPTIONS)
     with pytest.raises(RunError, match="unknown fault injection"):
         run_vms([VmSpec("vm0", "idle", inject="melt")], OPTIONS)
-    with pytest.raises(RunError, match="exactly one VM"):
-        run_vms([VmSpec("a", "idle"), VmSpec("b", "idle")], OPTIONS)
+    with pytest.raises(RunError, match="VM names must be unique"):
+        run_vms([VmSpec("a", "idle"), VmSpec("a", "idle")], OPTIONS)
     with pytest.raises(RunError, match="needs a paravirtual mode"):
         run_vms([VmSpec("vm0", "idle", paravirtual=True)], OPTIONS)
     with pytest.raises(RunError, match="no mode"):
         run_vms([VmSpec("vm0", "idle")], RunOptions(mode="warp", backend="inproc"))
+
+
+def test_native_vms_each_own_a_gpu():
+    """Native mode with several VMs: each gets a GPU of its own, all pass, counts match
+    what each does alone."""
+    alone = run_one("madd", [16])
+    results = run_vms([VmSpec("a", "madd", [16]), VmSpec("b", "mmul", [32])], OPTIONS)
+    assert all(r.passed for r in results), [r.error() for r in results]
+    assert [p.counters for p in results[0].session.phases] == \
+        [p.counters for p in alone.session.phases]
+

@@ -120,9 +120,6 @@ def execute(exp: Experiment, out: Path, progress: Progress = lambda line: None) 
     with (out / "runs.jsonl").open("a") as sink:
         for i, (scenario, mode, policy, rep) in enumerate(plan, 1):
             label = f"[{i}/{len(plan)}] {scenario.name} {mode} {policy} rep {rep}"
-            if mode == "native" and len(scenario.vms) > 1:
-                progress(f"{label}: skipped (native mode runs one VM)")
-                continue
             options = RunOptions(mode=mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale,
                                  scheduler={**exp.scheduler, "policy": policy},

@@ -13,6 +13,7 @@ queue, never a lock the device thread could wait on.
 from __future__ import annotations
 
 import copy
+import logging
 import queue
 import threading
 import time
@@ -21,6 +22,10 @@ from typing import Callable
 
 from scheduler import Dispatcher
 from scheduler.policy import Policy
+
+
+log = logging.getLogger(__name__)
+STALL_CHECK_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,12 @@ class Submissions:
         self._runnable = runnable
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self.dispatcher: Dispatcher[Doorbell] = Dispatcher(policy, self._start,
-                                                           self._request_wakeup)
+        # no request_wakeup callback: the loop reads dispatcher.wake_at every turn, so a
+        # wake-up asked for from any thread (or asked for twice) is never missed
+        self.dispatcher: Dispatcher[Doorbell] = Dispatcher(policy, self._start)
+        self.stalls = 0
         self._last_put: dict[int, int] = {}
         self._running: Doorbell | None = None
-        self._wake_at: int | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="gpu-submissions", daemon=True)
         self._thread.start()
@@ -50,12 +56,14 @@ class Submissions:
     def add_vm(self, vm: object, share: float) -> None:
         with self._lock:
             self.dispatcher.add_vm(vm, share, self._now())
+        self._events.put(("nudge", None, None))  # the loop re-reads the wake-up time
 
     def remove_vm(self, vm: object, pchids: set[int]) -> None:
         with self._lock:
             self.dispatcher.remove_vm(vm, self._now())
             for c in pchids:
                 self._last_put.pop(c, None)
+        self._events.put(("nudge", None, None))
 
     def submit(self, vm: object, pchid: int, put: int) -> None:
         self._events.put(("submit", vm, Doorbell(pchid, put)))
@@ -98,20 +106,36 @@ class Submissions:
         if self._last_put.get(bell.pchid, 0) == bell.put or not self._runnable(bell.pchid):
             # Nothing the GPU would run now (no new entries, or a channel not on the
             # runlist): it would never report the channel busy, so don't hold the engine.
+            # The put still goes to USERD, so the work runs once the channel can.
             self._running = None
+            if self._last_put.get(bell.pchid, 0) != bell.put:
+                self._last_put[bell.pchid] = bell.put
+                self._ring(bell.pchid, bell.put)
             self.dispatcher.complete(self._now(), used=0)
             return
         self._last_put[bell.pchid] = bell.put
         self._ring(bell.pchid, bell.put)
 
-    def _request_wakeup(self, t: int) -> None:
-        self._wake_at = t if self._wake_at is None else min(self._wake_at, t)
+    def _stalled(self) -> bool:
+        """Work queued, nothing on the engine, and no wake-up pending: nothing would ever
+        move again.  The policies should never leave this state; if one does, say so."""
+        d = self.dispatcher
+        return d.running is None and d.wake_at is None and \
+            any(d.queued(vm) for vm, m in d.metrics.items() if m.removed_at is None)
 
     def _loop(self) -> None:
+        woken_for: int | None = None  # the wake-up time last handed to the dispatcher
         while not self._stopping:
+            with self._lock:
+                wake_at = self.dispatcher.wake_at
+                stalled = self._stalled()
             timeout = None
-            if self._wake_at is not None:
-                timeout = max(0.0, (self._wake_at - self._now()) / 1e9)
+            if wake_at is not None:
+                timeout = max(0.0, (wake_at - self._now()) / 1e9)
+                if wake_at == woken_for:
+                    timeout = max(timeout, STALL_CHECK_S / 50)  # a wait that did not move
+            if stalled:
+                timeout = STALL_CHECK_S if timeout is None else min(timeout, STALL_CHECK_S)
             try:
                 kind, a, b = self._events.get(timeout=timeout)
             except queue.Empty:
@@ -125,6 +149,12 @@ class Submissions:
                     if self._running is not None and self._running.pchid == a:
                         self._running = None
                         self.dispatcher.complete(now)
-                if self._wake_at is not None and now >= self._wake_at:
-                    self._wake_at = None
+                wake_at = self.dispatcher.wake_at
+                if wake_at is not None and now >= wake_at:
+                    woken_for = wake_at
+                    self.dispatcher.wake(now)
+                elif kind == "wake" and self._stalled():
+                    self.stalls += 1
+                    log.error("scheduler %s left queued work with nothing running and no "
+                              "wake-up; driving it again", type(self.dispatcher.policy).__name__)
                     self.dispatcher.wake(now)

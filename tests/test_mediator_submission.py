@@ -1,0 +1,109 @@
+"""The mediator's submission path: doorbells queue per VM and reach the GPU one at a time
+in the policy's order; wake-ups asked for from any thread are honoured; a policy that
+leaves work queued with nothing to wake it is driven again (and the stall counted)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpuvm.mediator.submission import Submissions
+from scheduler import FifoPolicy
+from scheduler.decision import IDLE, Wait
+
+
+class Engine:
+    """Stands in for the GPU: records rung doorbells, completes each after `busy_s`."""
+
+    def __init__(self, busy_s: float = 0.002) -> None:
+        self.rung: list[tuple[int, int]] = []
+        self.busy_s = busy_s
+        self.sub: Submissions | None = None
+        self.t0 = time.monotonic_ns()
+
+    def now(self) -> int:
+        return time.monotonic_ns() - self.t0
+
+    def ring(self, pchid: int, put: int) -> None:
+        self.rung.append((pchid, put))
+        threading.Timer(self.busy_s, lambda: self.sub.on_idle(pchid, 0)).start()
+
+
+def make(policy, busy_s: float = 0.002) -> tuple[Submissions, Engine]:
+    engine = Engine(busy_s)
+    sub = Submissions(engine.now, policy, engine.ring, lambda pchid: True)
+    engine.sub = sub
+    return sub, engine
+
+
+def wait_for(pred, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.001)
+    return pred()
+
+
+def test_one_at_a_time_in_order_and_repeated_puts_cost_nothing():
+    sub, engine = make(FifoPolicy())
+    a, b = object(), object()
+    sub.add_vm(a, 1.0)
+    sub.add_vm(b, 1.0)
+    for put in (1, 2):
+        sub.submit(a, 0, put)
+        sub.submit(b, 8, put)
+    sub.submit(a, 0, 2)  # the same put again: nothing new for the GPU
+    assert wait_for(lambda: sub.dispatcher.metrics[a].completions == 3)
+    assert wait_for(lambda: sub.dispatcher.metrics[b].completions == 2)
+    assert sorted(engine.rung) == [(0, 1), (0, 2), (8, 1), (8, 2)]
+    assert sub.stalls == 0
+    sub.close()
+
+
+class WaitFirst(FifoPolicy):
+    """Answers Wait once (as BAND does before switching), then behaves like FIFO."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = False
+
+    def _choose(self, now: int):
+        if not self.waited and any(self._pending.values()):
+            self.waited = True
+            return Wait(now + 5_000_000)
+        return super()._choose(now)
+
+
+def test_a_wait_asked_for_is_honoured():
+    sub, engine = make(WaitFirst())
+    a = object()
+    sub.add_vm(a, 1.0)
+    sub.submit(a, 0, 1)
+    assert wait_for(lambda: engine.rung == [(0, 1)])
+    assert sub.dispatcher.metrics[a].queue_delay_max_ns >= 5_000_000
+    sub.close()
+
+
+class ForgetsOnce(FifoPolicy):
+    """A buggy policy: says IDLE once although work is queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgot = False
+
+    def _choose(self, now: int):
+        if not self.forgot and any(self._pending.values()):
+            self.forgot = True
+            return IDLE
+        return super()._choose(now)
+
+
+def test_a_stalled_policy_is_driven_again_and_counted():
+    sub, engine = make(ForgetsOnce())
+    a = object()
+    sub.add_vm(a, 1.0)
+    sub.submit(a, 0, 1)
+    assert wait_for(lambda: engine.rung == [(0, 1)])
+    assert sub.stalls == 1
+    sub.close()
