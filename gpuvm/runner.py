@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -172,6 +173,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     try:
         while pending or running:
             now = time.monotonic()
+            due: list[_Running] = []  # attached together, then started together
             while pending and now - t0 >= pending[0][0].start_delay:
                 spec, params, flags = pending.pop(0)
                 ram = GuestRam(spec.ram_size)
@@ -187,8 +189,10 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                                      bar_sizes)
                 if att.memslots is not None:
                     att.memslots(runner.memslots)
-                runner.start()
-                running.append(_Running(spec, ram, att, runner, now + options.timeout))
+                due.append(_Running(spec, ram, att, runner, now + options.timeout))
+            for r in due:
+                r.runner.start()
+                running.append(r)
             for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
                 metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
@@ -342,7 +346,10 @@ def _int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--benchmark", "-b", required=True, type=benchmark_list,
+    parser.add_argument("--config", type=Path, metavar="FILE.toml",
+                        help="run the scenarios of an experiment file instead (same as "
+                             "`gpuvm experiment FILE`)")
+    parser.add_argument("--benchmark", "-b", type=benchmark_list,
                         metavar="NAME[,NAME...]",
                         help=f"benchmark(s): VM i runs the i-th (have: "
                              f"{', '.join(guest_programs.BENCHMARKS)})")
@@ -407,6 +414,13 @@ def main(args: argparse.Namespace) -> int:
 
     from gpuvm.cli import UserError
 
+    if args.config is not None:
+        from gpuvm import experiment
+        return experiment.main(argparse.Namespace(config=args.config, report=None,
+                                                  backend=None if args.backend == "auto"
+                                                  else args.backend))
+    if not args.benchmark:
+        raise UserError("--benchmark (or --config) is required")
     console = Console(width=None if sys.stdout.isatty() else TABLE_WIDTH)
     runs: dict[str, list[VmResult]] = {}
     failed: list[str] = []

@@ -20,8 +20,13 @@ def counts(backend: str, spec: VmSpec):
     return r, [(p.name, p.counters) for p in r.session.phases]
 
 
-def test_kvm_and_inproc_count_the_same():
-    spec = VmSpec("vm0", "mmul", [48])
+@pytest.mark.parametrize("bench,params", [
+    ("vecadd", [1000]), ("madd", [16]), ("mmul", [48]), ("fmadd", [1000]),
+    ("memcpy", [4096]), ("memcpy", [4096, 1]), ("loop", [1000, 3]), ("idle", []),
+], ids=lambda v: str(v))
+def test_kvm_and_inproc_count_the_same(bench, params):
+    """Every benchmark passes on a real vCPU with the same binary's counts as in-process."""
+    spec = VmSpec("vm0", bench, params)
     kvm, kvm_counts = counts("kvm", spec)
     inproc, inproc_counts = counts("inproc", spec)
     assert kvm.passed and inproc.passed

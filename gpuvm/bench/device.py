@@ -10,11 +10,11 @@ contiguous numpy copy of the same bytes.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpuvm.bench.timing import best_of
 from gpuvm.device import regs
 from gpuvm.device.channel import ChannelMemory
 from gpuvm.device.gpu import Gpu
@@ -34,15 +34,6 @@ class DeviceBench:
     @property
     def copy_ratio(self) -> float:
         return self.scattered_copy_s / self.contiguous_copy_s
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _scattered_space(gpu: Gpu, pd: int, pt_base: int, va: int, frames: np.ndarray) -> Space:
@@ -69,7 +60,7 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
                 gpu.mmio_write(regs.BAR0, reg, 4, i & 1)
                 gpu.mmio_read(regs.BAR0, reg, 4)
 
-        t_regs = _best(registers, repeat)
+        t_regs = best_of(registers, repeat)
 
         npages = COPY_BYTES // regs.SMALL_PAGE
         rng = np.random.default_rng(seed)
@@ -82,13 +73,14 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
         gpu.vram.u8[512 * regs.MiB:512 * regs.MiB + 2 * COPY_BYTES] = \
             rng.integers(0, 255, 2 * COPY_BYTES, dtype=np.uint8)
 
-        t_range = _best(lambda: gpu.mmu.translate(space_src, va, COPY_BYTES, False), repeat)
+        t_range = best_of(lambda: gpu.mmu.translate(space_src, va, COPY_BYTES, False), repeat)
         singles = 20_000
-        t_single = _best(lambda: [gpu.mmu.translate_one(space_src, va + ((i % npages) << 12), False)
-                                  for i in range(singles)], repeat)
+        t_single = best_of(lambda: [gpu.mmu.translate_one(space_src, va + ((i % npages) << 12),
+                                                          False) for i in range(singles)],
+                           repeat)
 
         src_mem, dst_mem = ChannelMemory(gpu, space_src), ChannelMemory(gpu, space_dst)
-        t_scatter = _best(lambda: dst_mem.write(va, src_mem.read(va, COPY_BYTES)), repeat)
+        t_scatter = best_of(lambda: dst_mem.write(va, src_mem.read(va, COPY_BYTES)), repeat)
         # check the scattered copy really moved every page to its partner
         got = gpu.vram.pages[dst_frames[[0, npages // 2, -1]] >> 12]
         want = gpu.vram.pages[src_frames[[0, npages // 2, -1]] >> 12]
@@ -97,7 +89,7 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
 
         a = gpu.vram.u8[512 * regs.MiB:512 * regs.MiB + COPY_BYTES]
         b = gpu.vram.u8[1024 * regs.MiB:1024 * regs.MiB + COPY_BYTES]
-        t_contig = _best(lambda: np.copyto(b, a), repeat)
+        t_contig = best_of(lambda: np.copyto(b, a), repeat)
         return DeviceBench(accesses / t_regs, npages / t_range, singles / t_single,
                            t_scatter, t_contig)
     finally:

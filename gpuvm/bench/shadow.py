@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuvm.bench.timing import best_of
 from gpuvm.device import regs
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
@@ -39,15 +40,6 @@ class ShadowBench:
         return self.ptes / (self.full_ms / 1e3)
 
 
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
 def run_shadow_bench(repeat: int = 5, seed: int = 0) -> ShadowBench:
     vram = Vram(SLICE + 256 * regs.MiB)
     try:
@@ -65,7 +57,8 @@ def run_shadow_bench(repeat: int = 5, seed: int = 0) -> ShadowBench:
                 ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)  # VA 128 MiB .. 1152 MiB
         space = ShadowSpace(vram, policy, pool, GUEST_PD, lambda name, n: None)
         space.sync(incremental=False)
-        result = ShadowBench(npages, _best(lambda: space.sync(incremental=False), repeat))
+        result = ShadowBench(npages, 1e3 * best_of(lambda: space.sync(incremental=False),
+                                                     repeat))
         guest = vram.u64[GUEST_PTS >> 3:(GUEST_PTS >> 3) + npages]
         for k in K_VALUES:
             def change_and_sync() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession
+from gpuvm.vmm.guest_thread import GuestThread
 from gpuvm.vmm.inproc import bar_pages
 from gpuvm.vmm.inproc.loader import GuestLibraryError, PrivateLibrary
 
@@ -41,7 +42,6 @@ PORT_OUT_FN = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_uint32)
 PORT_IN_FN = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32)
 
 MMIO_SIZES = (1, 2, 4, 8)
-STOP_GRACE_S = 5.0
 
 
 class ExitCounts:
@@ -59,7 +59,7 @@ class ExitCounts:
         return dict(zip(self.names, self.slots))
 
 
-class InprocRunner:
+class InprocRunner(GuestThread):
     """Runs one guest library in-process (see the module docstring)."""
 
     backend = "inproc"
@@ -80,43 +80,21 @@ class InprocRunner:
         # Keep the callback objects alive as long as the guest can call them.
         self._callbacks = (MMIO_READ_FN(self._mmio_read), MMIO_WRITE_FN(self._mmio_write),
                            PORT_OUT_FN(self._port_out), PORT_IN_FN(self._port_in))
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self._failure: str | None = None
         self._exited = False
-        self._outcome: GuestOutcome | None = None
 
     # ---------------------------------------------------------------- public
     def exit_counters(self) -> dict[str, int]:
         return self.counts.as_dict()
 
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError(f"{self.name}: already started")
-        self._thread = threading.Thread(target=self._main, name=f"guest-{self.name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> GuestOutcome:
-        """Wait for the guest; past `timeout` seconds it is stopped and reported."""
-        if self._thread is None:
-            raise RuntimeError(f"{self.name}: join() before start()")
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self.stop(f"timed out after {timeout:g} s")
-            self._thread.join(STOP_GRACE_S)
-        if self._outcome is not None:
-            return self._outcome
-        return GuestOutcome(self.name, self.backend, self.session,
-                            failure=f"{self._failure}; the guest thread has not returned "
-                                    f"(it is in C code or in a wait) and is left running")
-
-    def alive(self) -> bool:
-        """The guest thread has not returned (its RAM and the GPU must stay mapped)."""
-        return self._thread is not None and self._thread.is_alive()
-
     def stop(self, reason: str) -> None:
         """Make the guest stop at its next callback; `reason` becomes the failure."""
         self._fail(reason)
+
+    def _not_returned(self) -> str:
+        return (f"{self._failure}; the guest thread has not returned (it is in C code or in "
+                f"a wait) and is left running")
 
     # ---------------------------------------------------------------- callbacks
     def _fail(self, reason: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession
+from gpuvm.vmm.guest_thread import GuestThread
 from gpuvm.vmm.kvm import long_mode
 from gpuvm.vmm.kvm.kick import ensure_kick_handler, kick
 from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
@@ -26,9 +27,6 @@ from gpuvm.vmm.kvm.vm import KvmError, KvmVm
 log = logging.getLogger(__name__)
 
 BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
-STOP_GRACE_S = 5.0  # how long join waits for a kicked vCPU thread to wind down
-
-
 class GuestImageError(ValueError):
     """The flat image cannot be loaded (missing, too big for the layout or the RAM)."""
 
@@ -70,8 +68,10 @@ def load_image(path: Path, ram: GuestRam, name: str) -> bytes:
     return image
 
 
-class KvmRunner:
+class KvmRunner(GuestThread):
     """Runs one flat guest image on a KVM vCPU (see the module docstring)."""
+
+    thread_prefix = "vcpu"
 
     backend = "kvm"
     loop_class: type[ExitLoop] = ExitLoop  # the exit bench swaps in a raw-mode loop
@@ -88,41 +88,15 @@ class KvmRunner:
         self.memslots = MemslotTable(first_slot=1, reserved=((0, ram.size),))
         session.add_extra_counters(self.exit_counters)
         ensure_kick_handler()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
         self._lock = threading.Lock()  # guards _vm and _stop against the vCPU thread
         self._vm: KvmVm | None = None
         self._stop: str | None = None
-        self._outcome: GuestOutcome | None = None
 
     # ---------------------------------------------------------------- public
     def exit_counters(self) -> dict[str, int]:
         """Exit counts by kind: exits.io, exits.mmio.bar<N>.read / .write."""
         return self.counters.as_dict()
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError(f"{self.name}: already started")
-        self._thread = threading.Thread(target=self._main, name=f"vcpu-{self.name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> GuestOutcome:
-        """Wait for the guest; past `timeout` seconds it is stopped and reported."""
-        if self._thread is None:
-            raise RuntimeError(f"{self.name}: join() before start()")
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self.stop(f"timed out after {timeout:g} s")
-            self._thread.join(STOP_GRACE_S)
-        if self._outcome is not None:
-            return self._outcome
-        return GuestOutcome(self.name, self.backend, self.session,
-                            failure=f"{self._stop}; the vCPU thread is still busy in a "
-                                    f"handler and will release the VM when it returns")
-
-    def alive(self) -> bool:
-        """True while the vCPU thread runs (started and not yet finished)."""
-        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, reason: str) -> None:
         """Ask the vCPU to stop at once (from any thread); `reason` becomes the failure."""
@@ -134,6 +108,10 @@ class KvmRunner:
                 vm.run[1] = 1  # kvm_run.immediate_exit: every KVM_RUN now returns EINTR
                 if self._thread is not None and self._thread.ident is not None:
                     kick(self._thread.ident)
+
+    def _not_returned(self) -> str:
+        return (f"{self._stop}; the vCPU thread is still busy in a handler and will release "
+                f"the VM when it returns")
 
     # ---------------------------------------------------------------- vCPU thread
     def _stop_reason(self) -> str | None:
