@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from gpuvm.device import regs

@@ -52,21 +52,16 @@ class RemapState:
         idx = np.flatnonzero(changed)
         if idx.size == 0:
             return unmaps, maps
-        for i in _runs(idx[self.pages[idx] != NOT_VRAM]):
-            unmaps.append(i)
+        unmaps.extend(_runs(idx[self.pages[idx] != NOT_VRAM]))
         want = plan.pages
-        new = idx[want[idx] != NOT_VRAM]
         # coalesce pages that are consecutive in both BAR offset and host address
-        start = None
-        for p in new.tolist():
-            if start is not None and p == prev + 1 and want[p] == want[prev] + 4096:
-                prev = p
-                continue
-            if start is not None:
-                maps.append((start, prev - start + 1, int(want[start])))
-            start = prev = p
-        if start is not None:
-            maps.append((start, prev - start + 1, int(want[start])))
+        for p in idx[want[idx] != NOT_VRAM].tolist():
+            if maps:
+                first, n, host = maps[-1]
+                if p == first + n and int(want[p]) == host + n * 4096:
+                    maps[-1] = (first, n + 1, host)
+                    continue
+            maps.append((p, 1, int(want[p])))
         self.pages = want.copy()
         self.changes += len(unmaps) + len(maps)
         return unmaps, maps

@@ -234,3 +234,46 @@ def test_bar1_unmapped_access_faults(gpu, drv):
     rec = regs.PFIFO_FAULT_RECORD + regs.FAULT_UNIT_BAR1 * regs.PFIFO_FAULT_RECORD_STRIDE
     assert drv.rd(rec + regs.PFIFO_FAULT_ADDR_LO) == 0x7F0000
     assert drv.rd(rec + regs.PFIFO_FAULT_FLAGS) & 0xF == regs.FAULT_PDE_NOT_PRESENT  # empty PD
+
+
+class JumpyClock:
+    """A device clock that leaps 3 ms at every reading: work always ends 'between' two
+    readings, the race a loaded host produces now and then with short kernels."""
+
+    def __init__(self) -> None:
+        self.t = 0
+        self.time_scale = 1.0
+
+    def now_ns(self) -> int:
+        self.t += 3_000_000
+        return self.t
+
+    def wall_seconds_until(self, device_ns: int) -> float:
+        return 0.0 if device_ns <= self.t else 1e-4
+
+
+def test_work_ending_between_clock_readings_is_not_forgotten(sysram):
+    from gpuvm.device.dma import RamPort
+    from gpuvm.device.gpu import Gpu
+    from conftest import TEST_VRAM
+
+    gpu = Gpu(vram_size=TEST_VRAM, clock=JumpyClock())
+    gpu.attach_sysram(RamPort(sysram.array))
+    gpu.start()
+    try:
+        drv = HostDriver(gpu)
+        drv.init()
+        drv.setup_bar1(gpu.profile.bar1_size)
+        rig = Rig(gpu, sysram, drv, 0, sys_base=4 * regs.MiB)
+        drv.submit_runlist([0])
+        drv.vram_write(rig.code, kernel_object(regs.KERNEL_LOOP))
+        out = rig.va(0)
+        bind = HostDriver.bind(SUB_COMPUTE, regs.CLASS_COMPUTE, regs.ENGINE_PGRAPH)
+        for k in range(20):  # 5 ms kernels: a pass skips each, the next reading is past it
+            seq = rig.run((bind if k == 0 else [])
+                          + HostDriver.launch(SUB_COMPUTE, rig.va(3), rig.va(3) + 0x1000,
+                                              [out & 0xFFFFFFFF, out >> 32, 5_000_000, 0]))
+            assert gpu.wait_event(lambda: fence_ok(sysram, rig.fence, seq), 5), \
+                f"kernel {k} never completed"
+    finally:
+        gpu.release_memory()

@@ -3,7 +3,6 @@ failing VM does not lose the others' results, the report can be rebuilt from the
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -216,3 +216,20 @@ def test_pv_hypercalls(world, which):
     assert gpu.vram.u32[secret >> 2] == PATTERN
     victim_still_fine(gpu, victim)
     victim_still_fine(gpu, above)
+
+
+def test_remap_plan_diff_coalesces_and_tears_down():
+    """Remap changes come out as runs: consecutive BAR pages onto consecutive VRAM pages
+    are one mapping; a page turning sensitive is unmapped and the run split around it."""
+    import numpy as np
+
+    from shadow.bar_window import NOT_VRAM
+    from shadow.remap import RemapPlan, RemapState
+
+    host = np.array([0x10000, 0x11000, 0x12000, 0x40000, NOT_VRAM, 0x50000], dtype=np.int64)
+    state = RemapState.empty(6)
+    unmaps, maps = state.diff(RemapPlan.build(host, set(), set()))
+    assert unmaps == [] and maps == [(0, 3, 0x10000), (3, 1, 0x40000), (5, 1, 0x50000)]
+    unmaps, maps = state.diff(RemapPlan.build(host, {0x11000}, {5 << 12}))
+    assert unmaps == [(1, 1), (5, 1)] and maps == []
+    assert state.diff(RemapPlan.build(host, {0x11000}, {5 << 12})) == ([], [])

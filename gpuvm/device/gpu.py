@@ -42,7 +42,7 @@ _PRAMIN_HI = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
 
 class Gpu:
     def __init__(self, profile: DeviceProfile | None = None, time_scale: float = 1.0,
-                 vram_size: int | None = None) -> None:
+                 vram_size: int | None = None, clock: DeviceClock | None = None) -> None:
         profile = profile or load_profile()
         if vram_size is not None:
             profile = profile.with_vram(vram_size)
@@ -52,7 +52,7 @@ class Gpu:
         self._work = threading.Condition(self.lock)  # engine thread waits here
         self._events = threading.Condition(self.lock)  # guests waiting for completions
         self.counts = Counters()
-        self.clock = DeviceClock(time_scale)
+        self.clock = clock or DeviceClock(time_scale)
         self.vram = Vram(profile.vram_size)
         self.mmu = Mmu(self.vram, self.counts)
         self.engines = Engines.create()

@@ -192,7 +192,8 @@ class Pfifo(RegisterBlock):
         progress = True
         while progress:
             progress = False
-            for chid in self.runlist:
+            pass_now = now  # what this pass decided by: a channel it skipped as busy is
+            for chid in self.runlist:  # woken for at its resume time, even one now past
                 ch = self.channels[chid]
                 if not ch.runnable or ch.resume_at > now:
                     continue
@@ -209,7 +210,8 @@ class Pfifo(RegisterBlock):
                 since, ch.busy_since = ch.busy_since, None
                 for listener in self.idle_listeners:
                     listener(chid, now - since)
-            if ch.runnable and ch.resume_at > now:
+            if ch.runnable and ch.resume_at > pass_now:
+                # may already lie behind `now`: then the loop comes straight back
                 wake = ch.resume_at if wake is None else min(wake, ch.resume_at)
             elif ch.runnable and ch.acquire is not None:
                 # an acquire is re-checked when anything is released; poll slowly meanwhile

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 import time
 from pathlib import Path
 
