@@ -73,7 +73,6 @@ class Gpu:
             self.mmio_bus.add(block)
         self._fast_reads, self._fast_writes = self.mmio_bus.fast_tables()
         self._thread_counts: dict[int, defaultdict[str, int]] = {}
-        self.flush_listeners: list[Callable[[int], None]] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._signalled = False
@@ -219,8 +218,6 @@ class Gpu:
     def flushed(self, pd: int) -> None:
         self.bar1.forget()
         self.bar3.forget()
-        for listener in self.flush_listeners:
-            listener(pd)
 
     def space_from_words(self, pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
                          inst: int) -> Space:

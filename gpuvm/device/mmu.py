@@ -13,8 +13,6 @@ driver that forgets to flush observably keeps using the old translation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
 from gpuvm.device import regs
@@ -98,8 +96,6 @@ class Mmu:
         self.dma: DmaPort = NoSysram()
         self.large_page_shift = regs.LARGE_PAGE_SHIFT
         self._tlb: dict[tuple[int, int], _SpaceTlb] = {}
-        # Optional reference monitor: called with every translated range an engine uses.
-        self.monitor: Callable[[Pages, bool], None] | None = None
 
     # ------------------------------------------------------------------ physical memory
     def view(self, target: int, addr: int, length: int) -> np.ndarray:
@@ -240,10 +236,7 @@ class Mmu:
                                     & np.uint64(regs.PTE_TARGET_MASK)).astype(np.uint8)
             pos += n
         self.counters.inc("vm.translations", len(frames))
-        pages = Pages(va, length, targets, frames)
-        if self.monitor is not None:
-            self.monitor(pages, write)
-        return pages
+        return Pages(va, length, targets, frames)
 
     def translate_one(self, space: Space, va: int, write: bool, user: bool = False) -> tuple[int, int]:
         """(target, physical address) of one byte: the scalar path BAR accesses take.
@@ -344,8 +337,3 @@ class Mmu:
         for t, addr, n in self._runs(pages):
             self.view(t, addr, n)[:] = data[pos:pos + n]
             pos += n
-
-    def check_reachable(self, pages: Pages) -> None:
-        """Raise DmaFault if any page of the range names memory the device cannot reach."""
-        for t, addr, n in self._runs(pages):
-            self.view(t, addr, n)

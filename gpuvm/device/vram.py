@@ -47,10 +47,6 @@ class Vram:
         else:
             self.u32[addr >> 2] = value & 0xFFFFFFFF
 
-    def read_u64(self, addr: int) -> int:
-        return int(self.u64[addr >> 3]) if not addr & 7 else \
-            int.from_bytes(self._map[addr:addr + 8], "little")
-
     def read_bytes(self, addr: int, length: int) -> int:
         """Little-endian integer of 1, 2, 4 or 8 bytes."""
         return int.from_bytes(self._map[addr:addr + length], "little")
