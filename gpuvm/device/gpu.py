@@ -215,7 +215,8 @@ class Gpu:
         """GPU work completed or faulted: wake guests waiting on memory (lock held)."""
         self._signalled = True
 
-    def flushed(self, pd: int) -> None:
+    def flushed(self) -> None:
+        """A TLB flush: BAR apertures re-read their instance blocks on next use."""
         self.bar1.forget()
         self.bar3.forget()
 

@@ -92,4 +92,4 @@ class Pffb(RegisterBlock):
             self.gpu.mmu.flush()
         else:
             self.gpu.mmu.flush(pd, target)
-        self.gpu.flushed(pd)
+        self.gpu.flushed()
