@@ -54,7 +54,7 @@ class ToyPvHypervisor:
                     self.gpu.vram.u64[(pt >> 3) + slot] = pte if op == abi.HC_MAP_BATCH else 0
             elif op == abi.HC_VM_FLUSH:
                 self.gpu.mmu.flush(pd, regs.TARGET_VRAM)
-                self.gpu.flushed(pd)
+                self.gpu.flushed()
             elif op == abi.HC_FREE_PGD:
                 self.spaces.pop(pd)
         hc.status = abi.HC_OK
