@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
@@ -93,6 +94,18 @@ MODES: dict[str, Callable[[RunOptions, list[VmSpec]], Machine]] = {"native": Nat
 def register_mode(name: str, factory: Callable[[RunOptions, list[VmSpec]], Machine]) -> None:
     """Make `--mode name` build its machine with `factory(options, specs)`."""
     MODES[name] = factory
+
+
+@contextmanager
+def mode_override(name: str, factory: Callable[[RunOptions, list[VmSpec]], Machine]):
+    """Build `name`'s machines with `factory` for the duration, then restore the previous
+    one (instrumented machines in tests and experiments)."""
+    before = MODES[name]
+    register_mode(name, factory)
+    try:
+        yield
+    finally:
+        register_mode(name, before)
 
 
 # ------------------------------------------------------------------------------ running

@@ -6,7 +6,6 @@ alone, with a one-line reason."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from gpuvm.device import regs
 from gpuvm.mediated_machine import MediatedMachine
 from gpuvm.mediator.mediator import HYP_GLOBAL
-from gpuvm.runner import MODES, RunOptions, VmResult, VmSpec, register_mode, run_vms
+from gpuvm.runner import RunOptions, VmResult, VmSpec, mode_override, run_vms
 from gpuvm.vmm.backends import kvm_usable
 
 MEDIATED = ["fv", "fv+remap", "fv+lazy", "fv-opt", "pv-naive", "pv"]
@@ -68,17 +67,6 @@ class Recording(MediatedMachine):
         return att
 
 
-@contextmanager
-def recording(mode: str):
-    """Run `mode` on a Recording machine for the duration (the mode table is restored)."""
-    before = MODES[mode]
-    register_mode(mode, Recording)
-    try:
-        yield
-    finally:
-        register_mode(mode, before)
-
-
 def phase_counts(r: VmResult) -> list[tuple[str, dict[str, int]]]:
     return [(p.name, {k: v for k, v in p.counters.items() if k not in GAUGES})
             for p in r.session.phases]
@@ -105,7 +93,7 @@ def run_workload(mode: str, backend: str, fresh: bool = False):
     key = (mode, backend)
     if fresh or key not in _runs:
         specs = [VmSpec(name, bench, params) for name, bench, params in WORKLOAD]
-        with recording(mode):
+        with mode_override(mode, Recording):
             results = run_vms(specs, options(mode, backend))
         slices = Recording.last.slices
         if fresh:

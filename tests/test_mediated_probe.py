@@ -14,7 +14,6 @@ so the probe would notice a hole.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from gpuvm.device import regs
 from gpuvm.mediated_machine import MediatedMachine
 from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.mediator.partition import BUS_WINDOW, PartitionSpec
-from gpuvm.runner import MODES, RunOptions, VmResult, VmSpec, register_mode, run_vms
+from gpuvm.runner import RunOptions, VmResult, VmSpec, mode_override, run_vms
 from gpuvm.vmm import abi
 from gpuvm.vmm.backends import kvm_usable
 from gpuvm.vmm.guest_programs import PROBE_VECTORS
@@ -117,23 +116,12 @@ class Arena(MediatedMachine):
             self.deferred = None
 
 
-@contextmanager
-def arena(mode: str):
-    """Run `mode` on an Arena (the mode's own machine, seeded) for the duration."""
-    before = MODES[mode]
-    register_mode(mode, Arena)
-    try:
-        yield
-    finally:
-        register_mode(mode, before)
-
-
 def attack(mode: str, vector: str, address: int,
            backend: str = "inproc") -> tuple[VmResult, VmResult, Arena]:
     """The probe (attacker, created first) next to a victim running mmul, in `mode`."""
     specs = [VmSpec("attacker", "probe", [PROBE_VECTORS[vector], address, 16]),
              VmSpec("victim", "mmul", [32])]
-    with arena(mode):
+    with mode_override(mode, Arena):
         attacker, victim = run_vms(specs, RunOptions(mode=mode, backend=backend,
                                                      vram_size=VRAM, wait_slice=2.0,
                                                      timeout=60))
