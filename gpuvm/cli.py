@@ -11,17 +11,16 @@ import importlib
 import logging
 import sys
 
+from gpuvm.errors import UserError
+
 # subcommand -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpuvm.runner", "run benchmark(s) in one or more VMs and print a table"),
     "experiment": ("gpuvm.experiment", "run an experiment described by a TOML file"),
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
+    "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
 }
-
-
-class UserError(Exception):
-    """Bad input from the user or a guest; printed as one line, exit status 2."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -425,7 +425,7 @@ def parse_modes(text: str) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from gpuvm.cli import UserError
+    from gpuvm.errors import UserError
 
     if args.config is not None:
         from gpuvm import experiment

@@ -251,7 +251,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_exits(args: argparse.Namespace) -> int:
     """Entry point for `gpuvm bench exits`."""
-    from gpuvm.cli import UserError
+    from gpuvm.errors import UserError
     from gpuvm.vmm.kvm import kvm_usable
 
     ok, why = kvm_usable()

@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from gpuvm.cli import UserError
+    from gpuvm.errors import UserError
     from gpuvm.experiment.config import ConfigError, load
     from gpuvm.experiment.execute import execute, load_rows, run_directory
     from gpuvm.experiment.report import write_report

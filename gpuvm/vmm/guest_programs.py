@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuvm.cli import UserError
+    from gpuvm.errors import UserError
 
     kinds = KINDS if args.kind == "both" else (args.kind,)
     try:

@@ -1,0 +1,98 @@
+"""The vGPU types a GPU advertises, as mediated-device parents do.
+
+GVT-g names a type by how many fit on the GPU (`i915-GVTg_V5_4`: four instances, the
+aperture, weight and framebuffer following from that); NVIDIA names a fixed framebuffer
+(`GRID P40-2B`, "framebuffer=2048M").  gpuvm does both: `gpuvm-Q6000-8Q` is the type of
+which eight fit, and its description spells out the framebuffer, channels, BAR arenas,
+shadow reserve and scheduler weight that follow.
+
+Sizes come from the GPU itself (its VRAM, BAR1 and BAR3), so a smaller emulated GPU
+advertises smaller types: for the N-instance type, the framebuffer is the largest power of
+two MiB such that N of them fit together with their shadow reserves (1/16 of the
+framebuffer, at least 4 MiB) in the VRAM below the hypervisor's; BAR1 (less the USERD poll
+area), BAR3 and the channels are split N ways; the weight is 8/N, so a type twice as
+large gets twice the GPU time under CREDIT and BAND.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from gpuvm.device import regs
+from gpuvm.mediator.partition import POLL_AREA, PartitionError, PartitionSpec, PartitionTable
+
+INSTANCE_COUNTS = (1, 2, 4, 8)
+DEFAULT_INSTANCES = 8  # the default type: the paper's largest configuration fits
+DEVICE_API = "vfio-pci"
+MIN_SHADOW = 4 * regs.MiB
+
+
+class MdevTypeError(ValueError):
+    """An unknown type id, or one with no instance left; one line."""
+
+
+@dataclass(frozen=True)
+class MdevType:
+    type_id: str  # e.g. gpuvm-Q6000-8Q
+    name: str  # e.g. Q6000-8Q
+    max_instances: int
+    partition: PartitionSpec
+    weight: float
+    device_api: str = DEVICE_API
+
+    @property
+    def description(self) -> str:
+        p = self.partition
+        return (f"framebuffer={p.vram_size >> 20}M, channels={p.channels}, "
+                f"bar1={p.bar1_size >> 20}M, bar3={p.bar3_size >> 20}M, "
+                f"shadow={p.shadow_size >> 20}M, weight={self.weight:g}, "
+                f"max_instance={self.max_instances}")
+
+
+def _framebuffer(usable: int, n: int) -> int:
+    fb = regs.MiB
+    while n * (2 * fb + max(2 * fb // 16, MIN_SHADOW)) <= usable:
+        fb *= 2
+    return fb
+
+
+def mdev_types(short_name: str, vram_usable: int, bar1_size: int,
+               bar3_size: int) -> dict[str, MdevType]:
+    """Every type a GPU of these sizes advertises, by type id."""
+    out: dict[str, MdevType] = {}
+    for n in INSTANCE_COUNTS:
+        fb = _framebuffer(vram_usable, n)
+        bar1 = min(((bar1_size - POLL_AREA) // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+        bar3 = min((bar3_size // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+        spec = PartitionSpec(vram_size=fb, channels=regs.NUM_CHANNELS // n, bar1_size=bar1,
+                             bar3_size=bar3, shadow_size=max(fb // 16, MIN_SHADOW))
+        name = f"{short_name}-{n}Q"
+        out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
+                                        weight=DEFAULT_INSTANCES / n)
+    return out
+
+
+def default_type_id(types: dict[str, MdevType]) -> str:
+    return next(t.type_id for t in types.values() if t.max_instances == DEFAULT_INSTANCES)
+
+
+def lookup(types: dict[str, MdevType], type_id: str) -> MdevType:
+    try:
+        return types[type_id]
+    except KeyError:
+        raise MdevTypeError(f"no mdev type {type_id!r} (have {', '.join(types)})") from None
+
+
+def available_instances(table: PartitionTable, mdev_type: MdevType) -> int:
+    """How many more instances of this type fit now, beside what is already placed
+    (placed on a copy of the table, so fragmentation counts as it would)."""
+    trial = copy.deepcopy(table)
+    n = 0
+    while n < mdev_type.max_instances:
+        try:
+            trial.allocate(mdev_type.partition)
+        except PartitionError:
+            break
+        n += 1
+    return n
