@@ -15,7 +15,7 @@ from gpuvm.errors import UserError
 
 # subcommand -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("gpuvm.runner", "run benchmark(s) in one or more VMs and print a table"),
+    "run": ("gpuvm.run.command", "run benchmark(s) in one or more VMs and print a table"),
     "experiment": ("gpuvm.experiment", "run an experiment described by a TOML file"),
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),

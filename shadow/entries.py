@@ -1,13 +1,15 @@
 """Validation and translation of guest page-table entries, vectorized.
 
 This is where GPUvm's holes are closed: a VRAM entry must point inside the VM's slice and
-a sysram entry inside the VM's own RAM; anything else becomes not-present and is counted.
-The same policy serves shadow scans and paravirtual map hypercalls.
+a sysram entry inside the VM's DMA mappings (what its VMM mapped with VFIO_IOMMU_MAP_DMA:
+its RAM, nothing else); anything else becomes not-present and is counted.  The same
+policy serves shadow scans and paravirtual map hypercalls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -22,8 +24,10 @@ _ONE = np.uint64(1)
 class EntryPolicy:
     vram_base: int  # host VRAM address of the VM's guest VRAM address 0
     vram_size: int  # the slice's size: guest VRAM addresses must stay below it
-    sys_base: int  # device bus address of the VM's guest-physical 0
-    sys_size: int  # the VM's RAM size
+    sys_base: int  # device bus address of the VM's iova 0
+    # the VM's DMA mappings now, as sorted (start, end) iova ranges (read at each use, so
+    # a later map or unmap is seen by every table already built with this policy)
+    sys_ranges: Callable[[], list[tuple[int, int]]]
 
     def guest_vram_ok(self, addr: int, length: int) -> bool:
         return 0 <= addr and addr + length <= self.vram_size
@@ -41,8 +45,10 @@ class EntryPolicy:
         is_vram = target == np.uint64(regs.TARGET_VRAM)
         is_sys = (target == np.uint64(regs.TARGET_SYSRAM)) | \
             (target == np.uint64(regs.TARGET_SYSRAM_NOSNOOP))
-        ok = present & ((is_vram & (end <= np.uint64(self.vram_size))) |
-                        (is_sys & (end <= np.uint64(self.sys_size))))
+        in_dma = np.zeros(ptes.shape, dtype=bool)
+        for start, stop in self.sys_ranges():
+            in_dma |= (addr >= np.uint64(start)) & (end <= np.uint64(stop))
+        ok = present & ((is_vram & (end <= np.uint64(self.vram_size))) | (is_sys & in_dma))
         host = np.where(is_vram, addr + np.uint64(self.vram_base), addr + np.uint64(self.sys_base))
         shadow = (ptes & ~_ADDR_FIELD) | ((host >> np.uint64(12)) << np.uint64(regs.PTE_ADDR_SHIFT))
         return np.where(ok, shadow, np.uint64(0)), present & ~ok

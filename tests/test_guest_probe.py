@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.runner import NativeMachine, RunOptions, VmSpec, register_mode, run_vms
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run.native import NativeMachine
+from gpuvm.vfio.passthrough import PassthroughGpu
 from gpuvm.vmm.guest_programs import PROBE_VECTORS
 
 VRAM = 384 * regs.MiB
@@ -18,32 +20,39 @@ SECRET = np.arange(0xA0, 0xB0, dtype=np.uint8)
 MARKER = bytes.fromhex("5052424b") * 4  # "PRBK" little endian, repeated
 
 
-class Seeded(NativeMachine):
-    """Native, with a known pattern in VRAM and guest RAM; remembers what is there after."""
+class SeededGpu(PassthroughGpu):
+    """A whole GPU with a known pattern in its VRAM and, once the VMM DMA-maps it, in the
+    guest's RAM (seen through that mapping)."""
 
+    def __init__(self, gpu) -> None:
+        super().__init__(gpu)
+        gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16] = SECRET
+
+    def dma_map(self, iova, memory, flags) -> None:
+        super().dma_map(iova, memory, flags)
+        memory[SECRET_RAM - iova:SECRET_RAM - iova + 16] = SECRET
+        self.secret_ram = memory[SECRET_RAM - iova:SECRET_RAM - iova + 16]  # read after
+
+
+class Seeded(NativeMachine):
+    """Native on a seeded GPU; remembers what is in both places after the run."""
+
+    device_class = SeededGpu
     last: dict[str, bytes] = {}
 
-    def attach(self, spec, ram):
-        ram.write(SECRET_RAM, SECRET.tobytes())
-        self.ram = ram
-        attachment = super().attach(spec, ram)
-        self.gpu = self.gpus[spec.name]  # the VM's own GPU, created by attach
-        self.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16] = SECRET
-        return attachment
-
     def detach(self, spec):
-        Seeded.last = {"vram": bytes(self.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16]),
-                       "ram": bytes(self.ram.read(SECRET_RAM, 16))}
+        device = self.devices[spec.name]
+        Seeded.last = {"vram": bytes(device.gpu.vram.u8[SECRET_VRAM:SECRET_VRAM + 16]),
+                       "ram": bytes(device.secret_ram)}
         super().detach(spec)
 
 
-register_mode("native-seeded", Seeded)
-OPTIONS = RunOptions(mode="native-seeded", backend="inproc", vram_size=VRAM, wait_slice=2.0)
+OPTIONS = RunOptions(backend="inproc", vram_size=VRAM, wait_slice=2.0)
 
 
 def probe(vector: str, addr: int, length: int = 16, **spec):
     (r,) = run_vms([VmSpec("vm0", "probe", [PROBE_VECTORS[vector], addr, length], **spec)],
-                   OPTIONS)
+                   OPTIONS, machine=Seeded)
     return r
 
 

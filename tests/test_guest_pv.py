@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.runner import Attachment, NativeMachine, RunOptions, VmSpec, register_mode, run_vms
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run.native import NativeMachine
+from gpuvm.vfio import abi as vfio
+from gpuvm.vfio.device import RegionInfo
+from gpuvm.vfio.passthrough import PassthroughGpu
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_programs import PROBE_VECTORS
 
@@ -21,8 +25,9 @@ class ToyPvHypervisor:
     the top of VRAM (the guest allocates from the bottom).  No validation -- that is the
     mediator's job; this only checks the guest's side of the protocol."""
 
-    def __init__(self, gpu) -> None:
+    def __init__(self, gpu, dma) -> None:
         self.gpu = gpu
+        self.dma = dma  # the GPU's DMA mappings: how the hypervisor reads the record
         self.top = gpu.vram.size
         self.spaces: dict[int, dict[int, int]] = {}
         self.calls: list[tuple[int, int]] = []  # (op, count)
@@ -38,10 +43,11 @@ class ToyPvHypervisor:
                 regs.PDE_SMALL_PRESENT | (self.top >> 12) << regs.PDE_SMALL_ADDR_SHIFT
         return pts[index]
 
-    def __call__(self, ram, gpa: int) -> None:
-        hc = ram.struct_at(gpa, abi.HcallHeader)
+    def __call__(self, gpa: int) -> None:
+        hc = abi.HcallHeader.from_buffer(self.dma.region(gpa, abi.HCALL_HEADER_BYTES))
         op, count, pd = hc.op, hc.count, int(hc.args[0])
-        raw = ram.read(gpa + abi.HCALL_HEADER_BYTES, 16 * count).view(np.uint64).reshape(-1, 2)
+        raw = self.dma.region(gpa + abi.HCALL_HEADER_BYTES, 16 * count).copy() \
+            .view(np.uint64).reshape(-1, 2)
         self.calls.append((op, count))
         with self.gpu.lock:
             if op == abi.HC_SET_PGD:
@@ -61,24 +67,40 @@ class ToyPvHypervisor:
         del hc
 
 
+class ToyPvGpu(PassthroughGpu):
+    """A whole GPU with the PV vGPU's hypercall port (BAR4) answered by the toy."""
+
+    last: "ToyPvGpu | None" = None
+
+    def __init__(self, gpu) -> None:
+        super().__init__(gpu)
+        self.hv = ToyPvHypervisor(gpu, self.dma)
+        ToyPvGpu.last = self
+
+    def get_region_info(self, index: int) -> RegionInfo:
+        if index == regs.BAR4:
+            return RegionInfo(index, regs.BAR4_SIZE, vfio.VFIO_REGION_INFO_FLAG_WRITE)
+        return super().get_region_info(index)
+
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if region == regs.BAR4:
+            self.hv(value)
+        else:
+            super().write(region, offset, size, value)
+
+
 class ToyPv(NativeMachine):
     paravirtual = True
-    last: "ToyPv | None" = None
-
-    def attach(self, spec, ram):
-        gpu = super().attach(spec, ram).target  # the VM's own GPU
-        self.hv = ToyPvHypervisor(gpu)
-        ToyPv.last = self
-        return Attachment(gpu, hypercall=self.hv)
+    device_class = ToyPvGpu
 
 
-register_mode("toy-pv", ToyPv)
-OPTIONS = RunOptions(mode="toy-pv", backend="inproc", vram_size=VRAM, wait_slice=2.0)
+OPTIONS = RunOptions(backend="inproc", vram_size=VRAM, wait_slice=2.0)
 
 
 def run_pv(bench: str, params: list[int], batch: int = 0):
-    (r,) = run_vms([VmSpec("vm0", bench, params, paravirtual=True, pv_batch=batch)], OPTIONS)
-    return r, ToyPv.last.hv
+    (r,) = run_vms([VmSpec("vm0", bench, params, paravirtual=True, pv_batch=batch)], OPTIONS,
+                   machine=ToyPv)
+    return r, ToyPvGpu.last.hv
 
 
 @pytest.mark.parametrize("bench,params", [("mmul", [48]), ("memcpy", [5 * regs.MiB]),
@@ -124,7 +146,7 @@ def test_batch_size_comes_from_the_boot_parameter(batch):
 def test_pv_map_probe_goes_through_the_hypercall():
     secret = 0x4000000
     (r,) = run_vms([VmSpec("vm0", "probe", [PROBE_VECTORS["pv_map"], secret, 16],
-                           paravirtual=True)], OPTIONS)
+                           paravirtual=True)], OPTIONS, machine=ToyPv)
     assert r.passed and r.record["vector"] == "pv_map" and r.record["refused"] == "0"
     assert r.record["wrote"] == "1"
 
@@ -138,8 +160,8 @@ def test_pv_flat_image_on_kvm_counts_like_inproc():
     if not ok:
         pytest.skip(why)
     spec = VmSpec("vm0", "madd", [32], paravirtual=True, pv_batch=16)
-    (kvm,) = run_vms([spec], replace(OPTIONS, backend="kvm"))
-    (inproc,) = run_vms([spec], OPTIONS)
+    (kvm,) = run_vms([spec], replace(OPTIONS, backend="kvm"), machine=ToyPv)
+    (inproc,) = run_vms([spec], OPTIONS, machine=ToyPv)
     assert kvm.passed and inproc.passed
     assert [p.counters for p in kvm.session.phases] == \
         [p.counters for p in inproc.session.phases]

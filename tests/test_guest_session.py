@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from vfio_doubles import BarRegisterDevice, attached
+
+from gpuvm.device import regs
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
@@ -12,27 +15,13 @@ from gpuvm.vmm.guest_session import GuestSession
 FENCE, REC = 0x1000, 0x2000
 
 
-class FaultyTarget:
+class FaultyTarget(BarRegisterDevice):
     def __init__(self) -> None:
+        super().__init__({0: regs.BAR0_SIZE})
         self.fault_list: list[ChannelFault] = []
-
-    def mmio_read(self, bar, offset, size):
-        return 0
-
-    def mmio_write(self, bar, offset, size, value):
-        pass
-
-    def wait_event(self, predicate, timeout):
-        return predicate()
 
     def faults(self):
         return list(self.fault_list)
-
-    def counters(self):
-        return {}
-
-    def device_time_ns(self):
-        return 0
 
 
 def wait(session: GuestSession, ram: GuestRam, value: int) -> int:
@@ -46,7 +35,7 @@ def wait(session: GuestSession, ram: GuestRam, value: int) -> int:
 def test_fault_before_the_wait_is_reported_once():
     ram = GuestRam(1 << 20)
     target = FaultyTarget()
-    session = GuestSession("t", ram, target)
+    session = GuestSession("t", ram, attached(target, ram))
     target.fault_list.append(ChannelFault(0, "vm-fault: page not present"))  # before the wait
     assert wait(session, ram, 1) == abi.WAIT_FAULT
     assert wait(session, ram, 1) == abi.WAIT_TIMEOUT  # the same fault is not reported twice

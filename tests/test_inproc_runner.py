@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.device.dma import RamPort
 from gpuvm.device.gpu import Gpu
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.inproc.bar_pages import BAR_BASES
 from gpuvm.vmm.inproc.runner import InprocRunner
+from gpuvm.vfio.passthrough import PassthroughGpu
+from vfio_doubles import attached
 
 VRAM = 384 * regs.MiB
 
@@ -30,11 +31,10 @@ class Guest:
                  wait_timeout: float = 2.0) -> None:
         self.gpu = Gpu(vram_size=VRAM).start()
         self.ram = GuestRam(64 * regs.MiB)
-        self.gpu.attach_sysram(RamPort(self.ram.array))
-        self.bar_sizes = {0: regs.BAR0_SIZE, 1: self.gpu.profile.bar1_size,
-                          3: self.gpu.profile.bar3_size}
-        self.session = GuestSession(bench, self.ram, target or self.gpu,
-                                    wait_timeout=wait_timeout)
+        self.device = (target or PassthroughGpu)(self.gpu)
+        self.attached = attached(self.device, self.ram)
+        self.bar_sizes = self.attached.bar_sizes
+        self.session = GuestSession(bench, self.ram, self.attached, wait_timeout=wait_timeout)
         boot_params_for(self.ram, bench, params, 0, BAR_BASES, self.bar_sizes)
         self.runner = InprocRunner("vm0", library, self.ram, self.session, self.bar_sizes)
 
@@ -74,27 +74,21 @@ def test_every_callback_is_an_exit_with_the_kvm_names(library):
     assert total["exits.io"] == sum(v for k, v in total.items() if k.startswith("port."))
 
 
-class FailingTarget:
-    """The GPU, except that one BAR0 write raises (a VMM bug in the middle of Init)."""
+class FailingGpu(PassthroughGpu):
+    """The GPU, except that the 50th BAR0 write raises (a VMM bug in the middle of Init)."""
 
-    def __init__(self, gpu: Gpu, fail_at: int) -> None:
-        self.gpu = gpu
-        self.left = fail_at
+    left = 50
 
-    def mmio_write(self, bar, offset, size, value):
-        if bar == 0:
+    def write(self, region, offset, size, value):
+        if region == 0:
             self.left -= 1
             if self.left == 0:
                 raise RuntimeError("injected VMM failure")
-        self.gpu.mmio_write(bar, offset, size, value)
-
-    def __getattr__(self, name):
-        return getattr(self.gpu, name)
+        super().write(region, offset, size, value)
 
 
 def test_an_exception_in_a_callback_ends_only_that_guest(library):
-    g = Guest(library, "mmul", [32])
-    g.session.target = FailingTarget(g.gpu, fail_at=50)
+    g = Guest(library, "mmul", [32], target=FailingGpu)
     out = g.run()
     assert not out.passed
     assert out.failure == "VMM error: RuntimeError: injected VMM failure"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
 @pytest.mark.parametrize("target", ["registers", "all"])
 def test_exit_bench_counts_and_shape(target: str) -> None:
     r = exits.run_exit_bench(iterations=300, repeats=1, remap_iterations=5000, target=target)
-    expected = {"registers": {"RegisterTarget"}, "all": {"Gpu", "VGpu (fv)"}}[target]
+    expected = {"registers": {"RegisterFile"}, "all": {"Gpu", "VGpu (fv)"}}[target]
     assert set(r["targets"]) == expected
     for t in r["targets"].values():
         assert t["exits"] == 300  # every dispatched store exited exactly once
@@ -35,5 +35,5 @@ def test_cli_helpers_print_json(capsys: pytest.CaptureFixture[str]) -> None:
                               "--target", "registers"])
     assert exits.main_exits(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["iterations"] == 100 and list(out["targets"]) == ["RegisterTarget"]
+    assert out["iterations"] == 100 and list(out["targets"]) == ["RegisterFile"]
     assert out["remap_exits"] == 0

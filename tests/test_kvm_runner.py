@@ -18,6 +18,7 @@ from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_usable
+from vfio_doubles import BarRegisterDevice, attached
 
 USABLE, WHY = kvm_usable()
 pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
@@ -31,32 +32,24 @@ PAGE = 0x1000
 TEST_IN_PORT = 0x520
 
 
-class FakeTarget:
-    """A dict-backed GpuTarget that records every access."""
+class FakeTarget(BarRegisterDevice):
+    """A dict-backed device that records every BAR access."""
 
     def __init__(self, reads: dict[tuple[int, int], int] | None = None) -> None:
+        super().__init__(BAR_SIZES)
         self.reads = reads or {}
         self.writes: list[tuple[int, int, int, int]] = []
         self.read_log: list[tuple[int, int, int]] = []
 
-    def mmio_read(self, bar: int, offset: int, size: int) -> int:
+    def on_read(self, bar: int, offset: int, size: int) -> int:
         self.read_log.append((bar, offset, size))
         return self.reads.get((bar, offset), 0)
 
-    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
+    def on_write(self, bar: int, offset: int, size: int, value: int) -> None:
         self.writes.append((bar, offset, size, value))
-
-    def wait_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        return predicate()
-
-    def faults(self) -> list:
-        return []
 
     def counters(self) -> dict[str, int]:
         return {"fake.writes": len(self.writes)}
-
-    def device_time_ns(self) -> int:
-        return 0
 
 
 class HookedSession(GuestSession):
@@ -88,7 +81,7 @@ def make_vm(image: Path, mode: int, name: str = "vm0", target: FakeTarget | None
     from gpuvm.vmm.kvm.runner import KvmRunner
     ram = GuestRam(RAM)
     target = target or FakeTarget()
-    session = session_cls(name, ram, target)
+    session = session_cls(name, ram, attached(target, ram, name))
     bp = boot_params_for(ram, "kvmtest", [mode, param1], 0, BAR_BASES, BAR_SIZES)
     del bp
     runner = KvmRunner(name, image, ram, session, BAR_SIZES)
@@ -96,9 +89,10 @@ def make_vm(image: Path, mode: int, name: str = "vm0", target: FakeTarget | None
 
 
 def run_one(image: Path, mode: int, **kw) -> tuple[GuestOutcome, FakeTarget]:
-    runner, _session, target, ram = make_vm(image, mode, **kw)
+    runner, session, target, ram = make_vm(image, mode, **kw)
     runner.start()
     outcome = runner.join(20)
+    session.attached.detach()
     ram.close()
     return outcome, target
 
@@ -180,7 +174,7 @@ def test_crash_reports_rip_while_another_vm_completes(image: Path) -> None:
 def test_mmio_outside_bar_windows_fails(image: Path) -> None:
     from gpuvm.vmm.kvm.runner import KvmRunner
     ram = GuestRam(RAM)
-    session = GuestSession("nobar1", ram, FakeTarget())
+    session = GuestSession("nobar1", ram, attached(FakeTarget(), ram, "nobar1"))
     # the guest is told BAR1 is at its usual place, but the VM has no BAR1 window
     boot_params_for(ram, "kvmtest", [MODE_BARS, 0], 0, BAR_BASES, BAR_SIZES)
     runner = KvmRunner("nobar1", image, ram, session, {0: regs.BAR0_SIZE})
@@ -293,9 +287,10 @@ def test_release_leaves_no_fds(image: Path) -> None:
     before = _fds()
     for mode in (MODE_BARS, MODE_UD2, MODE_BAD_PORT):
         run_one(image, mode)
-    runner, _, _, ram = make_vm(image, MODE_SPIN)
+    runner, session, _, ram = make_vm(image, MODE_SPIN)
     runner.start()
     runner.join(0.2)
+    session.attached.detach()
     ram.close()
     deadline = time.monotonic() + 2
     while any(t.name.startswith("vcpu-") for t in threading.enumerate()) and \

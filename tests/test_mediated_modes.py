@@ -6,14 +6,15 @@ alone, with a one-line reason."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.mediated_machine import MediatedMachine
+from gpuvm.mediator.partition import PartitionSpec
 from gpuvm.mediator.mediator import HYP_GLOBAL
-from gpuvm.runner import RunOptions, VmResult, VmSpec, mode_override, run_vms
+from gpuvm.run import RunOptions, VmResult, VmSpec, run_vms
+from gpuvm.run.mediated import MediatedMachine
 from gpuvm.vmm.backends import kvm_usable
 
 MEDIATED = ["fv", "fv+remap", "fv+lazy", "fv-opt", "pv-naive", "pv"]
@@ -59,8 +60,8 @@ class Recording(MediatedMachine):
         self.slices = []
         Recording.last = self
 
-    def attach(self, spec, ram):
-        att = super().attach(spec, ram)
+    def attach(self, spec):
+        att = super().attach(spec)
         p = self.vgpus[spec.name].part
         self.slices.append(Slice(spec.name, p.vram_base, p.vram_size, p.shadow_pool.base,
                                  p.shadow_pool.size, p.chid_base, p.channels))
@@ -92,9 +93,9 @@ def run_workload(mode: str, backend: str, fresh: bool = False):
     Cached per module, so the tests below share one run per mode and backend."""
     key = (mode, backend)
     if fresh or key not in _runs:
-        specs = [VmSpec(name, bench, params) for name, bench, params in WORKLOAD]
-        with mode_override(mode, Recording):
-            results = run_vms(specs, options(mode, backend))
+        specs = [VmSpec(name, bench, params, partition=asdict(PartitionSpec()))
+                 for name, bench, params in WORKLOAD]
+        results = run_vms(specs, options(mode, backend), machine=Recording)
         slices = Recording.last.slices
         if fresh:
             return results, slices
@@ -201,10 +202,9 @@ def test_native_and_fv_exit_the_same(bench, params, backend):
     """The unmodified-driver rule: the same binary does the same work natively (shown the
     GPU a partition shows) and under fv, so every phase has the same exits, by BAR and
     direction, and the driver reports the same counts."""
-    spec = VmSpec("vm0", bench, params)
+    spec = VmSpec("vm0", bench, params, partition=asdict(PartitionSpec()))
     (native,) = run_vms([spec], RunOptions(mode="native", backend=backend, time_scale=1000.0,
-                                           wait_slice=10.0, timeout=120,
-                                           native_as_partition={}))
+                                           wait_slice=10.0, timeout=120))
     (fv,) = run_vms([spec], options("fv", backend))
     assert native.passed and fv.passed, (native.error(), fv.error())
     assert exits(native) == exits(fv)
@@ -218,7 +218,8 @@ def test_faulting_guest_fails_alone(mode):
     """One of four VMs programs a bad method: it fails with a one-line reason naming its
     own (virtual) channel; the fault is not reported to anyone else, and the other three
     pass."""
-    specs = [VmSpec(name, bench, params, inject="bad-method" if name == "vm1" else None)
+    specs = [VmSpec(name, bench, params, inject="bad-method" if name == "vm1" else None,
+                    partition=asdict(PartitionSpec()))
              for name, bench, params in WORKLOAD]
     results = run_vms(specs, options(mode, "inproc"))
     bad = results[1]

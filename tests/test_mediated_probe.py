@@ -14,15 +14,17 @@ so the probe would notice a hole.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 
 import numpy as np
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.mediated_machine import MediatedMachine
+from gpuvm.run.mediated import MediatedMachine
 from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.mediator.partition import BUS_WINDOW, PartitionSpec
-from gpuvm.runner import RunOptions, VmResult, VmSpec, mode_override, run_vms
+from gpuvm.run import RunOptions, VmResult, VmSpec, run_vms
 from gpuvm.vmm import abi
 from gpuvm.vmm.backends import kvm_usable
 from gpuvm.vmm.guest_programs import PROBE_VECTORS
@@ -90,17 +92,24 @@ class Arena(MediatedMachine):
         return {"victim_vram": self._vram_page(vic.vram_base + OFFSET),
                 "hypervisor_vram": self._vram_page(HYP_HOST),
                 "own_vram": self._vram_page(att.vram_base + OFFSET),
-                "victim_ram": bytes(self.rams["victim"].read(RAM_SECRET, PAGE)),
-                "own_ram": bytes(self.rams["attacker"].read(RAM_SECRET, PAGE))}
+                "victim_ram": bytes(self.rams["victim"][:PAGE]),
+                "own_ram": bytes(self.rams["attacker"][:PAGE])}
 
-    def attach(self, spec, ram):
-        ram.write(RAM_SECRET, SEEDS["victim_ram" if spec.name == "victim" else "own_ram"])
-        att = super().attach(spec, ram)
-        self.parts[spec.name] = self.vgpus[spec.name].part
-        self.rams[spec.name] = ram
+    def attach(self, spec):
+        vgpu = super().attach(spec)
+        map_dma = vgpu.dma_map
+
+        def seeded_dma_map(iova, memory, flags):  # the guest's RAM, seeded as it is mapped
+            map_dma(iova, memory, flags)
+            seed = SEEDS["victim_ram" if spec.name == "victim" else "own_ram"]
+            memory[RAM_SECRET - iova:RAM_SECRET - iova + PAGE] = np.frombuffer(seed, np.uint8)
+            self.rams[spec.name] = memory[RAM_SECRET - iova:]
+
+        vgpu.dma_map = seeded_dma_map
+        self.parts[spec.name] = vgpu.part
         if spec.name == "victim":  # how far the attacker got before the victim's RAM existed
             self.attacker_started_at_victim_attach = dict(self.vgpus["attacker"].counts)
-        return att
+        return vgpu
 
     def detach(self, spec):
         if spec.name == "victim" and "attacker" in self.vgpus:
@@ -119,12 +128,11 @@ class Arena(MediatedMachine):
 def attack(mode: str, vector: str, address: int,
            backend: str = "inproc") -> tuple[VmResult, VmResult, Arena]:
     """The probe (attacker, created first) next to a victim running mmul, in `mode`."""
-    specs = [VmSpec("attacker", "probe", [PROBE_VECTORS[vector], address, 16]),
-             VmSpec("victim", "mmul", [32])]
-    with mode_override(mode, Arena):
-        attacker, victim = run_vms(specs, RunOptions(mode=mode, backend=backend,
-                                                     vram_size=VRAM, wait_slice=2.0,
-                                                     timeout=60))
+    specs = [VmSpec("attacker", "probe", [PROBE_VECTORS[vector], address, 16],
+                    partition=asdict(PART)),
+             VmSpec("victim", "mmul", [32], partition=asdict(PART))]
+    attacker, victim = run_vms(specs, RunOptions(mode=mode, backend=backend, vram_size=VRAM,
+                                                 wait_slice=2.0, timeout=60), machine=Arena)
     return attacker, victim, Arena.last
 
 

@@ -16,6 +16,7 @@ from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 
 from test_device_end_to_end import SUB_COPY, Rig
+from vfio_doubles import MmioPort, attached
 
 PATTERN = 0x5EC12E70
 BAR1_SIZE = 16 * regs.MiB
@@ -24,8 +25,9 @@ BAR1_SIZE = 16 * regs.MiB
 class Vm:
     def __init__(self, med: Mediator, name: str, mode: str = "fv") -> None:
         self.ram = GuestRam(32 * regs.MiB)
-        self.vgpu = med.add_vm(name, self.ram, MODES[mode])
-        self.drv = HostDriver(self.vgpu)
+        self.vgpu = med.add_vm(name, MODES[mode])
+        self.attached = attached(self.vgpu, self.ram, name)  # RAM DMA-mapped, MSI wired
+        self.drv = HostDriver(MmioPort(self.vgpu))
         self.drv.init()
         self.drv.setup_bar1(BAR1_SIZE)
         self.rig = Rig(self.vgpu, self.ram, self.drv, 0, sys_base=4 * regs.MiB, n=16)
@@ -36,7 +38,7 @@ class Vm:
         seq = self.rig.run(HostDriver.bind(SUB_COPY, regs.CLASS_COPY, regs.ENGINE_PCOPY0)
                            + HostDriver.copy(SUB_COPY, src_va, dst_va, n))
         before = len(self.vgpu.faults())
-        self.vgpu.wait_event(lambda: self.ram.read_u32(self.rig.fence) == seq or
+        self.attached.wait_event(lambda: self.ram.read_u32(self.rig.fence) == seq or
                              len(self.vgpu.faults()) > before, 10)
         return self.ram.read_u32(self.rig.fence) == seq
 
@@ -120,9 +122,9 @@ def test_bar_vms(world, bar, which):
     offset = 0x200000
     drv.map(space, offset, targets[which] & ~0xFFF)
     drv.flush(space, bar_vm=True)
-    value = attacker.vgpu.mmio_read(bar, offset + (targets[which] & 0xFFF), 4)
+    value = attacker.vgpu.read(bar, offset + (targets[which] & 0xFFF), 4)
     assert value != PATTERN and value == 0xFFFFFFFF
-    attacker.vgpu.mmio_write(bar, offset + (targets[which] & 0xFFF), 4, 0xBAD)
+    attacker.vgpu.write(bar, offset + (targets[which] & 0xFFF), 4, 0xBAD)
     unit = regs.FAULT_UNIT_BAR1 if bar == regs.BAR1 else regs.FAULT_UNIT_BAR3
     assert drv.rd(regs.PFIFO_FAULT_UNIT_MASK) & (1 << unit)
     assert gpu.vram.u32[(attacker.vgpu.policy.vram_base + targets[which]) >> 2] == PATTERN
@@ -152,7 +154,7 @@ def test_ramin_pointers(world):
     drv.vram_wr32(ch.inst + regs.RAMIN_USERD_LO, target | regs.TARGET_VRAM)
     drv.submit_runlist([0, 3])
     drv.push(ch, HostDriver.release(attacker.rig.sys_va(0), 1))
-    assert attacker.vgpu.wait_event(lambda: len(attacker.vgpu.faults()) >= 1, 10)
+    assert attacker.attached.wait_event(lambda: len(attacker.vgpu.faults()) >= 1, 10)
     assert attacker.vgpu.faults()[-1].chid == 3
     assert "not present" in attacker.vgpu.faults()[-1].reason
     assert gpu.vram.u32[(attacker.vgpu.policy.vram_base + targets["other VM's VRAM"]) >> 2] \
@@ -173,7 +175,7 @@ def test_pv_hypercalls(world, which):
         for i, (va, value) in enumerate(entries):
             pv.ram.write(hc + abi.HCALL_HEADER_BYTES + 16 * i,
                          np.array([va, value], dtype=np.uint64))
-        pv.vgpu.hypercall(pv.ram, hc)
+        pv.vgpu.write(regs.BAR4, regs.BAR4_HYPERCALL, 4, hc)
         result = (hdr.status, hdr.args[3])
         del hdr
         return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.runner import RunOptions, VmSpec, run_vms
+from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.vmm.backends import kvm_usable
 
 KVM_OK, KVM_WHY = kvm_usable()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.runner import RunError, RunOptions, VmSpec, run_vms
+from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
 
 OPTIONS = RunOptions(backend="inproc", vram_size=384 * regs.MiB, wait_slice=2.0, timeout=120)
 

@@ -11,8 +11,8 @@ from gpuvm.experiment.config import Scenario, VmConfig, Experiment
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.execute import specs_for
-from gpuvm.run_spec import RunOptions
-from gpuvm.runner import run_vms
+from gpuvm.run.spec import RunOptions
+from gpuvm.run import run_vms
 from gpuvm.vmm.kvm import kvm_usable
 
 SCENARIO = Scenario("2vm", (VmConfig("A", "loop", (2_000_000, 400)),

@@ -7,7 +7,7 @@ conditions:
 - raw:      every store exits and the VMM re-enters at once -- the floor set by KVM and
             the Python ioctl, with no handler at all;
 - dispatch: the same stores through the runner's normal exit path (BAR window lookup,
-            exit counters, ``target.mmio_write(0, PMC_INTR_EN, 4, v)``);
+            exit counters, ``device.write(0, PMC_INTR_EN, 4, v)``);
 - remap:    stores to the memslot-backed page: no exit at all.
 
 The guest brackets the loops with phase marks (HtoD = raw, Launch = dispatch,
@@ -33,7 +33,14 @@ from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm.vcpu import ExitLoop
-from gpuvm.vmm.target import ChannelFault, GpuTarget
+from gpuvm.device.faults import ChannelFault
+from gpuvm.run.spec import GpuDevice
+from gpuvm.vfio import abi as vfio
+from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, RegionInfo, absent_region,
+                               bar_region_info)
+from gpuvm.vfio.pci_config import PciConfig
+from gpuvm.vfio.passthrough import PassthroughGpu
+from gpuvm.vmm.vfio_attach import attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
 RAM_SIZE = 16 * regs.MiB
@@ -46,26 +53,63 @@ DEFAULT_REPEATS = 3
 REMAP_FACTOR = 1000  # remapped stores are ~1e5x cheaper: run more so one exit is noise
 
 
-class RegisterTarget:
-    """A dict-backed register file: the dispatch target while no device model exists.
-
-    It does what a trivial device register does (store, count) and nothing more."""
+class RegisterFile:
+    """A dict-backed register file behind the VFIO interface: the floor of the dispatch
+    path (a store and a count) with no device model behind it."""
 
     def __init__(self) -> None:
         self.registers: dict[tuple[int, int], int] = {}
         self.writes = 0
         self.reads = 0
+        self.config = PciConfig(regs.PCI_DEVICE_QUADRO_6000,
+                                {bar: (size, False) for bar, size in BAR_SIZES.items()})
+        self.irqs = IrqTriggers({vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
 
-    def mmio_read(self, bar: int, offset: int, size: int) -> int:
+    def get_info(self) -> DeviceInfo:
+        return DeviceInfo(vfio.VFIO_DEVICE_FLAGS_PCI, vfio.VFIO_PCI_NUM_REGIONS,
+                          vfio.VFIO_PCI_NUM_IRQS)
+
+    def get_region_info(self, index: int) -> RegionInfo:
+        if index in BAR_SIZES:
+            return bar_region_info(index, BAR_SIZES[index])
+        if index == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
+            return RegionInfo(index, regs.PCI_CONFIG_SIZE, vfio.VFIO_REGION_INFO_FLAG_READ |
+                              vfio.VFIO_REGION_INFO_FLAG_WRITE)
+        return absent_region(index)
+
+    def read(self, region: int, offset: int, size: int) -> int:
+        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
+            return self.config.read(offset, size)
         self.reads += 1
-        return self.registers.get((bar, offset), 0)
+        return self.registers.get((region, offset), 0)
 
-    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
+            self.config.write(offset, size, value)
+            return
         self.writes += 1
-        self.registers[(bar, offset)] = value
+        self.registers[(region, offset)] = value
 
-    def wait_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        return predicate()
+    def set_mapping_listener(self, listener) -> None:
+        pass
+
+    def dma_map(self, iova, memory, flags) -> None:
+        pass
+
+    def dma_unmap(self, iova, size) -> None:
+        pass
+
+    def get_irq_info(self, index: int) -> IrqInfo:
+        return self.irqs.info(index)
+
+    def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:
+        self.irqs.set(index, start, eventfds)
+
+    def reset(self) -> None:
+        self.registers.clear()
+
+    def close(self) -> None:
+        self.irqs.clear()
 
     def faults(self) -> list[ChannelFault]:
         return []
@@ -80,26 +124,26 @@ class RegisterTarget:
 TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
 
 
-def bench_target(kind: str, ram: GuestRam) -> tuple[GpuTarget, str, Callable[[], None]]:
-    """The target the dispatch loop writes to, its name, and how to release it.
+def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
+    """The VFIO device the dispatch loop writes to, its name, and how to release it.
 
-    - gpu: the emulated GPU itself (a native-mode guest's target);
+    - gpu: the emulated GPU passed through whole (a native-mode guest's device);
     - vgpu: a full-virtualization vGPU in front of one (the store is trapped and
       emulated by the mediator, as every BAR0 access of an `fv` guest is);
     - registers: a dict-backed register file (the floor: a store and a count)."""
     if kind not in TARGETS:
         raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
     if kind == "registers":
-        return RegisterTarget(), "RegisterTarget", lambda: None
+        return RegisterFile(), "RegisterFile", lambda: None
     from gpuvm.device.gpu import Gpu
     gpu = Gpu(vram_size=1 * regs.GiB)
     if kind == "gpu":
-        return gpu, "Gpu", gpu.release_memory
+        return PassthroughGpu(gpu), "Gpu", gpu.release_memory
     from gpuvm.mediator.mediator import Mediator
     from gpuvm.mediator.modes import MODES
     from gpuvm.mediator.partition import PartitionSpec
     med = Mediator(gpu.start())
-    vgpu = med.add_vm("bench", ram, MODES["fv"], PartitionSpec(vram_size=256 * regs.MiB))
+    vgpu = med.add_vm("bench", MODES["fv"], PartitionSpec(vram_size=256 * regs.MiB))
 
     def release() -> None:
         med.close()
@@ -151,9 +195,11 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
     ram = GuestRam(RAM_SIZE)
     page = mmap.mmap(-1, mmap.PAGESIZE)  # stands in for a page of VRAM
     host = ctypes.c_uint32.from_buffer(page)
-    target, name, release = bench_target(kind, ram)
+    device, name, release = bench_target(kind)
+    attached = None
     try:
-        session = GuestSession("bench-exits", ram, target)
+        attached = attach(device, device, ram, "bench-exits")
+        session = GuestSession("bench-exits", ram, attached)
         boot_params_for(ram, "bench_exits", [iterations, REMAP_OFFSET, remap_iterations],
                         0, BAR_BASES, BAR_SIZES)
         runner = BenchRunner("bench-exits", image, ram, session, BAR_SIZES)
@@ -179,6 +225,8 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
         }
     finally:
         del host
+        if attached is not None:
+            attached.detach()
         release()
         ram.close()
         page.close()
@@ -220,7 +268,7 @@ def print_exit_bench(r: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"BAR0 store cost on KVM (min of {r['repeats']} VM runs each)")
-    table.caption = ("each store: PMC_INTR_EN; dispatched = exit loop + target.mmio_write; "
+    table.caption = ("each store: PMC_INTR_EN; dispatched = exit loop + device.write (VFIO region); "
                      "target <= 1.25x raw")
     table.add_column("path")
     table.add_column("stores", justify="right")

@@ -43,7 +43,7 @@ class ShadowBench:
 def run_shadow_bench(repeat: int = 5, seed: int = 0) -> ShadowBench:
     vram = Vram(SLICE + 256 * regs.MiB)
     try:
-        policy = EntryPolicy(0, SLICE, 1 << 36, 256 * regs.MiB)
+        policy = EntryPolicy(0, SLICE, 1 << 36, lambda: [(0, 256 * regs.MiB)])
         pool = VramPool(SLICE, 256 * regs.MiB, "shadow")
         rng = np.random.default_rng(seed)
         npages = MAPPED // regs.SMALL_PAGE

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from gpuvm.run_spec import RunOptions, VmSpec
+from gpuvm.run.spec import RunOptions, VmSpec
 
 DEFAULT = ("mmul", "madd", "fmadd", "memcpy")
 
 
 def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto") -> dict:
-    from gpuvm.runner import run_vms
+    from gpuvm.run import run_vms
 
     options = RunOptions(mode="native", backend=backend)
     alone = {}

@@ -76,6 +76,9 @@ class Gpu:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._signalled = False
+        # called (lock held) whenever guests may have something to see: completions and
+        # faults; a VFIO device turns each call into its interrupt's eventfd
+        self.event_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def attach_sysram(self, port: DmaPort) -> None:
@@ -240,6 +243,8 @@ class Gpu:
                 if self._signalled:
                     self._signalled = False
                     self._events.notify_all()
+                    for listener in self.event_listeners:
+                        listener()
                 timeout = None if wake is None else self.clock.wall_seconds_until(wake)
                 if timeout is None or timeout > 0:
                     self._work.wait(timeout)

@@ -27,8 +27,33 @@ PCI_REVISION_QUADRO_6000 = 0xA3
 BAR0 = 0  # MMIO registers
 BAR1 = 1  # VRAM aperture through the BAR1 VM
 BAR3 = 3  # RAMIN aperture through the BAR3 VM
-BAR4 = 4  # GPUvm's paravirtual hypercall page (not on real cards)
+BAR4 = 4  # GPUvm's paravirtual hypercall port (an I/O BAR of PV vGPUs; not on real cards)
 BAR0_SIZE = 32 * MiB
+BAR4_SIZE = 16  # I/O ports: +0 = hypercall doorbell (the record's guest-physical address)
+BAR4_HYPERCALL = 0x0
+
+# PCI configuration space (type 0 header).  gpuvm presents BAR1 and BAR3 as 32-bit
+# prefetchable memory BARs (the card's are 64-bit), which frees the BAR4 slot for the
+# PV hypercall port.
+PCI_CONFIG_SIZE = 256
+PCI_VENDOR_ID = 0x00  # 16 bits
+PCI_DEVICE_ID = 0x02  # 16 bits
+PCI_COMMAND = 0x04  # 16 bits
+PCI_COMMAND_IO = 1 << 0
+PCI_COMMAND_MEMORY = 1 << 1
+PCI_COMMAND_MASTER = 1 << 2
+PCI_STATUS = 0x06  # 16 bits
+PCI_REVISION_ID = 0x08  # 8 bits; class code follows in 0x09-0x0b
+PCI_CLASS_PROG = 0x09
+PCI_CLASS_DISPLAY_VGA = 0x030000  # base class 3 (display), subclass 0 (VGA), prog-if 0
+PCI_HEADER_TYPE = 0x0E
+PCI_BASE_ADDRESS_0 = 0x10  # BAR n at 0x10 + 4n
+PCI_BASE_ADDRESS_SPACE_IO = 0x1
+PCI_BASE_ADDRESS_MEM_PREFETCH = 0x8
+PCI_SUBSYSTEM_VENDOR_ID = 0x2C
+PCI_SUBSYSTEM_ID = 0x2E
+PCI_SUBSYSTEM_QUADRO_6000 = 0x076F
+PCI_INTERRUPT_PIN = 0x3D
 
 # --------------------------------------------------------------------------------------
 # BAR0 blocks (start offsets); used for per-block access counting

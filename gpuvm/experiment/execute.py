@@ -16,8 +16,8 @@ from typing import Callable
 from gpuvm.experiment.config import REPO, Experiment, Scenario
 from gpuvm.experiment.costs import CostProfile, load_costs
 from gpuvm.mediator.modes import MODES
-from gpuvm.run_spec import RunError, RunOptions, VmSpec
-from gpuvm.runner import VmResult, run_vms
+from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.run import VmResult, run_vms
 from gpuvm.device import regs
 
 
@@ -122,8 +122,7 @@ def execute(exp: Experiment, out: Path, progress: Progress = lambda line: None) 
             label = f"[{i}/{len(plan)}] {scenario.name} {mode} {policy} rep {rep}"
             options = RunOptions(mode=mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale,
-                                 scheduler={**exp.scheduler, "policy": policy},
-                                 native_as_partition={} if len(exp.modes) > 1 else None)
+                                 scheduler={**exp.scheduler, "policy": policy})
             t0 = time.monotonic()
             try:
                 results = run_vms(specs_for(scenario), options)

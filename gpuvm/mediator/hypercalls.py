@@ -1,7 +1,8 @@
 """Paravirtual hypercalls: page tables allocated and filled by the hypervisor.
 
-The guest passes a hypercall record (header + {va, pte} entries) by guest-physical
-address on the hypercall port.  Every entry is validated and translated as it is
+The guest writes the guest-physical address of a hypercall record (header + {va, pte}
+entries) to the vGPU's BAR4 hypercall port; the record is read and answered through the
+vGPU's DMA mappings, like any device access to guest memory.  Every entry is validated and translated as it is
 written (GPUvm's prototype validated nothing here).
 """
 
@@ -12,8 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.vfio.device import VfioError
 from gpuvm.vmm import abi
-from gpuvm.vmm.guest_ram import GuestRam
 from shadow.pv_space import PvSpace
 
 if TYPE_CHECKING:
@@ -29,9 +30,13 @@ class Hypercalls:
     def __init__(self, vgpu: "VGpu") -> None:
         self.vgpu = vgpu
 
-    def handle(self, ram: GuestRam, gpa: int) -> None:
+    def handle(self, gpa: int) -> None:
         v = self.vgpu
-        hdr = ram.struct_at(gpa, abi.HcallHeader)
+        try:
+            hdr = v.guest_struct(gpa, abi.HcallHeader)
+        except VfioError:
+            v.count("trap.refused.hcall_record", 1)
+            return  # a record the device cannot reach: nothing to answer in
         op, count, key = int(hdr.op), int(hdr.count), int(hdr.args[0])
         v.count("hcall.calls", 1)
         v.count(f"hcall.{OP_NAMES.get(op, 'bad')}", 1)
@@ -43,10 +48,16 @@ class Hypercalls:
                 status = self._set_pgd(key)
             elif op in (abi.HC_MAP_BATCH, abi.HC_UNMAP_BATCH):
                 space = v.shadowing.pv_spaces.get(key)
-                if space is None:
+                raw = None
+                if space is not None:
+                    try:
+                        raw = v.guest_memory(gpa + abi.HCALL_HEADER_BYTES,
+                                             count * _ENTRY.itemsize).copy()
+                    except VfioError:
+                        v.count("trap.refused.hcall_record", 1)
+                if space is None or raw is None:
                     status = abi.HC_EINVAL
                 else:
-                    raw = ram.read(gpa + abi.HCALL_HEADER_BYTES, count * _ENTRY.itemsize)
                     entries = raw.view(_ENTRY)
                     v.count("hcall.entries", count)
                     v.counts["hcall.batch_max"] = max(v.counts.get("hcall.batch_max", 0), count)

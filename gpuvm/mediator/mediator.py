@@ -17,10 +17,9 @@ from gpuvm.device.dma import BusMap
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import pte
 from gpuvm.mediator.modes import Mode
-from gpuvm.mediator.partition import PartitionSpec, PartitionTable
+from gpuvm.mediator.partition import BUS_WINDOW, PartitionSpec, PartitionTable
 from gpuvm.mediator.submission import Submissions
 from gpuvm.mediator.vgpu import VGpu
-from gpuvm.vmm.guest_ram import GuestRam
 from scheduler import FifoPolicy
 from scheduler.policy import Policy
 from shadow.vram_pool import VramPool
@@ -32,7 +31,8 @@ class Mediator:
     def __init__(self, gpu: Gpu, policy: Policy | None = None) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
-        self.bus = BusMap()
+        self.bus = BusMap()  # every vGPU's DMA mappings, each at its partition's window
+        self.bus_window = BUS_WINDOW
         gpu.attach_sysram(self.bus)
         prof = gpu.profile
         self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size)
@@ -43,6 +43,7 @@ class Mediator:
         self.submissions = Submissions(gpu.device_time_ns, policy or FifoPolicy(),
                                        self._ring, self._runnable)
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
+        gpu.event_listeners.append(self._interrupt)
 
     # ------------------------------------------------------------------ physical device
     def wr(self, offset: int, value: int) -> None:
@@ -107,12 +108,20 @@ class Mediator:
             return pchid in self.gpu.pfifo.runlist and self.gpu.pfifo.channels[pchid].runnable
 
     # ------------------------------------------------------------------ VMs
-    def add_vm(self, name: str, ram: GuestRam, mode: Mode, spec: PartitionSpec | None = None,
-               share: float = 1.0) -> VGpu:
+    def _interrupt(self) -> None:
+        """Completions or faults on the GPU: each vGPU raises its MSI (a waiter re-checks
+        its own condition, so a vGPU woken for another's event only looks again)."""
+        for vgpu in list(self.vgpus):
+            vgpu.interrupt()
+
+    def add_vm(self, name: str, mode: Mode, spec: PartitionSpec | None = None,
+               share: float = 1.0, uuid: str = "", type_id: str = "") -> VGpu:
+        """Create a vGPU (an mdev instance): its partition, its bus window, its scheduler
+        share.  The VMM then attaches it and DMA-maps the guest's memory."""
         with self.lock:
             part = self.table.allocate(spec or PartitionSpec())
-            self.bus.add(part.sys_base, ram.array)
-            vgpu = VGpu(self, name, part, mode, ram)
+            vgpu = VGpu(self, name, part, mode, uuid, type_id)
+            self.bus.add(part.sys_base, self.bus_window, vgpu.dma)
             self.vgpus.append(vgpu)
             for c in range(part.chid_base, part.chid_base + part.channels):
                 self.owner[c] = vgpu
@@ -124,6 +133,7 @@ class Mediator:
         pchids = set(range(vgpu.part.chid_base, vgpu.part.chid_base + vgpu.part.channels))
         self.submissions.remove_vm(vgpu, pchids)
         with self.lock:
+            vgpu.close()
             vgpu.teardown()
             self.vgpus.remove(vgpu)
             self.rebuild_runlist()
@@ -138,3 +148,5 @@ class Mediator:
         self.submissions.close()
         if self.submissions.on_idle in self.gpu.pfifo.idle_listeners:
             self.gpu.pfifo.idle_listeners.remove(self.submissions.on_idle)
+        if self._interrupt in self.gpu.event_listeners:
+            self.gpu.event_listeners.remove(self._interrupt)

@@ -10,25 +10,17 @@ which BAR pages may be remapped as a consequence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
 from shadow.bar_window import NOT_VRAM, BarWindow
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
+from gpuvm.vfio.device import MappingListener
 from shadow.remap import RemapPlan, RemapState
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
-
-
-class Remapper(Protocol):
-    """How the VMM maps host memory straight into a guest's BAR window (KVM memslots, or
-    the in-process page map) -- and takes it away again."""
-
-    def map(self, bar: int, offset: int, host_address: int, size: int) -> None: ...
-
-    def unmap(self, bar: int, offset: int, size: int) -> None: ...
 
 
 class Shadowing:
@@ -44,7 +36,7 @@ class Shadowing:
                               part.bar3_base >> 12, part.spec.bar3_size >> 12)
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         med.gpu.vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
-        self.remapper: Remapper | None = None
+        self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
         self._remapped = {regs.BAR1: RemapState.empty(self.bar1.pages),
                           regs.BAR3: RemapState.empty(self.bar3.pages)}
 
@@ -150,14 +142,30 @@ class Shadowing:
                 self.remapper.map(bar, first << 12, base + host, n << 12)
                 v.count("remap.maps", 1)
 
-    def remapped_pages(self) -> int:
-        return sum(int((s.pages != NOT_VRAM).sum()) for s in self._remapped.values())
+    def dma_changed(self) -> None:
+        """The VMM mapped or unmapped DMA: sysram entries are judged anew (the device's
+        DMA table refuses unmapped memory at access time anyway; this keeps the shadows
+        and their refusal counts honest)."""
+        for space in self.spaces.values():
+            space.sync(incremental=False)
+            self.vgpu.med.flush(space.shadow_pd)
+        for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
+            if window.guest_pd is not None or window.pv is not None:
+                self.sync_window(window, bar)
 
-    def teardown(self) -> None:
+    def unmap_all(self) -> None:
+        """Take every remapped BAR page back from the VMM."""
         if self.remapper is not None:
             for bar, state in self._remapped.items():
                 if (state.pages != NOT_VRAM).any():
                     self.remapper.unmap(bar, 0, state.pages.size << 12)
+                self._remapped[bar] = RemapState.empty(state.pages.size)
+
+    def remapped_pages(self) -> int:
+        return sum(int((s.pages != NOT_VRAM).sum()) for s in self._remapped.values())
+
+    def teardown(self) -> None:
+        self.unmap_all()
         self.bar1.clear()
         self.bar3.clear()
         for space in self.spaces.values():

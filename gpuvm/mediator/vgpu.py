@@ -1,10 +1,14 @@
-"""A VM's virtual GPU: where its trapped BAR accesses land.
+"""A VM's virtual GPU: a mediated device (mdev) with the VFIO device interface.
 
-This is the GpuTarget a VMM hands a mediated guest's accesses to.  BAR0 goes through the
-trap table (bar0_traps); the PRAMIN window is translated into the VM's slice; BAR1 and
-BAR3 are forwarded into the VM's arena of the physical BARs (translated by the shadow of
-the guest's BAR VM), except the USERD poll area, where doorbells are caught.  Writes that
-land in a sensitive page (a shadowed instance block) are reflected into its shadow.
+The VMM attaches it like any VFIO device (gpuvm/vfio/device.py) and hands it every trapped
+access as `read`/`write(region, offset, ...)`.  BAR0 goes through the trap table
+(bar0_traps); the PRAMIN window is translated into the VM's slice; BAR1 and BAR3 are
+forwarded into the VM's arena of the physical BARs (translated by the shadow of the
+guest's BAR VM), except the USERD poll area, where doorbells are caught.  Writes that land
+in a sensitive page (a shadowed instance block) are reflected into its shadow.  In remap
+modes the safe BAR1/BAR3 pages are granted to the VMM's mapping listener (the sparse
+areas of those regions); a PV vGPU has BAR4, an I/O port whose write is the hypercall.
+System memory is reachable only through the DMA mappings the VMM made.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Callable
 
+import ctypes
+
+import numpy as np
+
 from gpuvm.device import regs
+from gpuvm.device.dma import DmaMappings
 from gpuvm.device.engines import Engine
 from gpuvm.device.faults import ChannelFault
 from gpuvm.mediator import bar0_traps
@@ -21,7 +30,10 @@ from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.shadowing import Shadowing
-from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vfio import abi as vfio
+from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
+                               SparseArea, VfioError, absent_region, bar_region_info)
+from gpuvm.vfio.pci_config import PciConfig
 from shadow.bar_window import NOT_VRAM
 from shadow.entries import EntryPolicy
 
@@ -32,15 +44,28 @@ _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
 _UNLOCKED = frozenset({"virtual", "faked", "refused"})
 
 
+_CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
+
+
 class VGpu:
     def __init__(self, med: "Mediator", name: str, part: Partition, mode: Mode,
-                 ram: GuestRam) -> None:
+                 uuid: str = "", type_id: str = "") -> None:
         self.med = med
         self.name = name
+        self.uuid = uuid
+        self.type_id = type_id
         self.part = part
         self.mode = mode
-        self.ram = ram
-        self.policy = EntryPolicy(part.vram_base, part.vram_size, part.sys_base, ram.size)
+        self.dma = DmaMappings()  # this vGPU's IOMMU table: what the VMM DMA-mapped
+        self.policy = EntryPolicy(part.vram_base, part.vram_size, part.sys_base,
+                                  self.dma.ranges)
+        self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: part.spec.bar1_size,
+                          regs.BAR3: part.spec.bar3_size}
+        bars = {bar: (size, False) for bar, size in self.bar_sizes.items()}
+        if mode.pv:
+            bars[regs.BAR4] = (regs.BAR4_SIZE, True)
+        self.config = PciConfig(med.gpu.profile.pci_device, bars)
+        self.irqs = IrqTriggers({vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
         self.counts: defaultdict[str, int] = defaultdict(int)
         self.vregs: dict[str, int] = defaultdict(int)
         self._fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
@@ -50,6 +75,12 @@ class VGpu:
         self.channels = Channels(self)
         self.shadowing = Shadowing(self)
         self.hypercalls = Hypercalls(self)
+        self._install_traps()
+        self._vram = med.gpu.vram
+        # Physical channels are reused by later VMs: count only what happens from now on.
+        self._device_baseline = self._device_channel_counts()
+
+    def _install_traps(self) -> None:
         reads, writes = bar0_traps.build(self)
         # Virtual, faked and refused registers touch only this VM's own state (written by
         # this VM's vCPU alone), so they skip the mediator lock: it costs more than the
@@ -58,9 +89,6 @@ class VGpu:
                     for off, (label, fn) in reads.items()}
         self._w0 = {off: (f"trap.bar0.{label}.write", fn, label not in _UNLOCKED)
                     for off, (label, fn) in writes.items()}
-        self._vram = med.gpu.vram
-        # Physical channels are reused by later VMs: count only what happens from now on.
-        self._device_baseline = self._device_channel_counts()
 
     def count(self, name: str, n: int) -> None:
         self.counts[name] += n
@@ -68,9 +96,9 @@ class VGpu:
     def guest_u32(self, guest_addr: int) -> int:
         return self._vram.read_u32(self.policy.host_vram(guest_addr))
 
-    # ------------------------------------------------------------------ GpuTarget
-    def mmio_read(self, bar: int, offset: int, size: int) -> int:
-        if bar == 0:  # BAR0; a literal keeps a global lookup off the trap path
+    # ------------------------------------------------------------------ VFIO: the trap path
+    def read(self, region: int, offset: int, size: int) -> int:
+        if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._r0.get(offset)
             if handler is not None and size == 4:
                 self.counts[handler[0]] += 1
@@ -81,12 +109,14 @@ class VGpu:
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
             self.counts["trap.bar0.passthrough.read"] += 1
-            return self.med.gpu.mmio_read(bar, offset, size)
+            return self.med.gpu.mmio_read(region, offset, size)
+        if region == _CONFIG:
+            return self.config.read(offset, size)
         with self.med.lock:
-            return self._bar_access(bar, offset, size, None)
+            return self._bar_access(region, offset, size, None)
 
-    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
-        if bar == 0:  # BAR0; a literal keeps a global lookup off the trap path
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._w0.get(offset)
             if handler is not None and size == 4:
                 self.counts[handler[0]] += 1
@@ -100,13 +130,103 @@ class VGpu:
                 self._pramin(offset, size, value)
                 return
             self.counts["trap.bar0.passthrough.write"] += 1
-            self.med.gpu.mmio_write(bar, offset, size, value)
+            self.med.gpu.mmio_write(region, offset, size, value)
+            return
+        if region == _CONFIG:
+            self.config.write(offset, size, value)
+            return
+        if region == regs.BAR4 and self.mode.pv:
+            if offset == regs.BAR4_HYPERCALL and size == 4:
+                self.hypercalls.handle(value)
+            else:
+                self.count("trap.refused.bar4", 1)
             return
         with self.med.lock:
-            self._bar_access(bar, offset, size, value)
+            self._bar_access(region, offset, size, value)
 
-    def wait_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        return self.med.gpu.wait_event(predicate, timeout)
+    # ------------------------------------------------------------------ VFIO: the rest
+    def get_info(self) -> DeviceInfo:
+        return DeviceInfo(vfio.VFIO_DEVICE_FLAGS_PCI | vfio.VFIO_DEVICE_FLAGS_RESET,
+                          vfio.VFIO_PCI_NUM_REGIONS, vfio.VFIO_PCI_NUM_IRQS)
+
+    def get_region_info(self, index: int) -> RegionInfo:
+        if index in (regs.BAR1, regs.BAR3):
+            # in remap modes the whole arena is a sparse area: the VMM may map any of it,
+            # and the listener says which pages are granted now
+            size = self.bar_sizes[index]
+            sparse = (SparseArea(0, size),) if self.mode.remap else ()
+            return bar_region_info(index, size, sparse)
+        if index == regs.BAR0:
+            return bar_region_info(index, regs.BAR0_SIZE)
+        if index == regs.BAR4 and self.mode.pv:
+            return RegionInfo(index, regs.BAR4_SIZE, vfio.VFIO_REGION_INFO_FLAG_WRITE)
+        if index == _CONFIG:
+            return RegionInfo(index, regs.PCI_CONFIG_SIZE, vfio.VFIO_REGION_INFO_FLAG_READ |
+                              vfio.VFIO_REGION_INFO_FLAG_WRITE)
+        if 0 <= index < vfio.VFIO_PCI_NUM_REGIONS:
+            return absent_region(index)
+        raise VfioError(f"{self.name}: no region {index}")
+
+    def set_mapping_listener(self, listener: MappingListener | None) -> None:
+        with self.med.lock:
+            if listener is None and self.shadowing.remapper is not None:
+                self.shadowing.unmap_all()
+            self.shadowing.remapper = listener
+            self.shadowing.refresh_remap()
+
+    def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
+        with self.med.lock:
+            end = iova + memory.size
+            if end > self.med.bus_window:
+                raise VfioError(f"{self.name}: DMA map [{iova:#x}, {end:#x}) is beyond the "
+                                f"device's {self.med.bus_window:#x}-byte bus window")
+            try:
+                self.dma.map(iova, memory, writable=bool(flags & vfio.VFIO_DMA_MAP_FLAG_WRITE))
+            except ValueError as exc:
+                raise VfioError(f"{self.name}: {exc}") from None
+            self.shadowing.dma_changed()
+
+    def dma_unmap(self, iova: int, size: int) -> None:
+        with self.med.lock:
+            try:
+                self.dma.unmap(iova, size)
+            except ValueError as exc:
+                raise VfioError(f"{self.name}: {exc}") from None
+            self.shadowing.dma_changed()
+
+    def guest_memory(self, iova: int, size: int) -> np.ndarray:
+        """A view of DMA-mapped guest memory (the hypercall record), or VfioError."""
+        view = self.dma.region(iova, size)
+        if view is None:
+            raise VfioError(f"{self.name}: [{iova:#x}, {iova + size:#x}) is not DMA-mapped")
+        return view
+
+    def guest_struct(self, iova: int, cls: type[ctypes.Structure]) -> ctypes.Structure:
+        return cls.from_buffer(self.guest_memory(iova, ctypes.sizeof(cls)))
+
+    def get_irq_info(self, index: int) -> IrqInfo:
+        return self.irqs.info(index)
+
+    def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:
+        self.irqs.set(index, start, eventfds)
+
+    def interrupt(self) -> None:
+        """The GPU signalled completions or faults: raise this vGPU's MSI."""
+        self.irqs.fire(vfio.VFIO_PCI_MSI_IRQ_INDEX)
+
+    def reset(self) -> None:
+        """Device reset: stop and drop the VM's channels and shadows, start afresh."""
+        with self.med.lock:
+            self.teardown()
+            self.channels = Channels(self)
+            self.shadowing = Shadowing(self)
+            self.hypercalls = Hypercalls(self)
+            self._install_traps()
+            self.med.rebuild_runlist()
+
+    def close(self) -> None:
+        self.irqs.clear()
+        self.set_mapping_listener(None)
 
     def faults(self) -> list[ChannelFault]:
         mine = []
@@ -140,9 +260,6 @@ class VGpu:
 
     def device_time_ns(self) -> int:
         return self.med.gpu.device_time_ns()
-
-    def hypercall(self, ram: GuestRam, gpa: int) -> None:
-        self.hypercalls.handle(ram, gpa)
 
     # ------------------------------------------------------------------ PRAMIN
     def _pramin(self, offset: int, size: int, value: int | None) -> int:
@@ -275,11 +392,6 @@ class VGpu:
         return self._fault_records[unit][word]
 
     # ------------------------------------------------------------------ lifecycle
-    def set_remapper(self, remapper) -> None:
-        with self.med.lock:
-            self.shadowing.remapper = remapper
-            self.shadowing.refresh_remap()
-
     def teardown(self) -> None:
         self.channels.teardown()
         self.shadowing.teardown()

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuvm.vmm import abi
+from gpuvm.vfio.device import VfioError
 from gpuvm.vmm.guest_ram import GuestMemoryError, GuestRam
-from gpuvm.vmm.target import GpuTarget
+from gpuvm.vmm.vfio_attach import AttachedDevice
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,15 @@ def parse_record(text: str) -> dict[str, str]:
 class GuestSession:
     """One guest's side of the port protocol."""
 
-    def __init__(self, name: str, ram: GuestRam, target: GpuTarget,
+    def __init__(self, name: str, ram: GuestRam, attached: AttachedDevice,
                  wait_timeout: float = 120.0,
-                 hypercall: Callable[[GuestRam, int], None] | None = None,
                  extra_counters: Callable[[], dict[str, int]] | None = None) -> None:
         self.name = name
         self.ram = ram
-        self.target = target
+        self.attached = attached
+        self.device = attached.device  # where the backends send trapped BAR accesses
+        self.stats = attached.stats
         self.wait_timeout = wait_timeout
-        self._hypercall = hypercall
         self._extra_counters = extra_counters
         self.console: list[str] = []
         self.results: list[dict[str, str]] = []
@@ -81,7 +82,7 @@ class GuestSession:
             (lambda: {**previous(), **source()})
 
     def snapshot(self) -> dict[str, int]:
-        counts = dict(self.target.counters())
+        counts = dict(self.stats.counters())
         if self._extra_counters is not None:
             counts.update(self._extra_counters())
         for key, value in self.port_counts.items():
@@ -90,7 +91,7 @@ class GuestSession:
 
     def _cut_phase(self, next_phase: str | None) -> None:
         now_wall = time.perf_counter_ns()
-        now_dev = self.target.device_time_ns()
+        now_dev = self.stats.device_time_ns()
         counts = self.snapshot()
         if self._current is not None and self._phase_start is not None:
             wall0, dev0, counts0 = self._phase_start
@@ -131,16 +132,15 @@ class GuestSession:
                 self._wait(value)
             elif port == abi.PORT_HYPERCALL:
                 self._count("hypercall")
-                if self._hypercall is None:
+                if not self.attached.port_write(port, value):
                     raise GuestFailed("hypercall from a guest that is not paravirtualized")
-                self._hypercall(self.ram, value)
             elif port == abi.PORT_EXIT:
                 self._count("exit")
                 self.exit_code = value
                 return True
             else:
                 raise GuestFailed(f"write of {value:#x} to unknown port {port:#x}")
-        except GuestMemoryError as exc:
+        except (GuestMemoryError, VfioError) as exc:
             raise GuestFailed(f"port {port:#x}: {exc}") from exc
         return False
 
@@ -160,10 +160,10 @@ class GuestSession:
             return ((self.ram.read_u32(addr) - value) & 0xFFFFFFFF) < 0x80000000
 
         def done() -> bool:
-            return fence_reached() or len(self.target.faults()) > reported
+            return fence_reached() or len(self.stats.faults()) > reported
 
-        ok = self.target.wait_event(done, timeout)
-        faults = len(self.target.faults())
+        ok = self.attached.wait_event(done, timeout)
+        faults = len(self.stats.faults())
         if fence_reached():
             rec.status = abi.WAIT_OK
         elif faults > reported:

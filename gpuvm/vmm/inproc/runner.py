@@ -117,7 +117,7 @@ class InprocRunner(GuestThread):
         try:
             self._bar_check(bar, offset, size, "read")
             self.counts.slots[self.counts.slot[bar]] += 1
-            return self.session.target.mmio_read(bar, offset, size) & ((1 << (8 * size)) - 1)
+            return self.session.device.read(bar, offset, size) & ((1 << (8 * size)) - 1)
         except BaseException as exc:  # never unwind into C
             self._callback_failed(exc)
             return 0
@@ -128,7 +128,7 @@ class InprocRunner(GuestThread):
         try:
             self._bar_check(bar, offset, size, "write")
             self.counts.slots[self.counts.slot[bar] + 1] += 1
-            self.session.target.mmio_write(bar, offset, size, value & ((1 << (8 * size)) - 1))
+            self.session.device.write(bar, offset, size, value & ((1 << (8 * size)) - 1))
         except BaseException as exc:
             self._callback_failed(exc)
 

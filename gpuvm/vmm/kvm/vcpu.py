@@ -102,9 +102,9 @@ class ExitLoop:
         base0, size0, bar0 = first.base, first.size, first.bar
         others = tuple((w.base, w.end, w.bar, 1 + 2 * i, 2 + 2 * i)
                        for i, w in enumerate(self.windows) if i > 0)
-        target = self.session.target
-        mmio_read = target.mmio_read
-        mmio_write = target.mmio_write
+        device = self.session.device  # the attached VFIO device: read/write(region, ...)
+        mmio_read = device.read
+        mmio_write = device.write
         port_out = self.session.port_out
         port_in = self.session.port_in
         while True:

@@ -1,17 +1,16 @@
 """What a run is made of: VM specs, run options, and the machine interface a mode builds.
 
-Kept apart from the runner so that each mode's machine (native here, mediated in
-gpuvm.mediated_machine) can be written against these types without importing the runner.
+Kept apart from the run loop so that each mode's machine (gpuvm/run/native.py,
+gpuvm/run/mediated.py) is written against these types without importing the loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
+from gpuvm.vfio.device import DeviceStats, VfioDevice
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import GuestRam
-from gpuvm.vmm.target import GpuTarget
 
 
 class RunError(Exception):
@@ -30,9 +29,12 @@ class VmSpec:
     paravirtual: bool = False  # run the PV driver build
     pv_batch: int = 0  # PV build: entries per hypercall (0 = HC_MAX_ENTRIES, 1 = naive)
     ram_size: int = abi.GUEST_RAM_DEFAULT
-    share: float = 1.0  # scheduler weight when VMs share the GPU
+    share: float | None = None  # scheduler weight when VMs share the GPU (None: the type's)
     start_delay: float = 0.0  # seconds after the run starts that this VM is created
     partition: dict[str, int] = field(default_factory=dict)  # PartitionSpec fields (bytes)
+    mdev_type: str | None = None  # the vGPU's mdev type (None: the GPU's default type)
+    mode: str | None = None  # this VM's mode, when it differs from the run's
+    mdev_uuid: str = ""  # the vGPU's UUID (mediated modes; "" = a new one)
 
     @property
     def program(self) -> str:
@@ -73,29 +75,19 @@ class RunOptions:
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
-    # native only: present the guest the GPU a partition of this spec shows a mediated
-    # guest (VRAM and BAR sizes), so counts compare one to one across modes
-    native_as_partition: dict[str, int] | None = None
 
 
 # ------------------------------------------------------------------------------ machines
-@dataclass
-class Attachment:
-    """How one VM reaches the GPU."""
-
-    target: GpuTarget
-    hypercall: Callable[[GuestRam, int], None] | None = None
-    bar_sizes: dict[int, int] | None = None  # None: the machine's
-    # called with the runner's MemslotTable once the guest's runner exists (BAR remap)
-    memslots: Callable[[Any], None] | None = None
+class GpuDevice(VfioDevice, DeviceStats, Protocol):
+    """What a machine hands a VM: a VFIO device the lab can also observe."""
 
 
 class Machine(Protocol):
-    """What a mode builds for one run (see the module docstring)."""
+    """What a mode builds for one run: the GPU(s) and a device per VM."""
 
-    bar_sizes: dict[int, int]
-
-    def attach(self, spec: VmSpec, ram: GuestRam) -> Attachment: ...
+    def attach(self, spec: VmSpec) -> GpuDevice:
+        """Create the VM's device (a vGPU, or a whole GPU passed through)."""
+        ...
 
     def detach(self, spec: VmSpec) -> None:
         """The VM has stopped: give back what attach took (others keep running)."""

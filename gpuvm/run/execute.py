@@ -1,0 +1,179 @@
+"""Running VMs: build each guest, attach its device, run every VM to the end.
+
+- `VmSpec` says what one VM runs; `RunOptions` how (mode, backend, limits).
+- A *machine* is what the run's mode builds: the GPU(s) and, per VM, a VFIO device
+  (a vGPU, or a whole GPU in native mode).  The mode table (gpuvm/mediator/modes.py) says
+  whether a mode is mediated; that alone picks the machine.
+- `run_vms(specs, options)` attaches each VM's device the way vfio-pci does
+  (gpuvm/vmm/vfio_attach.py), runs the guests and returns `VmResult`s; tables and the CLI
+  only read those.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from gpuvm.device.faults import ChannelFault
+from gpuvm.mediator.modes import MODES
+from gpuvm.run.mediated import MediatedMachine, guest_for_mode
+from gpuvm.run.native import NativeMachine
+from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
+from gpuvm.vfio.device import VfioError
+from gpuvm.vmm import guest_programs
+from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
+from gpuvm.vmm.guest_build import BuildError
+from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
+from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
+from scheduler.metrics import VmMetrics
+
+POLL_S = 0.005  # how often the runner looks for VMs that ended or are due to start
+MachineFactory = Callable[[RunOptions, list[VmSpec]], Machine]
+
+
+def machine_for(mode: str) -> MachineFactory:
+    """The machine a mode runs on: a GPU per VM (native) or one shared GPU."""
+    return MediatedMachine if MODES[mode].mediated else NativeMachine
+
+
+@dataclass
+class VmResult:
+    spec: VmSpec
+    outcome: GuestOutcome
+    faults: list[ChannelFault]
+    scheduler: VmMetrics | None = None  # what the GPU scheduler saw (mediated modes)
+
+    @property
+    def session(self) -> GuestSession:
+        return self.outcome.session
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome.passed
+
+    @property
+    def record(self) -> dict[str, str]:
+        """The guest's last result record ({} when it reported none)."""
+        return self.session.results[-1] if self.session.results else {}
+
+    def error(self) -> str | None:
+        """One line saying why this VM failed (its first channel fault if it had one)."""
+        if self.passed:
+            return None
+        if self.faults:
+            return f"{self.spec.name}: {self.faults[0]}"
+        return self.outcome.describe_failure()
+
+
+def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
+            machine: MachineFactory | None = None) -> list[VmResult]:
+    """Run every VM of `specs` to the end on one machine of `options.mode` (or the one
+    `machine` builds: tests and experiments pass instrumented machines in)."""
+    options = options or RunOptions()
+    if not specs:
+        raise RunError("no VMs to run")
+    if len({s.name for s in specs}) != len(specs):
+        raise RunError("VM names must be unique")
+    for mode in {options.mode} | {s.mode for s in specs if s.mode}:
+        if mode not in MODES:
+            raise RunError(f"no mode {mode!r} (have {', '.join(MODES)})")
+    if any(MODES[s.mode or options.mode].mediated != MODES[options.mode].mediated
+           for s in specs):
+        raise RunError("native and mediated VMs cannot share one run")
+    try:
+        backend = resolve_backend(options.backend)
+    except (ValueError, RuntimeError) as exc:
+        raise RunError(str(exc)) from None
+    specs = [guest_for_mode(s, options.mode) for s in specs]
+    boot = [(s, s.boot_params(), s.flags()) for s in specs]  # validate before building
+    try:
+        programs = guest_programs.build_all(sorted({s.program for s in specs}),
+                                            kinds=("flat",) if backend == "kvm" else ("shared",))
+    except BuildError as exc:
+        raise RunError(str(exc)) from None
+    built = (machine or machine_for(options.mode))(options, specs)
+    return _run_on(built, boot, programs, backend, options)
+
+
+@dataclass
+class _Running:
+    spec: VmSpec
+    ram: GuestRam
+    attached: AttachedDevice
+    runner: GuestRunner
+    deadline: float
+
+
+def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: GuestRam,
+           programs: dict, backend: str, options: RunOptions) -> tuple[AttachedDevice,
+                                                                      GuestRunner]:
+    """Create the VM's device, attach it like vfio-pci, boot the guest's runner."""
+    device = machine.attach(spec)
+    try:
+        attached = attach(device, device, ram, spec.name)
+    except VfioError as exc:
+        machine.detach(spec)
+        raise RunError(f"{spec.name}: {exc}") from None
+    session = GuestSession(spec.name, ram, attached,
+                           wait_timeout=min(options.wait_slice, options.timeout))
+    boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
+    prog = programs[spec.program]
+    runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
+                         attached.bar_sizes)
+    attached.connect_mappings(runner.memslots)
+    return attached, runner
+
+
+def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
+            programs: dict, backend: str, options: RunOptions) -> list[VmResult]:
+    """Start each VM at its start_delay (its device is created then), collect each as it
+    ends (its device is given back then, while the others keep running)."""
+    pending = sorted(boot, key=lambda b: b[0].start_delay)
+    running: list[_Running] = []
+    results: dict[str, VmResult] = {}
+    rams: list[GuestRam] = []
+    stuck = False
+    t0 = time.monotonic()
+    try:
+        while pending or running:
+            now = time.monotonic()
+            due: list[_Running] = []  # attached together, then started together
+            while pending and now - t0 >= pending[0][0].start_delay:
+                spec, params, flags = pending.pop(0)
+                ram = GuestRam(spec.ram_size)
+                rams.append(ram)
+                attached, runner = _start(machine, spec, params, flags, ram, programs,
+                                          backend, options)
+                due.append(_Running(spec, ram, attached, runner, now + options.timeout))
+            for r in due:
+                r.runner.start()
+                running.append(r)
+            for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
+                outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
+                metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
+                results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
+                                                metrics)
+                running.remove(r)
+                if r.runner.alive():
+                    stuck = True  # its thread would not stop: leave its VM in place
+                else:
+                    r.attached.detach()
+                    machine.detach(r.spec)
+            if pending or running:
+                next_start = pending[0][0].start_delay - (time.monotonic() - t0) if pending \
+                    else POLL_S
+                time.sleep(max(0.0, min(POLL_S, next_start)))
+        return [results[spec.name] for spec, _, _ in boot]
+    finally:
+        for r in running:  # only on an exception: stop what still runs
+            r.runner.stop("the run was aborted")
+            r.runner.join(5)
+            stuck = stuck or r.runner.alive()
+        # A guest thread that would not stop may still touch its RAM and the GPU: then
+        # both stay mapped (leaked) rather than pulled from under it.
+        if not stuck:
+            machine.close()
+            for ram in rams:
+                ram.close()

@@ -1,0 +1,126 @@
+"""The machine of every mediated mode: one emulated GPU shared by VMs through a mediator.
+
+Each VM gets a vGPU -- an mdev instance of a type the GPU advertises, with its own
+virtualization mode -- when it starts, and gives it back when it stops.  VMs of different
+modes (the unmodified driver in fv/fv-opt, the PV driver in pv) share the GPU at once.
+The VMM attaches each vGPU through its VFIO interface like any other device.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import fields
+
+from gpuvm.device.gpu import Gpu
+from gpuvm.device.profile import DeviceProfile, load_profile
+from gpuvm.mediator import mdev_types
+from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
+from gpuvm.mediator.mediator import HYP_GLOBAL, Mediator
+from gpuvm.mediator.modes import MODES as MODE_TABLE
+from gpuvm.mediator.partition import PartitionError, PartitionSpec
+from gpuvm.mediator.vgpu import VGpu
+from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from scheduler import FifoPolicy, SchedulerConfig
+from scheduler.metrics import VmMetrics
+
+PARTITION_FIELDS = {f.name for f in fields(PartitionSpec)}
+
+
+def gpu_types(profile: DeviceProfile) -> dict[str, MdevType]:
+    """The mdev types a GPU of this profile advertises (sizes from the GPU itself)."""
+    short = profile.name.replace("Quadro ", "Q").replace(" ", "")
+    return mdev_types.mdev_types(short, profile.vram_size - HYP_GLOBAL, profile.bar1_size,
+                                 profile.bar3_size)
+
+
+def machine_profile(options: RunOptions) -> DeviceProfile:
+    profile = load_profile(options.profile) if options.profile else load_profile()
+    return profile.with_vram(options.vram_size) if options.vram_size else profile
+
+
+def vm_mode(spec: VmSpec, options: RunOptions) -> str:
+    return spec.mode or options.mode
+
+
+def requested_vgpu(spec: VmSpec, types: dict[str, MdevType]) -> tuple[PartitionSpec, float, str]:
+    """(partition, scheduler share, type id) of the vGPU a VM asks for: an explicit
+    partition, else its mdev type, else the GPU's default type."""
+    if spec.partition:
+        unknown = set(spec.partition) - PARTITION_FIELDS
+        if unknown:
+            raise RunError(f"{spec.name}: unknown partition field {sorted(unknown)[0]!r} "
+                           f"(have {', '.join(sorted(PARTITION_FIELDS))})")
+        part, weight, type_id = PartitionSpec(**spec.partition), 1.0, "custom"
+    else:
+        try:
+            t = mdev_types.lookup(types, spec.mdev_type or mdev_types.default_type_id(types))
+        except MdevTypeError as exc:
+            raise RunError(f"{spec.name}: {exc}") from None
+        part, weight, type_id = t.partition, t.weight, t.type_id
+    try:
+        part.check()
+    except PartitionError as exc:
+        raise RunError(f"{spec.name}: {exc}") from None
+    return part, spec.share if spec.share is not None else weight, type_id
+
+
+class MediatedMachine:
+    def __init__(self, options: RunOptions, specs: list[VmSpec]) -> None:
+        self.options = options
+        try:
+            policy = SchedulerConfig.from_dict(options.scheduler).build() \
+                if options.scheduler else FifoPolicy()
+        except ValueError as exc:
+            raise RunError(f"scheduler: {exc}") from None
+        self.gpu = Gpu(machine_profile(options), time_scale=options.time_scale)
+        self.types = gpu_types(self.gpu.profile)
+        for spec in specs:  # every VM's request is checked before anything runs
+            mode = MODE_TABLE.get(vm_mode(spec, options))
+            if mode is None or not mode.mediated:
+                raise RunError(f"{spec.name}: mode {vm_mode(spec, options)!r} is not a "
+                               f"mediated mode")
+            if spec.paravirtual != mode.pv:
+                raise RunError(f"{spec.name}: mode {mode.name} runs the "
+                               f"{'PV' if mode.pv else 'unmodified'} driver")
+            requested_vgpu(spec, self.types)
+        self.gpu.start()
+        self.med = Mediator(self.gpu, policy)
+        self.vgpus: dict[str, VGpu] = {}
+
+    def attach(self, spec: VmSpec) -> VGpu:
+        part, share, type_id = requested_vgpu(spec, self.types)
+        mode = MODE_TABLE[vm_mode(spec, self.options)]
+        uuid = spec.mdev_uuid or str(uuidlib.uuid4())
+        try:
+            vgpu = self.med.add_vm(spec.name, mode, part, share, uuid, type_id)
+        except PartitionError as exc:
+            raise RunError(f"{spec.name}: {exc}") from None
+        self.vgpus[spec.name] = vgpu
+        return vgpu
+
+    def detach(self, spec: VmSpec) -> None:
+        vgpu = self.vgpus.pop(spec.name, None)
+        if vgpu is not None:
+            self.med.remove_vm(vgpu)
+
+    def metrics(self, spec: VmSpec) -> VmMetrics | None:
+        """The scheduler's record of this VM (read before it is detached)."""
+        vgpu = self.vgpus.get(spec.name)
+        if vgpu is None:
+            return None
+        self.med.submissions.wait_idle(vgpu)
+        return self.med.submissions.metrics(vgpu)
+
+    def close(self) -> None:
+        self.med.close()
+        self.gpu.release_memory()
+
+
+def guest_for_mode(spec: VmSpec, mode_name: str) -> VmSpec:
+    """The spec with the driver build its mode runs (the PV build for pv modes)."""
+    from dataclasses import replace
+
+    mode = MODE_TABLE.get(spec.mode or mode_name)
+    if mode is None or not mode.pv or spec.paravirtual:
+        return spec
+    return replace(spec, paravirtual=True, pv_batch=spec.pv_batch or mode.pv_batch)

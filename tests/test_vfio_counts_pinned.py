@@ -1,0 +1,71 @@
+"""Every benchmark in every mode, through the VFIO attach path, does exactly the work it
+did before vGPUs became VFIO devices, and the default mdev type's counts are pinned.
+
+- counts_pre_vfio.json was recorded by the runner before the VFIO change, with the then
+  default partition (512 MiB, 8 channels, BAR1 16 MiB, BAR3 8 MiB; native showing that
+  GPU).  The same partition through the VFIO path must give identical counts, per phase.
+- counts_default_type.json pins the default type (gpuvm-Q6000-8Q).  It differs from the
+  old default only in BAR1 (15 MiB, so eight instances fit beside the USERD poll area):
+  every full scan of the BAR1 window reads 256 entries fewer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuvm.device import regs
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.vmm.kvm import kvm_usable
+
+KVM_USABLE, KVM_WHY = kvm_usable()
+
+DATA = Path(__file__).with_name("data")
+CASES = {"vecadd": [1000], "madd": [16], "mmul": [32], "fmadd": [1000],
+         "memcpy": [4096], "loop": [1000], "idle": []}
+MODES = ["native", "fv", "fv+remap", "fv+lazy", "fv-opt", "pv-naive", "pv"]
+PRE_VFIO_PARTITION = {"vram_size": 512 * regs.MiB, "channels": 8, "bar1_size": 16 * regs.MiB,
+                      "bar3_size": 8 * regs.MiB, "shadow_size": 32 * regs.MiB}
+
+
+DEFAULT_TYPE = "gpuvm-Q6000-8Q"
+
+
+def _counts(backend: str, partition: dict[str, int],
+            mdev_type: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    out = {}
+    for bench, params in CASES.items():
+        for mode in MODES:
+            (r,) = run_vms([VmSpec("vm0", bench, params, partition=dict(partition),
+                                   mdev_type=mdev_type)],
+                           RunOptions(mode=mode, backend=backend, timeout=300))
+            assert r.passed, (bench, mode, r.error())
+            out[f"{bench}/{mode}"] = {p.name: p.counters for p in r.session.phases}
+    return out
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key] == want[key], key
+
+
+@pytest.mark.slow
+def test_counts_identical_to_before_vfio_inproc():
+    _assert_same(_counts("inproc", PRE_VFIO_PARTITION),
+                 json.loads((DATA / "counts_pre_vfio.json").read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.kvm
+@pytest.mark.skipif(not KVM_USABLE, reason=KVM_WHY)
+def test_counts_identical_to_before_vfio_kvm():
+    _assert_same(_counts("kvm", PRE_VFIO_PARTITION),
+                 json.loads((DATA / "counts_pre_vfio.json").read_text()))
+
+
+@pytest.mark.slow
+def test_default_type_counts_pinned():
+    _assert_same(_counts("inproc", {}, DEFAULT_TYPE), json.loads((DATA / "counts_default_type.json").read_text()))
