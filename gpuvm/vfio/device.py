@@ -37,14 +37,24 @@ class SparseArea:
 
 
 @dataclass(frozen=True)
+class RegionType:
+    """The type capability of a device-specific region (VFIO_REGION_INFO_CAP_TYPE):
+    a bus-wide type and a subtype within it, e.g. a vendor's (PCI_VENDOR_TYPE | vendor)."""
+
+    type: int
+    subtype: int
+
+
+@dataclass(frozen=True)
 class RegionInfo:
-    """struct vfio_region_info, with the sparse-mmap capability decoded."""
+    """struct vfio_region_info, with the sparse-mmap and type capabilities decoded."""
 
     index: int
     size: int
     flags: int
     sparse: tuple[SparseArea, ...] = ()
     offset: int = 0  # where the region starts in the device fd (kernel/vfio-user)
+    type: RegionType | None = None  # device-specific regions only
 
     @property
     def readable(self) -> bool:
