@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("gpuvm.experiment", "run an experiment described by a TOML file"),
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
+    "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
+                                             "for pinned sysram (--pt-footprint)"),
 }
 
 
