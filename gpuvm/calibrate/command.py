@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sizes", default="64M,1G", help="bandwidth copy sizes (default 64M,1G)")
     g.add_argument("--pin-size", default="1G", help="region pinned / copied into (default 1G)")
     g.add_argument("--chunk", default="4M", help="pinning chunk (default 4M)")
+    g.add_argument("--chunk-offset", default="0",
+                   help="shift the chunk grid by this much (e.g. 1M: chunk edges inside huge pages)")
     g.add_argument("--reps", type=int, default=7, help=f"repetitions (>= {MIN_REPS}; default 7)")
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
@@ -118,8 +120,12 @@ def main_gpu(args: argparse.Namespace) -> int:
         raise UserError(f"--reps {args.reps}: need at least {MIN_REPS} for a median and spread")
     sizes, pin_bytes, chunk = parse_sizes(args.sizes), parse_size(args.pin_size), \
         parse_size(args.chunk)
-    if chunk % 4096 or pin_bytes % 4096 or any(s % 4096 for s in sizes):
-        raise UserError("--sizes, --pin-size and --chunk must be multiples of 4 KiB")
+    offset = 0 if args.chunk_offset.strip() == "0" else parse_size(args.chunk_offset)
+    if chunk % 4096 or pin_bytes % 4096 or offset % 4096 or any(s % 4096 for s in sizes):
+        raise UserError("--sizes, --pin-size, --chunk and --chunk-offset must be multiples "
+                        "of 4 KiB")
+    if offset >= chunk:
+        raise UserError(f"--chunk-offset {args.chunk_offset} must be smaller than --chunk")
     try:
         cuda = find_backend(args.backend)
     except NoGpu as exc:
@@ -127,7 +133,7 @@ def main_gpu(args: argparse.Namespace) -> int:
         return EXIT_NO_GPU
     command = "gpuvm calibrate " + shlex.join(sys.argv[sys.argv.index("calibrate") + 1:]) \
         if "calibrate" in sys.argv else "gpuvm calibrate --gpu"
-    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command)
+    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command, offset)
     log = (lambda m: print(f"… {m}", file=sys.stderr)) if not args.json else (lambda m: None)
     profile = gpu.calibrate(cuda, plan, log)
     out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}.toml"
@@ -157,7 +163,9 @@ def print_profile(profile) -> None:
     for b in profile.bandwidth:
         t.add_row(human(b.nbytes), b.direction.upper(), b.host, escape(b.gib_s.text()))
     console.print(t)
-    t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), {human(d.chunk_bytes)} chunks")
+    grid = f", grid shifted {human(d.chunk_offset)}" if d.chunk_offset else ""
+    t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), {human(d.chunk_bytes)} "
+                    f"chunks{grid}")
     for col in ("memory", "huge-mapped", "size", "register ms", "unregister ms",
                 "µs/chunk pin", "µs/chunk unpin"):
         t.add_column(col)

@@ -37,6 +37,7 @@ class Plan:
     chunk_bytes: int
     reps: int
     command: str
+    chunk_offset: int = 0  # where the chunk grid starts (0: chunks aligned to the region)
 
 
 def timed(fn: Callable[[], None], reps: int, warmup: int = 1) -> list[float]:
@@ -55,9 +56,15 @@ def rate(nbytes: int, seconds: list[float]) -> Spread:
     return Spread.of(seconds).inverted(nbytes / GiB)
 
 
-def chunks(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
-    """(address, length) pieces of [base, base+nbytes), the last one possibly short."""
-    return [(base + off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
+def chunks(base: int, nbytes: int, chunk: int, offset: int = 0) -> list[tuple[int, int]]:
+    """(address, length) pieces of [base, base+nbytes) on a grid of `chunk` bytes shifted by
+    `offset`: the first piece is `offset` long (if non-zero), the last one possibly short.
+    A shifted grid makes every chunk boundary fall inside a huge page."""
+    if chunk <= 0 or not 0 <= offset < chunk:
+        raise ValueError(f"chunk {chunk}, offset {offset}: need 0 <= offset < chunk")
+    starts = ([0] if offset else []) + list(range(offset, nbytes, chunk))
+    ends = starts[1:] + [nbytes]
+    return [(base + lo, hi - lo) for lo, hi in zip(starts, ends) if hi > lo]
 
 
 def measure_bandwidth(cuda: CudaBackend, plan: Plan) -> list[Bandwidth]:
@@ -98,7 +105,7 @@ def measure_pinning(cuda: CudaBackend, plan: Plan, kind: str) -> PinCost:
     try:
         region.populate()
         huge = region.thp_kib()
-        pieces = chunks(region.address, plan.pin_bytes, plan.chunk_bytes)
+        pieces = chunks(region.address, plan.pin_bytes, plan.chunk_bytes, plan.chunk_offset)
         pin_all(cuda, pieces)  # warm-up: first registration pays one-time driver setup
         unpin_all(cuda, pieces)
         reg, unreg = [], []
@@ -109,7 +116,7 @@ def measure_pinning(cuda: CudaBackend, plan: Plan, kind: str) -> PinCost:
             unpin_all(cuda, pieces)
             reg.append(mid - start)
             unreg.append(time.perf_counter() - mid)
-        return PinCost(kind, plan.pin_bytes, plan.chunk_bytes, huge,
+        return PinCost(kind, plan.pin_bytes, plan.chunk_bytes, len(pieces), huge,
                        Spread.of(reg).scaled(1e3), Spread.of(unreg).scaled(1e3))
     finally:
         region.close()
@@ -123,7 +130,7 @@ def measure_d2h_into(cuda: CudaBackend, plan: Plan, dev: int, kind: str) -> list
         try:
             region.populate()
             before = region.thp_kib()
-            pieces = chunks(region.address, plan.pin_bytes, plan.chunk_bytes)
+            pieces = chunks(region.address, plan.pin_bytes, plan.chunk_bytes, plan.chunk_offset)
             if mode == "pageable":
                 def copy() -> None: cuda.d2h(region.address, dev, plan.pin_bytes)
             elif mode == "chunk-pinned":
@@ -157,7 +164,7 @@ def calibrate(cuda: CudaBackend, plan: Plan,
         command=plan.command, kernel=platform.release(),
         shmem_thp=hostmem.read_knob(hostmem.SHMEM_THP_KNOB),
         anon_thp=hostmem.read_knob(hostmem.ANON_THP_KNOB),
-        reps=plan.reps, chunk_bytes=plan.chunk_bytes)
+        reps=plan.reps, chunk_bytes=plan.chunk_bytes, chunk_offset=plan.chunk_offset)
     progress("bandwidth: pinned vs pageable")
     bandwidth = measure_bandwidth(cuda, plan)
     pins = []

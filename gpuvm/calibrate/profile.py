@@ -29,6 +29,8 @@ class DeviceInfo:
     anon_thp: str  # /sys/kernel/mm/transparent_hugepage/enabled, selected mode
     reps: int
     chunk_bytes: int
+    chunk_offset: int = 0  # start of the chunk grid inside each region
+
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,10 @@ class PinCost:
     memory: str  # a hostmem.REGION_KINDS name
     nbytes: int
     chunk_bytes: int
+    chunks: int  # registrations per pass (one more than nbytes/chunk_bytes if offset)
     huge_kib: int  # kB of the region mapped by huge pages when measured
     register_ms: Spread  # the whole region
     unregister_ms: Spread
-
-    @property
-    def chunks(self) -> int:
-        return -(-self.nbytes // self.chunk_bytes)
 
 
 @dataclass(frozen=True)
