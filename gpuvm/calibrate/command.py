@@ -30,8 +30,9 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    return [parse_size(part) for part in text.split(",") if part.strip()] or \
-        [parse_size(text)]
+    """'64M,1G' -> [64 MiB, 1 GiB]; an empty list is a bad size like any other."""
+    parts = [part for part in text.split(",") if part.strip()]
+    return [parse_size(part) for part in parts] if parts else [parse_size(text)]
 
 
 def parse_counts(text: str) -> list[int]:
