@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
+    "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
+                                             "for pinned sysram (--pt-footprint)"),
 }
 
 

@@ -1,0 +1,135 @@
+"""Host memory the way a hypervisor backs guest RAM: 4 KiB pages or a huge-page memfd.
+
+The regions are plain mmaps whose addresses can be handed to cudaHostRegister and
+cudaMemcpy.  Whether transparent huge pages actually backed a region is read back from
+/proc/self/smaps (the kernel may refuse: shmem THP off, no free 2 MiB blocks), so every
+measurement says what memory it really ran on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PAGE = 4096
+SHMEM_THP_KNOB = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+ANON_THP_KNOB = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+# region kind -> (file-backed?, madvise to apply before the first touch)
+REGION_KINDS: dict[str, tuple[bool, int | None]] = {
+    # anonymous memory split into 4 KiB pages: the classic guest RAM backing
+    "anon-4k": (False, getattr(mmap, "MADV_NOHUGEPAGE", 15)),
+    # anonymous memory as a program gets it (THP as the system default says)
+    "anon": (False, None),
+    # one memfd holding guest RAM, shmem THP asked for
+    "memfd-thp": (True, getattr(mmap, "MADV_HUGEPAGE", 14)),
+    # the same memfd with huge pages refused on the range (the recovery in the field report)
+    "memfd-4k": (True, getattr(mmap, "MADV_NOHUGEPAGE", 15)),
+}
+
+# smaps fields that count huge-page-mapped kB (anonymous, shmem, other files)
+THP_FIELDS = ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped")
+
+_VMA_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s")
+_KB_FIELD = re.compile(r"^(\w+):\s+(\d+) kB$")
+
+
+def selected_mode(knob_text: str) -> str:
+    """The active choice of a sysfs THP knob: 'always [madvise] never' -> 'madvise'."""
+    match = re.search(r"\[([^\]]+)\]", knob_text)
+    if match is None:
+        raise ValueError(f"no [selected] mode in {knob_text.strip()!r}")
+    return match.group(1)
+
+
+def read_knob(path: Path) -> str:
+    """The knob's selected mode, or 'unavailable' (no THP in this kernel, no sysfs)."""
+    try:
+        return selected_mode(path.read_text())
+    except (OSError, ValueError):
+        return "unavailable"
+
+
+def smaps_kib(smaps_text: str, start: int, end: int) -> dict[str, int]:
+    """Sum of every 'Name: N kB' field over the VMAs overlapping [start, end).
+
+    A region is one VMA until madvise or mprotect splits it; summing over all overlapping
+    VMAs counts it whole either way."""
+    totals: dict[str, int] = {}
+    inside = False
+    for line in smaps_text.splitlines():
+        header = _VMA_HEADER.match(line)
+        if header:
+            lo, hi = int(header.group(1), 16), int(header.group(2), 16)
+            inside = lo < end and hi > start
+            continue
+        if inside:
+            kb = _KB_FIELD.match(line)
+            if kb:
+                totals[kb.group(1)] = totals.get(kb.group(1), 0) + int(kb.group(2))
+    return totals
+
+
+def huge_kib(fields: dict[str, int]) -> int:
+    """kB of a region mapped by huge pages (PMD mappings), whatever backs it."""
+    return sum(fields.get(name, 0) for name in THP_FIELDS)
+
+
+@dataclass
+class HostRegion:
+    """An mmap of `size` bytes of one kind, with its address for the CUDA runtime."""
+
+    kind: str
+    size: int
+    _map: mmap.mmap
+    _fd: int | None
+    _anchor: ctypes.c_char = field(repr=False)
+
+    @classmethod
+    def open(cls, kind: str, size: int) -> "HostRegion":
+        if kind not in REGION_KINDS:
+            raise ValueError(f"unknown host memory kind {kind!r} (one of {', '.join(REGION_KINDS)})")
+        if size <= 0 or size % PAGE:
+            raise ValueError(f"region size {size} is not a positive multiple of {PAGE}")
+        file_backed, advice = REGION_KINDS[kind]
+        fd = None
+        if file_backed:
+            fd = os.memfd_create(f"gpuvm-{kind}", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            region = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if advice is not None:
+            region.madvise(advice)
+        return cls(kind, size, region, fd, ctypes.c_char.from_buffer(region))
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._anchor)
+
+    def populate(self) -> None:
+        """Touch every page so later timings measure pinning and copying, not faults."""
+        view = np.frombuffer(self._map, dtype=np.uint8)
+        view[::PAGE] = 1
+        del view
+
+    def smaps(self) -> dict[str, int]:
+        return smaps_kib(Path("/proc/self/smaps").read_text(), self.address,
+                         self.address + self.size)
+
+    def thp_kib(self) -> int:
+        return huge_kib(self.smaps())
+
+    def close(self) -> None:
+        del self._anchor
+        self._map.close()
+        if self._fd is not None:
+            os.close(self._fd)
