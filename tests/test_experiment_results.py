@@ -353,3 +353,21 @@ def test_a_stop_signal_waits_for_the_rows_being_written():
                 written = True  # reached: the signal did not cut the block
         assert written and stop.exit_status == 143
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+@pytest.mark.kvm
+def test_sigterm_stops_running_kvm_guests(tmp_path):
+    from gpuvm.vmm.backends import kvm_usable
+    ok, why = kvm_usable()
+    if not ok:
+        pytest.skip(why)
+    # after the idle run, a guest with about 4 s of kernels: the signal lands while it runs
+    config = write_config(tmp_path, QUICK, **{'backend = "inproc"': 'backend = "kvm"',
+                                              'name = "b"\nbenchmark = "vecadd"\nparams = [256]':
+                                              'name = "b"\nbenchmark = "loop"\n'
+                                              'params = [2000000, 2000]'})
+    proc, run, stop_s = interrupt(config, signal.SIGTERM)
+    assert proc.returncode == 143, proc.stderr
+    assert stop_s < 10 and "Traceback" not in proc.stderr
+    assert [r["scenario"] for r in rows_of(run)] == ["one"]
+    assert not (run / COMPLETE).exists() and not (run.parent / "latest").exists()
