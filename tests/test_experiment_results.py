@@ -262,6 +262,13 @@ def test_one_failing_vm_makes_the_command_fail_after_writing_everything(tmp_path
     assert (tmp_path / "results" / "latest").resolve() == run.resolve()
 
 
+def test_run_with_config_records_a_complete_run(tmp_path, capsys):
+    config = write_config(tmp_path, QUICK)
+    assert gpuvm(["run", "--config", str(config)]) == 0
+    [run] = run_dirs(tmp_path / "results")
+    assert (run / COMPLETE).is_file() and len(rows_of(run)) == 3
+
+
 # ------------------------------------------------------------------- --report
 @pytest.fixture()
 def finished(tmp_path, capsys):

@@ -51,6 +51,8 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.backend:
         exp = replace(exp, backend=args.backend)
+    # `gpuvm run --config FILE` calls in here with only config, report and backend
+    args.resume = getattr(args, "resume", None)
     try:
         if args.report is not None:
             return _rebuild_report(exp, args)

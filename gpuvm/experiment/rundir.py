@@ -157,8 +157,9 @@ class RunDir:
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except FileNotFoundError:
-            raise RunDirError(f"{path}: not a run directory of `gpuvm experiment` "
-                              f"(no {MANIFEST})") from None
+            raise RunDirError(f"{path}: not a run directory of `gpuvm experiment` (no "
+                              f"{MANIFEST}; directories made before it existed cannot be "
+                              f"checked against a config)") from None
         except (OSError, ValueError) as exc:
             raise RunDirError(f"{path / MANIFEST}: unreadable: {exc}") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
