@@ -8,9 +8,9 @@ makes only the runs that have no rows yet (rundir.py keeps the directory's state
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Collection, ContextManager
+from typing import Any, Callable, Collection
 
 from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.experiment.costs import CostProfile, load_costs
@@ -106,7 +106,7 @@ Progress = Callable[[str], None]
 
 def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None,
             skip: Collection[RunKey] = (),
-            deferred: Callable[[], ContextManager[object]] = nullcontext) -> list[VmRow]:
+            deferred: Callable[[], AbstractContextManager[object]] = nullcontext) -> list[VmRow]:
     """Make every planned run not in `skip`, in plan order; returns the new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the

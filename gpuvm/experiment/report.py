@@ -157,8 +157,8 @@ def benchmarks_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str
                "| exits | traps | shadow syncs | PTEs scanned | hypercalls | paper |",
                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for l in lines:
-            ratio = f"{l.modelled_ms / native.modelled_ms:.1f}" if native and native.modelled_ms \
-                else "-"
+            ratio = f"{l.modelled_ms / native.modelled_ms:.1f}" \
+                if native and native.modelled_ms and l.modelled_ms else "-"
             md.append(f"| {l.mode} | {l.passed}/{l.vms} | {l.wall_ms:,.1f} | {l.modelled_ms:,.1f} "
                       f"| {ratio} | {l.init_close_pct:.0f} | {l.exits:,} | {l.traps:,} "
                       f"| {l.syncs:,} | {l.ptes_scanned:,} | {l.hypercalls:,} "

@@ -149,6 +149,8 @@ class RunDir:
 
     @classmethod
     def open(cls, path: Path) -> RunDir:
+        if path.is_symlink():  # `latest`: work on what it names, never on the link itself
+            path = path.resolve()
         if not path.exists():
             raise RunDirError(f"{path}: no such run directory")
         if not path.is_dir():
