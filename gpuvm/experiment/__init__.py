@@ -148,7 +148,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from gpuvm.experiment.report import write_report
     from gpuvm.experiment.rundir import RunDir, complete_runs, plan
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
     with StopSignals() as stop:
         if args.resume is None:
             run, done, kept = RunDir.create(exp), set(), []
