@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuvm.experiment.config import parse
-from gpuvm.experiment.execute import execute, load_rows, run_directory
+from gpuvm.experiment.execute import execute, row_from_dict
 from gpuvm.experiment.report import isolation_window, write_report
+from gpuvm.experiment.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,11 +48,13 @@ inject = "bad-method"
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("exp")
     exp = parse(SMALL.format(out=out), "small.toml")
-    run = run_directory(exp)
+    rundir = RunDir.create(exp)
     lines: list[str] = []
-    rows = execute(exp, run, progress=lines.append)
-    report = write_report(exp, rows, run)
-    return exp, run, rows, report, lines
+    rows = execute(exp, rundir, progress=lines.append)
+    report = write_report(exp, rows, rundir.path)
+    rundir.mark_complete(len(rows))
+    rundir.point_latest()
+    return exp, rundir.path, rows, report, lines
 
 
 def test_rows_report_and_figures(finished):
@@ -78,7 +81,8 @@ def test_a_failing_vm_keeps_the_others(finished):
 def test_report_rebuilds_from_rows(finished):
     exp, run, rows, report, _ = finished
     before = report.read_text()
-    again = write_report(exp, load_rows(run / "runs.jsonl"), run)
+    again = write_report(exp, [row_from_dict(d) for d in RunDir.open(run).read_rows().rows],
+                         run)
     assert again.read_text() == before
 
 

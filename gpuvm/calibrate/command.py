@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from gpuvm.calibrate.stats import MIN_REPS
-from gpuvm.cli import UserError
+from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3

@@ -1,34 +1,49 @@
 """`gpuvm experiment FILE.toml`: replay an experiment from its config file.
 
-Writes results/<name>/<timestamp>/ (runs.jsonl, results.csv, figures, report.md) and
-points results/<name>/latest at it.  `--report DIR` rebuilds the report of a finished
-run from its runs.jsonl without running anything.
+Writes results/<name>/<timestamp>/ (manifest.json, runs.jsonl, results.csv, figures,
+report.md, and COMPLETE once every planned run is in) and then points
+results/<name>/latest at it.  Ctrl-C or SIGTERM stops the running guests and leaves the
+directory incomplete; `--resume [DIR]` finishes it without redoing the runs it holds.
+`--report DIR` rebuilds the report of a run from its runs.jsonl without running anything.
+The command exits non-zero when any VM run failed (after writing everything).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuvm.experiment.config import Experiment
+    from gpuvm.experiment.execute import VmRow
+    from gpuvm.experiment.rundir import RunDir, RunKey
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="experiment file (TOML)")
-    parser.add_argument("--report", type=Path, metavar="RUN_DIR",
-                        help="only rebuild the report of a finished run directory")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--report", type=Path, metavar="RUN_DIR",
+                      help="only rebuild the report of a run directory (never over a report "
+                           "built from more rows)")
+    what.add_argument("--resume", nargs="?", const="", metavar="RUN_DIR",
+                      help="finish an interrupted run without redoing the runs it holds "
+                           "(default: the newest interrupted run of this configuration)")
     parser.add_argument("--backend", choices=("kvm", "inproc", "auto"),
                         help="override the file's backend")
 
 
+def resume_command(config: Path, run: RunDir) -> str:
+    return f"gpuvm experiment {config} --resume {run.path}"
+
+
 def main(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from rich.console import Console
-
     from gpuvm.errors import UserError
     from gpuvm.experiment.config import ConfigError, load
-    from gpuvm.experiment.execute import execute, load_rows, run_directory
-    from gpuvm.experiment.report import write_report
+    from gpuvm.experiment.rundir import RunDirError
 
     try:
         exp = load(args.config)
@@ -36,21 +51,129 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.backend:
         exp = replace(exp, backend=args.backend)
-    console = Console(stderr=True)
-    if args.report:
-        rows = load_rows(args.report / "runs.jsonl")
-        out = args.report
-    else:
-        out = run_directory(exp)
-        console.print(f"[bold]{exp.name}[/]: {len(exp.scenarios)} scenario(s) x "
-                      f"{len(exp.modes)} mode(s) x {len(exp.policies)} polic(y/ies) x "
-                      f"{exp.repetitions} rep(s) -> {out}")
-        rows = execute(exp, out, progress=lambda line: console.print(line))
-    report = write_report(exp, rows, out)
-    print(report.read_text())
-    console.print(f"report: {report}")
+    # `gpuvm run --config FILE` calls in here with only config, report and backend
+    args.resume = getattr(args, "resume", None)
+    try:
+        if args.report is not None:
+            return _rebuild_report(exp, args)
+        return _run(exp, args)
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"gpuvm: warning: {line}", file=sys.stderr)
+
+
+def _rows(run: RunDir, dicts: list[dict[str, Any]]) -> list[VmRow]:
+    from gpuvm.experiment.execute import row_from_dict
+    from gpuvm.experiment.rundir import RunDirError
+
+    try:
+        return [row_from_dict(d) for d in dicts]
+    except TypeError as exc:
+        raise RunDirError(f"{run.rows_path}: a row of another format: {exc}") from None
+
+
+def _failed(rows: list[VmRow], report: Path) -> int:
     failed = [r for r in rows if not r.passed]
     if failed:
-        print(f"gpuvm: {len(failed)} VM run(s) failed; see {report}", file=sys.stderr)
+        print(f"gpuvm: {len(failed)} of {len(rows)} VM run(s) failed; see {report}",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _rebuild_report(exp: Experiment, args: argparse.Namespace) -> int:
+    from gpuvm.experiment.report import REPORT, report_rows, write_report
+    from gpuvm.experiment.rundir import RunDir, RunDirError
+
+    run = RunDir.open(args.report)
+    run.check(exp)
+    loaded = run.read_rows()
+    _warn(loaded.warnings)
+    rows = _rows(run, loaded.rows)
+    before = report_rows(run.path)
+    if before is not None and before > len(rows):
+        raise RunDirError(f"{run.path / REPORT}: was built from {before} rows but runs.jsonl "
+                          f"has {len(rows)}; not overwritten")
+    exp = replace(exp, backend=run.manifest.get("backend", exp.backend))
+    report = write_report(exp, rows, run.path, complete=run.complete,
+                          resume=resume_command(args.config, run))
+    print(report.read_text())
+    print(f"report: {report}", file=sys.stderr)
+    status = _failed(rows, report)
+    if not run.complete:
+        print(f"gpuvm: {run.path} is incomplete; finish it with: "
+              f"{resume_command(args.config, run)}", file=sys.stderr)
+        return 1
+    return status
+
+
+def _open_for_resume(exp: Experiment, args: argparse.Namespace
+                     ) -> tuple[Experiment, RunDir, set[RunKey], list[dict[str, Any]]]:
+    """The interrupted run, its finished runs' rows (rewriting runs.jsonl without a torn
+    line or the rows of a run cut short), and the experiment with the run's backend."""
+    from gpuvm.experiment.rundir import RunDir, RunDirError, complete_runs, key_of
+
+    run = RunDir.open(Path(args.resume)) if args.resume else RunDir.newest_incomplete(exp)
+    run.check(exp)
+    if run.complete:
+        raise RunDirError(f"{run.path}: already complete; nothing to resume "
+                          f"(`--report {run.path}` rebuilds its report)")
+    backend = run.manifest.get("backend", exp.backend)
+    if args.backend and args.backend != backend:
+        raise RunDirError(f"{run.path}: was run with backend {backend!r}; resume it with "
+                          f"the same")
+    exp = replace(exp, backend=backend)
+    loaded = run.read_rows()
+    done = complete_runs(loaded.rows, exp)
+    kept = [(row, line) for row, line in zip(loaded.rows, loaded.lines) if key_of(row) in done]
+    warnings = list(loaded.warnings)
+    if len(kept) < len(loaded.rows):
+        warnings.append(f"{run.rows_path}: dropped {len(loaded.rows) - len(kept)} row(s) of "
+                        f"a run that did not finish; it is run again")
+    if warnings:
+        run.rewrite_rows([line for _, line in kept])
+        _warn(warnings)
+    return exp, run, done, [row for row, _ in kept]
+
+
+def _run(exp: Experiment, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from gpuvm.experiment.execute import execute
+    from gpuvm.experiment.interrupt import StopSignals
+    from gpuvm.experiment.report import write_report
+    from gpuvm.experiment.rundir import RunDir, complete_runs, plan
+
+    console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
+    with StopSignals() as stop:
+        if args.resume is None:
+            run, done, kept = RunDir.create(exp), set(), []
+            console.print(f"[bold]{exp.name}[/]: {len(exp.scenarios)} scenario(s) x "
+                          f"{len(exp.modes)} mode(s) x {len(exp.policies)} polic(y/ies) x "
+                          f"{exp.repetitions} rep(s) -> {run.path}")
+        else:
+            exp, run, done, kept = _open_for_resume(exp, args)
+            console.print(f"[bold]{exp.name}[/]: resuming {run.path}: {len(done)} of "
+                          f"{len(plan(exp))} runs already recorded")
+        try:
+            new = execute(exp, run, progress=lambda line: console.print(line), skip=done,
+                          deferred=stop.deferred)
+            rows = _rows(run, kept) + new
+            with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
+                report = write_report(exp, rows, run.path)
+                run.mark_complete(len(rows))
+                run.point_latest()
+        except KeyboardInterrupt:
+            recorded = len(complete_runs(run.read_rows().rows, exp))
+            name = signal.Signals(stop.received or signal.SIGINT).name
+            print(f"gpuvm: interrupted by {name}: {run.path} holds {recorded} of "
+                  f"{len(plan(exp))} runs; finish it with: {resume_command(args.config, run)}",
+                  file=sys.stderr)
+            return stop.exit_status
+    print(report.read_text())
+    console.print(f"report: {report}")
+    return _failed(rows, report)

@@ -1,21 +1,24 @@
 """Running an experiment: every scenario under every mode, policy and repetition.
 
 Each finished run's rows are appended to runs.jsonl at once, so a failure later (a VM
-that faults, a crash, Ctrl-C) loses nothing already measured; each invocation writes a
-new time-stamped directory, so no earlier experiment is overwritten.
+that faults, a crash, Ctrl-C) loses nothing already measured, and a resumed experiment
+makes only the runs that have no rows yet (rundir.py keeps the directory's state).
 """
 
 from __future__ import annotations
 
-import json
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Collection
 
-from gpuvm.experiment.config import REPO, Experiment, Scenario
+from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.experiment.costs import CostProfile, load_costs
+from gpuvm.experiment.rundir import RunDir, RunKey, plan
+from gpuvm.device.profile import load_profile
+from gpuvm.mediator import mdev_types
 from gpuvm.mediator.modes import MODES
+from gpuvm.run.mediated import gpu_types
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.run import VmResult, run_vms
 from gpuvm.device import regs
@@ -55,9 +58,15 @@ class VmRow:
         return sum(self.modelled_ns.values())
 
 
+DEFAULT_TYPE = mdev_types.default_type_id(gpu_types(load_profile()))
+
+
 def specs_for(scenario: Scenario) -> list[VmSpec]:
+    """The scenario's VMs; one that names no partition gets the GPU's default vGPU type
+    (so native VMs see that type's GPU and ×native compares like with like)."""
     return [VmSpec(vm.name, vm.benchmark, list(vm.params), vm.inject, share=vm.share,
                    start_delay=vm.start_s, partition=dict(vm.partition),
+                   mdev_type=None if vm.partition else DEFAULT_TYPE,
                    ram_size=vm.ram_mib * regs.MiB) for vm in scenario.vms]
 
 
@@ -91,60 +100,76 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
     return rows
 
 
-def run_directory(exp: Experiment) -> Path:
-    base = exp.output if exp.output.is_absolute() else REPO / exp.output
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = base / stamp
-    n = 1
-    while out.exists():
-        n += 1
-        out = base / f"{stamp}-{n}"
-    out.mkdir(parents=True)
-    latest = base / "latest"
-    if latest.is_symlink() or not latest.exists():
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(out.name)
-    return out
+def not_run_rows(exp: Experiment, scenario: Scenario, key: RunKey, error: str) -> list[VmRow]:
+    """A run that could not be made (a RunError) is recorded as failed VM runs, so the
+    report says so and the command fails, instead of a report of zero runs."""
+    total_share = sum(vm.share for vm in scenario.vms)
+    return [VmRow(exp.name, scenario.name, key.mode, key.policy, key.rep, vm.name,
+                  vm.benchmark, exp.backend, False, f"not run: {error}",
+                  vm.share / total_share, vm.start_s, {}, {}, {}, {}, {}, {})
+            for vm in scenario.vms]
 
 
 Progress = Callable[[str], None]
 
 
-def execute(exp: Experiment, out: Path, progress: Progress = lambda line: None) -> list[VmRow]:
-    """Run everything; returns all rows (also appended to out/runs.jsonl as they come)."""
+def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None,
+            skip: Collection[RunKey] = (),
+            deferred: Callable[[], AbstractContextManager[object]] = nullcontext) -> list[VmRow]:
+    """Make every planned run not in `skip`, in plan order; returns the new rows.
+
+    Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
+    run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
+    in the middle of them.  A KeyboardInterrupt leaves runs.jsonl holding whole runs only.
+    """
     costs = load_costs(exp.cost_profile)
+    scenarios = {s.name: s for s in exp.scenarios}
+    keys = plan(exp)
     rows: list[VmRow] = []
-    plan = [(s, m, p, r) for s in exp.scenarios for m in exp.modes
-            for p in (exp.policies if MODES[m].mediated else exp.policies[:1])
-            for r in range(exp.repetitions)]
-    with (out / "runs.jsonl").open("a") as sink:
-        for i, (scenario, mode, policy, rep) in enumerate(plan, 1):
-            label = f"[{i}/{len(plan)}] {scenario.name} {mode} {policy} rep {rep}"
-            options = RunOptions(mode=mode, backend=exp.backend, timeout=exp.timeout_s,
+    with run.appender() as sink:
+        for i, key in enumerate(keys, 1):
+            if key in skip:
+                continue
+            scenario = scenarios[key.scenario]
+            label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
+            options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale,
-                                 scheduler={**exp.scheduler, "policy": policy})
+                                 scheduler={**exp.scheduler, "policy": key.policy})
             t0 = time.monotonic()
             try:
                 results = run_vms(specs_for(scenario), options)
             except RunError as exc:
-                progress(f"{label}: not run: {exc}")
-                continue
-            new = rows_for(exp, scenario, mode, policy, rep, results, costs)
-            for row in new:
-                sink.write(json.dumps(asdict(row)) + "\n")
-            sink.flush()
-            rows.extend(new)
-            verdict = "PASS" if all(r.passed for r in new) else \
-                "FAIL: " + "; ".join(r.error or "failed" for r in new if not r.passed)
+                new = not_run_rows(exp, scenario, key, str(exc))
+                verdict = f"NOT RUN: {exc}"
+            else:
+                new = rows_for(exp, scenario, key.mode, key.policy, key.rep, results, costs)
+                verdict = "PASS" if all(r.passed for r in new) else \
+                    "FAIL: " + "; ".join(r.error or "failed" for r in new if not r.passed)
+            with deferred():
+                for row in new:
+                    sink.append(asdict(row))
+                rows.extend(new)
             progress(f"{label}: {verdict} ({time.monotonic() - t0:.1f} s)")
     return rows
 
 
-def load_rows(path: Path) -> list[VmRow]:
-    rows = []
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        d["busy"] = [tuple(b) for b in d.get("busy", [])]
-        rows.append(VmRow(**d))
-    return rows
+def row_from_dict(d: dict[str, Any]) -> VmRow:
+    d = dict(d)
+    d["busy"] = [tuple(b) for b in d.get("busy", [])]
+    return VmRow(**d)
 
+
+# What depends on the wall clock (the device clock follows it): everything else in a row
+# -- counts, records, modelled time, verdicts -- is the same on every rerun.
+WALL_CLOCK_FIELDS = ("wall_ns", "device_ns", "busy")
+WALL_CLOCK_SCHED = ("gpu_time_ns", "mean_queue_delay_ns", "max_queue_delay_ns", "added_at",
+                    "removed_at")
+
+
+def without_wall_clock(row: VmRow | dict[str, Any]) -> dict[str, Any]:
+    """A row with its wall-clock-dependent fields left out, to compare runs."""
+    d = dict(asdict(row) if isinstance(row, VmRow) else row)
+    for name in WALL_CLOCK_FIELDS:
+        d.pop(name, None)
+    d["sched"] = {k: v for k, v in d.get("sched", {}).items() if k not in WALL_CLOCK_SCHED}
+    return d

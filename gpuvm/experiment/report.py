@@ -11,6 +11,7 @@ Two kinds of report:
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,13 @@ from pathlib import Path
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import VmRow
+from gpuvm.experiment.rundir import REPORT_RECORD, config_hash, planned_vm_runs, \
+    write_atomically
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.figure import UtilisationPanel, render_panels
 from scheduler.metrics import VmMetrics
 
+REPORT = "report.md"
 PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 BAND_TOLERANCE_PP = 5.0
 
@@ -123,7 +127,8 @@ def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
             values = [getattr(l, attr)[phase] for l in lines]
             ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
             bottom = [b + v for b, v in zip(bottom, values)]
-        ax.set_yscale("log")
+        if any(b > 0 for b in bottom):  # runs that were never made have no times
+            ax.set_yscale("log")
         ax.set_ylabel("ms (log)")
         ax.set_title(f"{scenario}: {title}", fontsize=10)
         ax.tick_params(axis="x", rotation=30)
@@ -152,8 +157,8 @@ def benchmarks_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str
                "| exits | traps | shadow syncs | PTEs scanned | hypercalls | paper |",
                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for l in lines:
-            ratio = f"{l.modelled_ms / native.modelled_ms:.1f}" if native and native.modelled_ms \
-                else "-"
+            ratio = f"{l.modelled_ms / native.modelled_ms:.1f}" \
+                if native and native.modelled_ms and l.modelled_ms else "-"
             md.append(f"| {l.mode} | {l.passed}/{l.vms} | {l.wall_ms:,.1f} | {l.modelled_ms:,.1f} "
                       f"| {ratio} | {l.init_close_pct:.0f} | {l.exits:,} | {l.traps:,} "
                       f"| {l.syncs:,} | {l.ptes_scanned:,} | {l.hypercalls:,} "
@@ -264,20 +269,39 @@ def reprice(exp: Experiment, rows: list[VmRow]) -> None:
                          for phase, c in r.phase_counters.items()}
 
 
-def write_report(exp: Experiment, rows: list[VmRow], out: Path) -> Path:
+def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool = True,
+                 resume: str = "") -> Path:
+    """report.md, results.csv and figures in `out`; report.json records how many rows and
+    which configuration the report was built from (so `--report` never replaces it by one
+    built from fewer).  An incomplete run's report says so in its first lines."""
     reprice(exp, rows)
     write_csv(rows, out / "results.csv")
-    md = [f"# {exp.name}", "", exp.description, "",
-          f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
-          f"{exp.repetitions}; device time scale: {exp.time_scale:g}; backend: "
-          f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
-          f"Runs: {len(rows)} VM runs, {sum(r.passed for r in rows)} passed.  "
-          "Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
+    planned = planned_vm_runs(exp)
+    md = [f"# {exp.name}", ""]
+    if not complete:
+        md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows)} of {planned} "
+               f"planned VM runs" + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
+    md += [exp.description, "",
+           f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
+           f"{exp.repetitions}; device time scale: {exp.time_scale:g}; backend: "
+           f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
+           f"Runs: {len(rows)} of {planned} planned VM runs, {sum(r.passed for r in rows)} "
+           "passed.  Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
     failed = [r for r in rows if not r.passed]
     if failed:
         md += ["Failed VMs:", ""] + [f"- {r.scenario}/{r.mode}/{r.policy}/{r.vm}: {r.error}"
                                      for r in failed] + [""]
     md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows, out)
-    path = out / "report.md"
-    path.write_text("\n".join(md) + "\n")
+    path = out / REPORT
+    write_atomically(path, "\n".join(md) + "\n")
+    write_atomically(out / REPORT_RECORD, json.dumps(
+        {"rows": len(rows), "complete": complete, "config_sha256": config_hash(exp)}) + "\n")
     return path
+
+
+def report_rows(out: Path) -> int | None:
+    """How many rows the report in `out` was built from (None: no report recorded)."""
+    try:
+        return int(json.loads((out / REPORT_RECORD).read_text())["rows"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
