@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
+    "domain": ("gpuvm.libvirt.domain_cli", "VMs as libvirt domains with a vGPU hostdev"),
+    "nodedev": ("gpuvm.libvirt.nodedev_cli", "the GPU and its vGPUs as libvirt node devices"),
 }
 
 
