@@ -79,7 +79,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class DomainSpec:
-    """The parts of a domain gpuvm uses; `where(el)` names an element for errors."""
+    """The parts of a domain gpuvm uses."""
 
     source: str
     name: str
@@ -88,8 +88,7 @@ class DomainSpec:
     mdev_uuid: str
     workload: Workload
     result: RunResult | None
-    xml: str  # the whole document, as read
-    lines: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    xml: str  # the whole document, as read (errors found later re-read it for lines)
 
 
 def _tag(name: str) -> str:
@@ -265,8 +264,7 @@ def parse(text: str, source: str) -> DomainSpec:
         raise doc.fail(where, f"needs one <{PREFIX}:{ROOT} xmlns:{PREFIX}='{NS}'> in "
                               f"<metadata> saying what the guest runs, found {len(vms)}")
     workload, result = _workload(vms[0], doc)
-    return DomainSpec(source, name, memory, vcpus, mdev_uuid, workload, result, text,
-                      doc.lines)
+    return DomainSpec(source, name, memory, vcpus, mdev_uuid, workload, result, text)
 
 
 def load(path: str | Path) -> DomainSpec:
