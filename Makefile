@@ -1,6 +1,7 @@
 # The two front-door commands: `make run` (the default experiment) and `make test`.
 # Each installs what is missing first, idempotently: the virtualenv, the package with its
-# test extras, and the guest binaries (built with the machine's gcc).
+# test extras, and the guest binaries (built with the machine's gcc).  Debian packages
+# (gcc, libvirt) are installed with apt only when missing (as root).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
@@ -12,6 +13,13 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	@command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc make)
 	@test -f /usr/include/linux/vfio.h || (apt-get update -qq && apt-get install -y -qq linux-libc-dev)
+	@# libvirt-python compiles against the system libvirt: pkg-config finds libvirt-dev's
+	@# headers; libvirt-clients brings virsh and virt-xml-validate (with libvirt's schemas),
+	@# which runs libxml2-utils' xmllint
+	@(command -v pkg-config >/dev/null && pkg-config --exists libvirt && command -v virsh \
+	  >/dev/null && command -v virt-xml-validate >/dev/null && command -v xmllint >/dev/null) \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      libvirt-dev libvirt-clients libxml2-utils pkg-config)
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[test]'

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
     "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
                                              "for pinned sysram (--pt-footprint)"),
+    "domain": ("gpuvm.libvirt.domain_cli", "VMs as libvirt domains with a vGPU hostdev"),
+    "nodedev": ("gpuvm.libvirt.nodedev_cli", "the GPU and its vGPUs as libvirt node devices"),
 }
 
 

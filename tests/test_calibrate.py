@@ -89,7 +89,7 @@ def test_without_a_gpu_one_clear_line_and_no_simpy(tmp_path):
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'simpy' or name.startswith(('gpuvm.vmm', "
-        "'gpuvm.sim', 'gpuvm.runner', 'gpuvm.mediator')):\n"
+        "'gpuvm.sim', 'gpuvm.run', 'gpuvm.mediator')):\n"
         "            raise ImportError(f'blocked {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
         "from gpuvm.cli import main\n"

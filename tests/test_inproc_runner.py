@@ -25,7 +25,7 @@ def library():
 
 
 class Guest:
-    """One native guest on its own GPU, assembled by hand (no gpuvm.runner)."""
+    """One native guest on its own GPU, assembled by hand (no gpuvm.run)."""
 
     def __init__(self, library, bench: str, params: list[int], target=None,
                  wait_timeout: float = 2.0) -> None:

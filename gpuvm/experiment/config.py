@@ -28,6 +28,10 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
+
+    [[scenario]]              # VMs may also be libvirt domain files (gpuvm.libvirt):
+    name = "from-domains"     # each gets its vGPU type's partition and weight
+    domains = ["domains/vecadd.xml", "domains/madd.xml"]
 """
 
 from __future__ import annotations
@@ -167,6 +171,28 @@ def _vm(t: _Table) -> list[VmConfig]:
             for n in names]
 
 
+def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
+    """VMs written as libvirt domain files (relative to the experiment file): each gets
+    its vGPU type's partition and scheduler weight, its <memory> and its workload."""
+    if not files:
+        return []
+    from dataclasses import asdict
+
+    from gpuvm.errors import UserError
+    from gpuvm.libvirt.placement import domain_vms
+    from gpuvm.mdevctl import MdevStore
+
+    base = Path(source).parent if source != "<config>" else Path.cwd()
+    try:
+        vms = domain_vms([base / f for f in files], MdevStore())
+    except UserError as exc:
+        raise ConfigError(f"{source}: {where}: {exc}") from None
+    return [VmConfig(spec.name, spec.workload.benchmark, spec.workload.params,
+                     share=vgpu.weight, ram_mib=spec.memory // regs.MiB,
+                     partition=asdict(vgpu.partition), inject=spec.workload.inject)
+            for spec, vgpu in vms]
+
+
 def parse(text: str, source: str = "<config>") -> Experiment:
     try:
         data = tomllib.loads(text)
@@ -207,11 +233,14 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     for i, raw in enumerate(raw_scenarios):
         st = _Table(raw, f"scenario[{i}]", source)
         sname = st.get("name", str)
-        vms_raw = st.get("vm", list)
+        domain_files = st.get("domains", list, [], check=lambda fs: None if all(
+            isinstance(f, str) for f in fs) else "must be a list of domain XML file paths")
+        vms_raw = st.get("vm", list, ... if not domain_files else [])
         st.done()
         vms: list[VmConfig] = []
         for j, vm in enumerate(vms_raw):
             vms.extend(_vm(_Table(vm, f"scenario[{i}].vm[{j}]", source)))
+        vms.extend(_domain_vms(domain_files, source, f"scenario[{i}].domains"))
         if not vms:
             raise ConfigError(f"{source}: scenario[{i}].vm: needs at least one [[scenario.vm]]")
         if len({v.name for v in vms}) != len(vms):

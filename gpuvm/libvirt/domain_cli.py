@@ -1,0 +1,105 @@
+"""`gpuvm domain define FILE.xml | start NAME | list | dumpxml NAME | destroy NAME |
+undefine NAME`: VMs as libvirt domains, through libvirt-python.
+
+The default connection is gpuvm's own test-driver host (see gpuvm.libvirt); `--connect URI`
+uses another libvirt connection instead.  `start` runs the guest to its end on gpuvm's
+VMM with the domain's vGPU, so it returns when the domain has shut off again.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuvm.libvirt import domain_xml
+from gpuvm.libvirt.host import Host, RunSettings, state_name
+from gpuvm.vmm.backends import BACKENDS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect", "-c", metavar="URI",
+                        help="libvirt connection (default: gpuvm's test-driver host, "
+                             "test:///$GPUVM_STATE_DIR/libvirt/host.xml)")
+    sub = parser.add_subparsers(dest="domain_command", required=True)
+    define = sub.add_parser("define", help="define a domain from its XML")
+    define.add_argument("file", metavar="FILE.xml")
+    start = sub.add_parser("start", help="run a domain's guest on its vGPU, to its end")
+    start.add_argument("name", metavar="NAME")
+    start.add_argument("--backend", default="auto", choices=BACKENDS)
+    start.add_argument("--time-scale", type=float, default=1.0,
+                       help="device clock speed relative to wall time")
+    start.add_argument("--timeout", type=float, default=600.0, help="seconds for the guest")
+    sub.add_parser("list", help="every domain, its state, vGPU and last result")
+    for name, text in (("dumpxml", "a domain's XML, as libvirt has it"),
+                       ("destroy", "stop a running domain"),
+                       ("undefine", "remove a domain that is shut off")):
+        sub.add_parser(name, help=text).add_argument("name", metavar="NAME")
+
+
+def _summary(result: domain_xml.RunResult) -> str:
+    rec = result.record
+    sizes = " ".join(f"{k}={rec[k]}" for k in ("n", "bytes", "iterations") if k in rec)
+    verdict = "PASS" if result.passed else f"FAIL ({result.error})"
+    return f"{verdict} {sizes} ({result.mode}, {result.backend}, {result.wall_ms:.0f} ms)"
+
+
+def _list(host: Host, conn) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"domains on {host.uri}", title_justify="left")
+    for col in ("Id", "Name", "State", "vGPU (mdev UUID)", "Type", "Mode", "Workload",
+                "Last result"):
+        table.add_column(col, no_wrap=col != "Last result")
+    doms = sorted(conn.listAllDomains(0), key=lambda d: d.name())
+    for dom in doms:
+        try:
+            spec = host.spec_of(dom)
+        except domain_xml.DomainXmlError:
+            table.add_row(str(dom.ID()) if dom.isActive() else "-", dom.name(),
+                          state_name(dom), "-", "-", "-", "-", "-")
+            continue
+        try:
+            mdev = host.mdevs.get(spec.mdev_uuid)
+            type_id, mode = mdev.type_id, mdev.mode
+        except ValueError:
+            type_id, mode = "(not defined)", "-"
+        w = spec.workload
+        workload = " ".join([w.benchmark, *map(str, w.params)]) + \
+            (f" inject={w.inject}" if w.inject else "")
+        table.add_row(str(dom.ID()) if dom.isActive() else "-", dom.name(), state_name(dom),
+                      spec.mdev_uuid, type_id, mode, workload,
+                      _summary(spec.result) if spec.result else "-")
+    Console(width=200 if not Console().is_terminal else None).print(table)
+
+
+def main(args: argparse.Namespace) -> int:
+    host = Host(uri=args.connect)
+    cmd = args.domain_command
+    if cmd == "define":
+        spec = domain_xml.load(args.file)
+        conn = host.connect()
+        dom = host.define(conn, spec)
+        print(f"Domain '{dom.name()}' defined from {args.file}")
+        return 0
+    conn = host.connect()
+    if cmd == "list":
+        _list(host, conn)
+    elif cmd == "dumpxml":
+        print(host.lookup(conn, args.name).XMLDesc(0), end="")
+    elif cmd == "destroy":
+        host.destroy(conn, args.name)
+        print(f"Domain '{args.name}' destroyed")
+    elif cmd == "undefine":
+        host.undefine(conn, args.name)
+        print(f"Domain '{args.name}' has been undefined")
+    elif cmd == "start":
+        settings = RunSettings(args.backend, args.time_scale, args.timeout)
+        dom, result = host.start(
+            conn, args.name, settings,
+            on_running=lambda d, m: print(f"Domain '{d.name()}' started: {state_name(d)}, "
+                                          f"vGPU {m.uuid} ({m.type_id}, mode {m.mode})",
+                                          flush=True))
+        print(f"Domain '{dom.name()}' {state_name(dom)}: "
+              f"{host.spec_of(dom).workload.benchmark} {_summary(result)}")
+        return 0 if result.passed else 1
+    return 0
