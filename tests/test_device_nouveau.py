@@ -11,7 +11,7 @@ import pytest
 from gpuvm.device import regs
 from gpuvm.device.host_driver import HostDriver, method, pte
 
-from test_device_end_to_end import SUB_COMPUTE, SUB_COPY, VA_SYS, Rig
+from test_device_end_to_end import SUB_COMPUTE, SUB_COPY, Rig
 
 SUB_M2MF = 2
 VA_EXTRA = 0x48000000  # a PDE of its own (index 9 in 128 KiB mode)

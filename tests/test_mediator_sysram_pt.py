@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.device.host_driver import HostDriver, pte
+from gpuvm.device.host_driver import pte
 
-from test_device_end_to_end import SUB_COPY
-from test_mediator_isolation import PATTERN, Vm, world  # noqa: F401  (fixture)
+from test_mediator_isolation import BAR1_SIZE, PATTERN, Vm, world  # noqa: F401  (fixture)
 
 VA = 0x48000000  # PDE 9: a table of its own
 PT_GPA = 16 * regs.MiB  # guest-physical address of the sysram page table
@@ -106,6 +105,30 @@ def test_bar1_mode_clear_is_a_plain_window_onto_the_slice(world):  # noqa: F811
     assert vm.vgpu.mmio_read(regs.BAR1, vm.rig.a, 4) == PATTERN
     vm.vgpu.mmio_write(regs.BAR1, vm.rig.b, 4, 0x5151)
     assert gpu.vram.u32[vm.vgpu.policy.host_vram(vm.rig.b) >> 2] == 0x5151
-    vm.drv.wr(regs.PBUS_BAR1_VM, reg)
-    assert HostDriver  # the same driver keeps working with MODE back on
+    vm.drv.wr(regs.PBUS_BAR1_VM, reg)  # MODE back on: the driver's BAR1 VM again
+    assert vm.vgpu.mmio_read(regs.BAR1, vm.rig.a, 4) == 0xFFFFFFFF  # not mapped there
     assert vm.copy(vm.rig.va(0), vm.rig.sys_va(0), 4)
+
+
+@pytest.mark.parametrize("where,ok", [(20 * regs.MiB, True), (32 * regs.MiB - 0x4000, False)],
+                         ids=["inside-ram", "past-ram-end"])
+def test_bar1_vm_page_table_in_sysram(world, where, ok):  # noqa: F811
+    """The guest's BAR1 VM may name a small PT in its RAM too (same PDE format): the
+    window is shadowed from there, or refused if the table runs past the VM's RAM."""
+    gpu, med, victim, attacker, targets = world
+    vm = victim
+    space = vm.drv.bar1_space
+    vm.drv.map(space, 0x200000, vm.rig.a)  # a BAR1 page onto the victim's secret buffer
+    vm.drv.flush(space, bar_vm=True)
+    assert vm.vgpu.mmio_read(regs.BAR1, 0x200000, 4) == PATTERN
+    entries = BAR1_SIZE >> 12  # the window's entries, as the BAR VM's limit says
+    table = gpu.vram.u8[vm.vgpu.policy.host_vram(space.pts[0]):][:8 * entries].copy()
+    if where + 8 * entries <= vm.ram.size:
+        vm.ram.write(where, table)
+    vm.drv.vram_wr64(space.pd, sysram_pde(where, regs.PDE_TARGET_SYSRAM_NOSNOOP))
+    vm.drv.flush(space, bar_vm=True)
+    value = vm.vgpu.mmio_read(regs.BAR1, 0x200000, 4)
+    assert (value == PATTERN) == ok
+    if not ok:
+        assert value == 0xFFFFFFFF
+        assert vm.drv.rd(regs.PFIFO_FAULT_UNIT_MASK) & (1 << regs.FAULT_UNIT_BAR1)
