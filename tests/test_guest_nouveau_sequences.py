@@ -1,6 +1,7 @@
 """The real C guest driver (native mode, in-process) programs the device the way nouveau
 does: its BAR0 trace around every runlist submission is gf100_fifo_runlist_commit's wait
-on the runlist event, and its copies are nvc0_bo_move_copy's launches."""
+on the runlist event, and its copies are nvc0_bo_move_copy's launches, the last one
+fenced the way Gdev fences a copy."""
 
 from __future__ import annotations
 
@@ -87,19 +88,22 @@ def test_guest_waits_for_the_runlist_event_like_gf100_fifo_runlist_commit():
     assert machine.recorder.mmio_read(regs.BAR0, 0x2A00, 4) == 0
 
 
-def test_guest_copies_like_nvc0_bo_move_copy():
-    """memcpy of 100000 bytes (24 pages and a tail): each launch is EXEC 0x110 after
-    pitches and XCNT of one page and YCNT = the page count (the tail: one line of the
-    rest), exactly nouveau's shape; the benchmark's own check passes."""
+def test_guest_copies_like_nvc0_bo_move_copy_and_gdev_memcpy_pcopy0():
+    """memcpy of 100000 bytes (24 pages and a tail): launches are nouveau's
+    nvc0_bo_move_copy shape -- pitches and XCNT of one page, YCNT the page count (the
+    tail: one line of the rest), EXEC 0x110 -- except the last of each copy, which carries
+    the fence as Gdev's nvc0_fence_write + nvc0_memcpy_pcopy0 do: query address and a new
+    counter (0x338..0x340), then EXEC 0x3110.  The benchmark's own check passes."""
     machine = run_native("memcpy", [100000])
-    launches = [v for m, v in machine.copy_methods if m == regs.COPY_LAUNCH]
-    assert launches and set(launches) == {regs.COPY_LAUNCH_NOUVEAU}
-    shapes = []
-    state: dict[int, int] = {}
+    shapes, state, fences = [], {}, []
     for m, v in machine.copy_methods:
         state[m] = v
         if m == regs.COPY_LAUNCH:
             shapes.append((state[regs.COPY_PITCH_IN], state[regs.COPY_PITCH_OUT],
-                           state[regs.COPY_LINE_BYTES], state[regs.COPY_LINE_COUNT]))
-    assert (4096, 4096, 4096, 24) in shapes
-    assert (100000 - 24 * 4096,) * 3 + (1,) in shapes
+                           state[regs.COPY_LINE_BYTES], state[regs.COPY_LINE_COUNT], v))
+            if v == regs.COPY_LAUNCH_GDEV:
+                fences.append(state[regs.COPY_QUERY_SEQUENCE])
+    assert {s[4] for s in shapes} == {regs.COPY_LAUNCH_NOUVEAU, regs.COPY_LAUNCH_GDEV}
+    assert (4096, 4096, 4096, 24, regs.COPY_LAUNCH_NOUVEAU) in shapes
+    assert (100000 - 24 * 4096,) * 3 + (1, regs.COPY_LAUNCH_GDEV) in shapes
+    assert len(fences) == 2 and fences[0] < fences[1]  # HtoD and DtoH, each fenced once
