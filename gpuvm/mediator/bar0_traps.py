@@ -42,7 +42,8 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
     virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
     virtual(regs.PFFB_FLUSH_PD, "flush_pd")
-    reads[regs.PMC_INTR] = ("virtual", v.pmc_intr)
+    reads[regs.PMC_INTR] = ("virtual", lambda: v.pmc_intr() | (
+        regs.PMC_INTR_PFIFO if r["runlist_intr"] else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
     reads[regs.PFIFO_INTR] = ("virtual", lambda: v.pfifo_intr() | (
