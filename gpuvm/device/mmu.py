@@ -124,10 +124,6 @@ class Mmu:
             self.pde_shift = regs.PDE_SPAN_SHIFT_64K if on else regs.PDE_SPAN_SHIFT
             self.flush()
 
-    @property
-    def small_ptes_per_pt(self) -> int:
-        return 1 << (self.pde_shift - regs.SMALL_PAGE_SHIFT)
-
     # ------------------------------------------------------------------ physical memory
     def view(self, target: int, addr: int, length: int) -> np.ndarray:
         """A writable uint8 view of physical memory, or DmaFault."""
