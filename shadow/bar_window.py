@@ -5,6 +5,10 @@ The physical BAR VM is one address space shared by all VMs; VM i's guest BAR off
 physical BAR offset arena_i + x.  Its entries come from the guest's own BAR VM (instance
 block -> page directory -> small table), validated like any other guest entry.  The
 per-page host addresses it records are what BAR remap maps straight into the guest.
+
+A guest that clears the MODE bit of its BAR VM register asks for a plain window onto its
+VRAM (offset x = its VRAM address x); the window then holds identity entries over its
+slice, made and validated like any other.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.dma import DmaPort, NoSysram
+from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
+from shadow.guest_memory import GuestMemory
 from shadow.page_table import Count, SyncStats, record, sync_entries
 from shadow.pv_space import PvSpace
 
@@ -22,9 +29,11 @@ NOT_VRAM = -1  # host_pages entry of a page that is absent, refused, or in sysra
 
 class BarWindow:
     def __init__(self, vram: Vram, policy: EntryPolicy, count: Count, phys_pt: int,
-                 first_index: int, pages: int) -> None:
+                 first_index: int, pages: int, guest_ram: DmaPort | None = None) -> None:
         self.vram = vram
         self.policy = policy
+        self.memory = GuestMemory(vram, policy, guest_ram or NoSysram())
+        self.plain = False  # MODE clear: identity over the guest's VRAM
         self.count = count
         self.phys_pt = phys_pt  # host VRAM address of the physical BAR's small page table
         self.first = first_index
@@ -41,10 +50,13 @@ class BarWindow:
         base = (self.phys_pt >> 3) + self.first
         return self.vram.u64[base:base + self.pages]
 
-    def bind(self, guest_inst: int | None, pv: PvSpace | None = None) -> None:
-        """The guest pointed its BAR VM at another instance block (or turned it off)."""
+    def bind(self, guest_inst: int | None, pv: PvSpace | None = None,
+             plain: bool = False) -> None:
+        """The guest pointed its BAR VM at another instance block, turned the VM off
+        (plain: the BAR is a window onto its VRAM), or made it unusable (None)."""
         self.guest_inst = guest_inst
         self.pv = pv
+        self.plain = plain
         self._snapshot = None
         self.stale = True
 
@@ -61,6 +73,17 @@ class BarWindow:
         entries = self._guest_entries(stats)
         if entries is None:
             self.clear()
+        elif self.plain:
+            # identity entries of the emulator's making: nothing of the guest's is
+            # scanned, but every entry is still validated against the slice
+            translated, refused = self.policy.translate(entries, regs.SMALL_PAGE)
+            window = self._window()
+            window[:] = 0
+            window[:entries.size] = translated
+            stats.ptes_written += entries.size
+            stats.ptes_refused += int(refused.sum())
+            self._snapshot = None
+            self._set_host_pages()
         elif self.pv is not None:
             table = self.pv.small_table(0)
             window = self._window()
@@ -92,6 +115,10 @@ class BarWindow:
     def _guest_entries(self, stats: SyncStats) -> np.ndarray | None:
         inst = self.guest_inst
         self.guest_pd = self.guest_pt = None
+        if self.plain:
+            n = min(self.pages, self.policy.vram_size >> 12)
+            frames = np.arange(n, dtype=np.uint64) << np.uint64(regs.SMALL_PAGE_SHIFT)
+            return (frames >> np.uint64(8)) | np.uint64(regs.PTE_PRESENT)
         if inst is None or not self.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
             return None
         pd_lo = self._guest_u32(inst + regs.RAMIN_PD_LO)
@@ -107,18 +134,18 @@ class BarWindow:
         n = min(self.pages, (limit + 1) >> 12)
         if self.pv is not None:
             return np.zeros(n, dtype=np.uint64)  # only the size matters: see sync
-        pde = int(self.vram.u64[self.policy.host_vram(pd) >> 3])
-        if pde & regs.PDE_LARGE_PRESENT:
+        small, large = pde_tables(int(self.vram.u64[self.policy.host_vram(pd) >> 3]))
+        if large is not None:
             stats.ptes_refused += 1  # BAR VMs are mapped with small pages only
-        if not pde & regs.PDE_SMALL_PRESENT:
+        if small is None:
             return None
-        pt = ((pde >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
-        if not self.policy.guest_vram_ok(pt, n * regs.PTE_SIZE):
+        entries = self.memory.table(small[1], small[0], n)  # VRAM slice or the VM's RAM
+        if entries is None:
             stats.ptes_refused += 1
             return None
-        self.guest_pt = pt
-        base = self.policy.host_vram(pt) >> 3
-        return self.vram.u64[base:base + n].copy()
+        if small[1] == regs.TARGET_VRAM:
+            self.guest_pt = small[0]  # a BAR page of the guest: keep trapping it
+        return entries
 
     def guest_table_pages(self) -> list[int]:
         """Guest VRAM pages of this BAR VM's instance, directory and table (sensitive)."""

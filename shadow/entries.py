@@ -32,6 +32,10 @@ class EntryPolicy:
     def guest_vram_ok(self, addr: int, length: int) -> bool:
         return 0 <= addr and addr + length <= self.vram_size
 
+    def guest_sys_ok(self, addr: int, length: int) -> bool:
+        """A guest-physical range wholly inside the VM's RAM."""
+        return 0 <= addr and length >= 0 and addr + length <= self.sys_size
+
     def host_vram(self, addr: int) -> int:
         return self.vram_base + addr
 

@@ -1,7 +1,9 @@
 """Shadow page tables for a guest GPU address space.
 
-The guest keeps its page directory and tables in its own VRAM slice; the GPU walks the
-shadow, which lives in hypervisor VRAM and holds only validated, translated entries.
+The guest keeps its page directory in its own VRAM slice and its page tables there or in
+its own RAM (a PDE names each table's target: VRAM, coherent or non-coherent sysram); the
+GPU walks the shadow, which lives in hypervisor VRAM and holds only validated, translated
+entries.  Sysram tables are read only through the VM's RAM (shadow.guest_memory).
 
 Two ways to bring a shadow up to date:
 - full: read every PDE, translate every entry of every present table (what GPUvm did on
@@ -19,35 +21,36 @@ from typing import Callable
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.dma import DmaPort, NoSysram
+from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
+from shadow.guest_memory import GuestMemory
 from shadow.vram_pool import VramPool
 
 Count = Callable[[str, int], None]
 
 SMALL, LARGE = 0, 1
 _PDE_ADDR = regs.PDE_ADDR_FIELD_MASK
+# What a shadow PDE keeps of the guest's: the large-PT size field (bits 2-3) only; the
+# addresses, targets and volatile bits are the shadow's own (tables in host VRAM).
+_PDE_KEEP = regs.PDE_SIZE_MASK << regs.PDE_SIZE_SHIFT
 
 
-def _pt_kind_entries(kind: int, pde: int) -> int:
+def guest_table(kind: int, pde: int) -> tuple[int, int, int] | None:
+    """(guest address, target, entries) of the table one half of a guest PDE names."""
+    small, large = pde_tables(pde)
     if kind == SMALL:
-        return regs.SMALL_PTES_PER_PT
-    return regs.LARGE_PTES_PER_PT >> ((pde >> regs.PDE_SIZE_SHIFT) & regs.PDE_SIZE_MASK)
-
-
-def _pt_guest_addr(kind: int, pde: int) -> int:
-    if kind == SMALL:
-        return ((pde >> regs.PDE_SMALL_ADDR_SHIFT) & _PDE_ADDR) << 12
-    return ((pde >> regs.PDE_LARGE_ADDR_SHIFT) & _PDE_ADDR) << 12
-
-
-def _present(kind: int, pde: int) -> bool:
-    return bool(pde & (regs.PDE_SMALL_PRESENT if kind == SMALL else regs.PDE_LARGE_PRESENT))
+        return None if small is None else (small[0], small[1], regs.SMALL_PTES_PER_PT)
+    if large is None:
+        return None
+    return large[0], large[1], regs.LARGE_PTES_PER_PT >> large[2]
 
 
 @dataclass
 class _ShadowPt:
-    guest: int  # guest VRAM address of the guest table
+    guest: int  # guest address of the guest table (VRAM slice or RAM, per target)
+    target: int  # TARGET_VRAM / TARGET_SYSRAM / TARGET_SYSRAM_NOSNOOP
     entries: int
     shadow: int  # host VRAM address of the shadow table
     snapshot: np.ndarray  # the guest table as of the last sync
@@ -92,9 +95,10 @@ class ShadowSpace:
     """The shadow of one guest address space (a page directory in the guest's slice)."""
 
     def __init__(self, vram: Vram, policy: EntryPolicy, pool: VramPool, guest_pd: int,
-                 count: Count) -> None:
+                 count: Count, guest_ram: DmaPort | None = None) -> None:
         self.vram = vram
         self.policy = policy
+        self.memory = GuestMemory(vram, policy, guest_ram or NoSysram())
         self.pool = pool
         self.guest_pd = guest_pd
         self.count = count
@@ -112,10 +116,13 @@ class ShadowSpace:
         return self.vram.u64[addr >> 3:(addr >> 3) + n]
 
     def guest_table_pages(self) -> list[int]:
-        """Guest VRAM pages holding this space's directory and tables (sensitive pages)."""
+        """Guest VRAM pages holding this space's directory and tables (sensitive pages).
+        Tables in sysram are not BAR pages: nothing to keep trapped for them."""
         pages = list(range(self.guest_pd, self.guest_pd + regs.PD_BYTES, regs.SMALL_PAGE))
         for pt in self._pts.values():
-            pages.extend(range(pt.guest, pt.guest + pt.entries * regs.PTE_SIZE, regs.SMALL_PAGE))
+            if pt.target == regs.TARGET_VRAM:
+                pages.extend(range(pt.guest, pt.guest + pt.entries * regs.PTE_SIZE,
+                                   regs.SMALL_PAGE))
         return pages
 
     def release(self) -> None:
@@ -151,29 +158,25 @@ class ShadowSpace:
         return stats
 
     def _sync_pde(self, index: int, pde: int, incremental: bool, stats: SyncStats) -> None:
-        shadow_pde = pde & ~((_PDE_ADDR << regs.PDE_SMALL_ADDR_SHIFT) |
-                             (_PDE_ADDR << regs.PDE_LARGE_ADDR_SHIFT) |
-                             regs.PDE_SMALL_PRESENT | regs.PDE_LARGE_PRESENT)
+        shadow_pde = pde & _PDE_KEEP
         for kind in (SMALL, LARGE):
             key = (index, kind)
             old = self._pts.get(key)
-            if not _present(kind, pde):
+            named = guest_table(kind, pde)
+            current = None if named is None else self.memory.table(named[1], named[0], named[2])
+            if current is None:
+                if named is not None:
+                    stats.ptes_refused += 1  # a table outside the VM's memory: the PDE half
                 if old is not None:
                     self.pool.free(old.shadow)
                     del self._pts[key]
                 continue
-            guest, entries = _pt_guest_addr(kind, pde), _pt_kind_entries(kind, pde)
-            if not self.policy.guest_vram_ok(guest, entries * regs.PTE_SIZE):
-                stats.ptes_refused += 1  # a table outside the slice: the whole PDE half
-                if old is not None:
-                    self.pool.free(old.shadow)
-                    del self._pts[key]
-                continue
-            if old is not None and (old.guest != guest or old.entries != entries):
+            guest, target, entries = named
+            if old is not None and (old.guest, old.target, old.entries) != named:
                 self.pool.free(old.shadow)
                 del self._pts[key]
                 old = None
-            table = self._sync_table(kind, guest, entries, old, incremental, stats)
+            table = self._sync_table(kind, current, guest, target, old, incremental, stats)
             self._pts[key] = table
             if kind == SMALL:
                 shadow_pde |= regs.PDE_SMALL_PRESENT | \
@@ -183,12 +186,15 @@ class ShadowSpace:
                     ((table.shadow >> 12) << regs.PDE_LARGE_ADDR_SHIFT)
         self.vram.u64[(self.shadow_pd >> 3) + index] = shadow_pde
 
-    def _sync_table(self, kind: int, guest: int, entries: int, old: _ShadowPt | None,
-                    incremental: bool, stats: SyncStats) -> _ShadowPt:
-        current = self._u64(self.policy.host_vram(guest), entries).copy()
+    def _sync_table(self, kind: int, current: np.ndarray, guest: int, target: int,
+                    old: _ShadowPt | None, incremental: bool, stats: SyncStats) -> _ShadowPt:
+        entries = current.size
         page = regs.SMALL_PAGE if kind == SMALL else regs.LARGE_PAGE
+        if target != regs.TARGET_VRAM:
+            self.count("shadow.sysram_tables", 1)
         if old is None:
-            old = _ShadowPt(guest, entries, self._alloc_zeroed(entries * regs.PTE_SIZE),
+            old = _ShadowPt(guest, target, entries,
+                            self._alloc_zeroed(entries * regs.PTE_SIZE),
                             np.zeros(entries, dtype=np.uint64))
             incremental = False
         sync_entries(current, old.snapshot if incremental else None,

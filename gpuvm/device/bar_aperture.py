@@ -1,4 +1,8 @@
-"""BAR1 and BAR3: host windows translated through their own GPU address spaces."""
+"""BAR1 and BAR3: host windows translated through their own GPU address spaces.
+
+With the MODE bit (bit 31 of PBUS_BAR1_VM / PBUS_BAR3_VM) clear, a BAR is a plain window
+onto VRAM: offset x is VRAM address x, untranslated (envytools rnndb/bus/pbus.xml).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +50,11 @@ class BarAperture:
                 (offset & 0xFFF) + size > 0x1000:
             self.gpu.mmio_bus._unimplemented(offset, f"bar{self.bar} access of {size}")
             return None
+        if not self.reg & regs.PBUS_BARVM_ENABLE:
+            if not self.gpu.vram.contains(offset, size):
+                self.gpu.counts.inc(f"bar{self.bar}.plain_out_of_range")
+                return None
+            return regs.TARGET_VRAM, offset
         space = self.space()
         try:
             if space is None:

@@ -190,12 +190,13 @@ class ChannelExecutor:
         if words > MAX_PUSHBUFFER_WORDS:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
                                f"entry {ch.gp_get} names {words} words", va)
+        if not words:  # the DMA pusher's IB_EMPTY (envytools docs/hw/fifo/dma-pusher.rst)
+            raise ChannelError(regs.CHAN_ERR_IB_EMPTY_EXT, f"GPFIFO entry {ch.gp_get}", va)
         ch.count("pfifo.gpfifo_entries")
-        if words:
-            calls, error = decode(mem.read(va, 4 * words).view(np.uint32))
-            ch.pending.extend(calls)
-            if error is not None:
-                ch.pending.append(error)
+        calls, error = decode(mem.read(va, 4 * words).view(np.uint32))
+        ch.pending.extend(calls)
+        if error is not None:
+            ch.pending.append(error)
         ch.gp_get = (ch.gp_get + 1) % ctx.gpfifo_entries
         self._userd_write(ctx, regs.USERD_GP_GET, ch.gp_get)
         return True
@@ -228,7 +229,7 @@ class ChannelExecutor:
                 mem.write(ch.sem_addr, np.array(data, dtype=np.uint32).view(np.uint8))
                 ch.count("pfifo.semaphore_releases")
                 self.gpu.signal()
-            elif op in (regs.SEM_ACQUIRE_EQUAL, regs.SEM_ACQUIRE_GEQUAL):
+            elif op in (regs.SEM_ACQUIRE_EQUAL, regs.SEM_ACQUIRE_GEQUAL, regs.SEM_ACQUIRE_MASK):
                 ch.acquire = (ch.sem_addr, ch.sem_seq, op)
             else:
                 raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
@@ -245,6 +246,8 @@ class ChannelExecutor:
         current = mem.read_u32(va)
         if op == regs.SEM_ACQUIRE_EQUAL:
             return current == value
+        if op == regs.SEM_ACQUIRE_MASK:
+            return bool(current & value)
         return ((current - value) & 0xFFFFFFFF) < 0x80000000
 
     def _engine_method(self, ch: Channel, mem: ChannelMemory, call: MethodCall,

@@ -88,54 +88,133 @@ def _pitched_copy(mem: "ChannelMemory", src: int, dst: int, line: int, lines: in
 
 
 class CopyClass(EngineClass):
+    """The copy engine as nouveau's firmware (nvkm/engine/ce/fuc/com.fuc) runs it.
+
+    Method values are checked against the firmware's field widths when they arrive (a
+    wider value is its INVALID_BITFIELD).  EXEC (COPY_LAUNCH) takes FORMAT, SRC_LINEAR,
+    DST_LINEAR, QUERY and QUERY_SHORT; the line count (YCNT) is always used, and XCNT
+    counts bytes unless FORMAT asks for components.  Tiled surfaces are not modelled: a
+    launch without both LINEAR bits stops the channel as such.
+    """
+
     cls = regs.CLASS_COPY
     engines = (regs.ENGINE_PCOPY0, regs.ENGINE_PCOPY1)
-    methods = frozenset({regs.COPY_LAUNCH, regs.COPY_SRC_HI, regs.COPY_SRC_LO, regs.COPY_DST_HI,
-                         regs.COPY_DST_LO, regs.COPY_PITCH_IN, regs.COPY_PITCH_OUT,
-                         regs.COPY_LINE_BYTES, regs.COPY_LINE_COUNT, regs.COPY_QUERY_ADDR_HI,
-                         regs.COPY_QUERY_ADDR_LO, regs.COPY_QUERY_SEQUENCE})
+    widths = {regs.COPY_SRC_HI: 0xFF, regs.COPY_SRC_LO: 0xFFFFFFFF, regs.COPY_DST_HI: 0xFF,
+              regs.COPY_DST_LO: 0xFFFFFFFF, regs.COPY_PITCH_IN: regs.COPY_PITCH_MASK,
+              regs.COPY_PITCH_OUT: regs.COPY_PITCH_MASK, regs.COPY_LINE_BYTES: regs.COPY_XCNT_MASK,
+              regs.COPY_LINE_COUNT: regs.COPY_YCNT_MASK, regs.COPY_FORMAT: regs.COPY_FORMAT_MASK,
+              regs.COPY_SWZ_CONST0: 0xFFFFFFFF, regs.COPY_SWZ_CONST1: 0xFFFFFFFF,
+              regs.COPY_QUERY_ADDR_HI: 0xFF, regs.COPY_QUERY_ADDR_LO: 0xFFFFFFFF,
+              regs.COPY_QUERY_SEQUENCE: 0xFFFFFFFF, regs.COPY_LAUNCH: 0xFFFFFFFF,
+              regs.COPY_WRCACHE_FLUSH: 0xFFFFFFFF}
+    methods = frozenset(widths)
 
     def on_method(self, ch, obj, mem, method, value, now):
+        if value & ~self.widths[method]:
+            raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT,
+                               f"copy method {method:#x} value {value:#x} has bits outside "
+                               f"{self.widths[method]:#x} (INVALID_BITFIELD)", value)
         if method != regs.COPY_LAUNCH:
             return None
+        if not (value & regs.COPY_LAUNCH_SRC_LINEAR and value & regs.COPY_LAUNCH_DST_LINEAR):
+            raise ChannelError(regs.CHAN_ERR_UNSUPPORTED_EXT,
+                               f"copy launch {value:#x}: tiled surfaces", value)
         s = obj.state
-        line = s.get(regs.COPY_LINE_BYTES, 0)
-        lines = s.get(regs.COPY_LINE_COUNT, 1) if value & regs.COPY_LAUNCH_MULTI_LINE else 1
-        total = line * lines
-        if total == 0 or total > regs.COPY_MAX_BYTES:
-            raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"copy of {total} bytes", total)
-        sysram = _pitched_copy(mem, _addr(s, regs.COPY_SRC_HI, regs.COPY_SRC_LO),
-                               _addr(s, regs.COPY_DST_HI, regs.COPY_DST_LO), line, lines,
-                               s.get(regs.COPY_PITCH_IN, line), s.get(regs.COPY_PITCH_OUT, line))
+        xcnt, lines = s.get(regs.COPY_LINE_BYTES, 0), s.get(regs.COPY_LINE_COUNT, 0)
+        src = _addr(s, regs.COPY_SRC_HI, regs.COPY_SRC_LO)
+        dst = _addr(s, regs.COPY_DST_HI, regs.COPY_DST_LO)
+        pitch_in, pitch_out = s.get(regs.COPY_PITCH_IN, 0), s.get(regs.COPY_PITCH_OUT, 0)
+        total, sysram = 0, False
+        if xcnt and lines:
+            if value & regs.COPY_LAUNCH_FORMAT:
+                total, sysram = _remap_copy(mem, s, src, dst, xcnt, lines, pitch_in, pitch_out)
+            else:
+                total = xcnt * lines
+                sysram = _pitched_copy(mem, src, dst, xcnt, lines, pitch_in, pitch_out)
         ch.count("copy.launches")
         ch.count("copy.bytes", total)
-        sem = (value >> regs.COPY_LAUNCH_SEM_SHIFT) & regs.COPY_LAUNCH_SEM_MASK
         done = None
-        if sem != regs.COPY_LAUNCH_SEM_NONE:
+        if value & regs.COPY_LAUNCH_QUERY:
             va = _addr(s, regs.COPY_QUERY_ADDR_HI, regs.COPY_QUERY_ADDR_LO)
             seq = s.get(regs.COPY_QUERY_SEQUENCE, 0)
-            done = lambda t: _release(mem, va, seq, sem == regs.COPY_LAUNCH_SEM_LONG, t)  # noqa: E731
+            long_form = not value & regs.COPY_LAUNCH_QUERY_SHORT
+            done = lambda t: _release(mem, va, seq, long_form, t)  # noqa: E731
         return _copy_cost(self.profile, total, sysram), done
 
 
+def _remap_copy(mem: "ChannelMemory", s: dict[int, int], src: int, dst: int, xcnt: int,
+                lines: int, pitch_in: int, pitch_out: int) -> tuple[int, bool]:
+    """A FORMAT copy: each destination component is a source component, a constant, or
+    left alone (selector 6 and up), per the 4-bit selectors of COPY_FORMAT."""
+    fmt = s.get(regs.COPY_FORMAT, 0)
+    size = ((fmt >> 16) & 3) + 1
+    n_src, n_dst = ((fmt >> 20) & 3) + 1, ((fmt >> 24) & 3) + 1
+    line_in, line_out = xcnt * size * n_src, xcnt * size * n_dst
+    if lines > 1 and (pitch_in < line_in or pitch_out < line_out):
+        raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, "pitch smaller than the line", pitch_in)
+    span_in = pitch_in * (lines - 1) + line_in
+    span_out = pitch_out * (lines - 1) + line_out
+    data, s_sys = mem.read_flagged(src, span_in)
+    out, d_sys = mem.read_flagged(dst, span_out)
+    src_el = np.lib.stride_tricks.as_strided(data, (lines, xcnt, n_src, size),
+                                             (pitch_in, n_src * size, size, 1))
+    dst_el = np.lib.stride_tricks.as_strided(out, (lines, xcnt, n_dst, size),
+                                             (pitch_out, n_dst * size, size, 1))
+    consts = {regs.COPY_SWZ_CONST0_SEL: s.get(regs.COPY_SWZ_CONST0, 0),
+              regs.COPY_SWZ_CONST1_SEL: s.get(regs.COPY_SWZ_CONST1, 0)}
+    for comp in range(n_dst):
+        sel = (fmt >> (4 * comp)) & 0xF
+        if sel < 4:
+            if sel >= n_src:
+                raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT,
+                                   f"FORMAT selects source component {sel} of {n_src}", fmt)
+            dst_el[:, :, comp, :] = src_el[:, :, sel, :]
+        elif sel in consts:
+            dst_el[:, :, comp, :] = np.frombuffer(
+                (consts[sel] & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), np.uint8)
+    mem.write(dst, out)
+    return line_out * lines, s_sys or d_sys
+
+
 class M2mfClass(EngineClass):
+    """Memory-to-memory format 0x9039 (envytools rnndb/graph/gf100_m2mf.xml), the way
+    Gdev's nvc0_memcpy_m2mf drives it: pitched lines, EXEC with the LINEAR bits, and a
+    query written when the copy is done (QUERY = 2; QUERY_SHORT: the sequence only)."""
+
     cls = regs.CLASS_M2MF
     engines = (regs.ENGINE_PGRAPH,)
     methods = frozenset({regs.M2MF_EXEC, regs.M2MF_OUT_HI, regs.M2MF_OUT_LO, regs.M2MF_IN_HI,
-                         regs.M2MF_IN_LO, regs.M2MF_LINE_LENGTH, regs.M2MF_LINE_COUNT})
+                         regs.M2MF_IN_LO, regs.M2MF_PITCH_IN, regs.M2MF_PITCH_OUT,
+                         regs.M2MF_LINE_LENGTH, regs.M2MF_LINE_COUNT, regs.M2MF_QUERY_ADDR_HI,
+                         regs.M2MF_QUERY_ADDR_LO, regs.M2MF_QUERY_SEQUENCE})
 
     def on_method(self, ch, obj, mem, method, value, now):
         if method != regs.M2MF_EXEC:
             return None
+        if value & regs.M2MF_EXEC_PUSH or not (value & regs.M2MF_EXEC_LINEAR_IN and
+                                                value & regs.M2MF_EXEC_LINEAR_OUT):
+            raise ChannelError(regs.CHAN_ERR_UNSUPPORTED_EXT,
+                               f"m2mf exec {value:#x}: pushed data or block-linear layout",
+                               value)
         s = obj.state
-        line, lines = s.get(regs.M2MF_LINE_LENGTH, 0), s.get(regs.M2MF_LINE_COUNT, 1)
+        line, lines = s.get(regs.M2MF_LINE_LENGTH, 0), s.get(regs.M2MF_LINE_COUNT, 0)
         total = line * lines
-        if total == 0 or total > regs.COPY_MAX_BYTES:
+        if total > regs.COPY_MAX_BYTES:
             raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"m2mf of {total} bytes", total)
-        sysram = _pitched_copy(mem, _addr(s, regs.M2MF_IN_HI, regs.M2MF_IN_LO),
-                               _addr(s, regs.M2MF_OUT_HI, regs.M2MF_OUT_LO), total, 1, total, total)
+        sysram = False
+        if total:
+            sysram = _pitched_copy(mem, _addr(s, regs.M2MF_IN_HI, regs.M2MF_IN_LO),
+                                   _addr(s, regs.M2MF_OUT_HI, regs.M2MF_OUT_LO), line, lines,
+                                   s.get(regs.M2MF_PITCH_IN, 0), s.get(regs.M2MF_PITCH_OUT, 0))
         ch.count("copy.bytes", total)
-        return _copy_cost(self.profile, total, sysram), None
+        done = None
+        if (value >> regs.M2MF_EXEC_QUERY_SHIFT) & regs.M2MF_EXEC_QUERY_MASK == \
+                regs.M2MF_EXEC_QUERY_YES:
+            va = _addr(s, regs.M2MF_QUERY_ADDR_HI, regs.M2MF_QUERY_ADDR_LO)
+            seq = s.get(regs.M2MF_QUERY_SEQUENCE, 0)
+            long_form = not value & regs.M2MF_EXEC_QUERY_SHORT
+            done = lambda t: _release(mem, va, seq, long_form, t)  # noqa: E731
+        return _copy_cost(self.profile, total, sysram), done
 
 
 class ComputeClass(EngineClass):

@@ -17,7 +17,46 @@ CHAN_ERROR_NAMES = {
     regs.CHAN_ERR_NO_OBJECT_EXT: "no object bound",
     regs.CHAN_ERR_DMA_TARGET_EXT: "DMA target outside reachable memory",
     regs.CHAN_ERR_BAD_INSTANCE_EXT: "bad instance block",
+    regs.CHAN_ERR_IB_EMPTY_EXT: "IB_EMPTY (zero-length GPFIFO entry)",
+    regs.CHAN_ERR_UNSUPPORTED_EXT: "not modelled",
 }
+
+
+def hub_client(client: int) -> int:
+    """Fault-record flag bits naming a hub client (SOURCE bit 6 set)."""
+    return regs.PFIFO_FAULT_FLAGS_HUB | (client << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT)
+
+
+def gpc_client(client: int, gpc: int = 0) -> int:
+    """Fault-record flag bits naming a client inside GPC `gpc` (SOURCE bit 6 clear)."""
+    return (client << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT) | \
+        (gpc << regs.PFIFO_FAULT_FLAGS_GPC_SHIFT)
+
+
+def bar_client(write: bool) -> int:
+    """BAR accesses fault as hub client BAR_READ or BAR_WRITE (nouveau's names)."""
+    return hub_client(regs.FAULT_HUBCLIENT_BAR_WRITE if write else regs.FAULT_HUBCLIENT_BAR_READ)
+
+
+# Which client an engine's accesses fault as: PFIFO fetches and the copy engines are hub
+# clients; compute loads and stores come from the GPCs (TPC0's L1 in this one-TPC model).
+_UNIT_CLIENT = {
+    regs.FAULT_UNIT_PFIFO: hub_client(regs.FAULT_HUBCLIENT_PFIFO),
+    regs.FAULT_UNIT_PCOPY0: hub_client(regs.FAULT_HUBCLIENT_PCOPY0),
+    regs.FAULT_UNIT_PCOPY1: hub_client(regs.FAULT_HUBCLIENT_PCOPY1),
+    regs.FAULT_UNIT_PGRAPH: gpc_client(regs.FAULT_GPCCLIENT_TPC0_L1),
+}
+
+
+def fault_flags(unit: int, reason: int, write: bool) -> int:
+    """The FLAGS word of a fault record: reason, SOURCE, WRITE and client, as
+    nouveau's gf100_fifo_intr_fault decodes it."""
+    if unit in (regs.FAULT_UNIT_BAR1, regs.FAULT_UNIT_BAR3):
+        client = bar_client(write)
+    else:
+        client = _UNIT_CLIENT.get(unit, hub_client(regs.FAULT_HUBCLIENT_PFIFO))
+    return (reason & regs.PFIFO_FAULT_FLAGS_REASON_MASK) | client | \
+        (regs.PFIFO_FAULT_FLAGS_WRITE if write else 0)
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,15 @@ class HostDriver:
             self.vram_wr32(rl + 8 * i + 4, regs.RUNLIST_ENTRY_WORD1)
         self.wr(regs.PFIFO_RUNLIST_ADDR, rl >> 12)
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
+        self.wait_runlist()
+
+    def wait_runlist(self) -> None:
+        """nouveau's gf100_fifo_runlist_commit: sleep until the runlist event interrupt
+        (PFIFO_INTR bit 30, status 0x2a00 bit 28) is acked and PENDING reads clear."""
+        while not self.rd(regs.PFIFO_INTR) & regs.PFIFO_INTR_RUNLIST:
+            pass
+        if self.rd(regs.PFIFO_INTR_RUNLIST_STATUS) & regs.PFIFO_RUNLIST_EVENT_DONE:
+            self.wr(regs.PFIFO_INTR_RUNLIST_STATUS, regs.PFIFO_RUNLIST_EVENT_DONE)
         while self.rd(regs.PFIFO_RUNLIST_STATUS) & regs.PFIFO_RUNLIST_PENDING:
             pass
 
@@ -240,10 +249,23 @@ class HostDriver:
 
     @staticmethod
     def copy(subc: int, src: int, dst: int, nbytes: int) -> list[int]:
-        return (method(subc, regs.COPY_SRC_HI, src >> 32, src & 0xFFFFFFFF, dst >> 32,
-                       dst & 0xFFFFFFFF)
-                + method(subc, regs.COPY_LINE_BYTES, nbytes)
-                + method(subc, regs.COPY_LAUNCH, 0))
+        """nouveau's nvc0_bo_move_copy: 4 KiB lines, at most 8191 per launch, EXEC 0x110;
+        a tail shorter than a page goes as one line of its own."""
+        words: list[int] = []
+        page = regs.SMALL_PAGE
+        pages, tail = divmod(nbytes, page)
+        while pages or tail:
+            if pages:
+                lines, line = min(pages, regs.COPY_YCNT_MASK), page
+                pages -= lines
+            else:
+                lines, line, tail = 1, tail, 0
+            words += (method(subc, regs.COPY_SRC_HI, src >> 32, src & 0xFFFFFFFF, dst >> 32,
+                             dst & 0xFFFFFFFF, line, line, line, lines)
+                      + method(subc, regs.COPY_LAUNCH, regs.COPY_LAUNCH_NOUVEAU))
+            src += line * lines
+            dst += line * lines
+        return words
 
     @staticmethod
     def launch(subc: int, code_va: int, cb_va: int, params: list[int]) -> list[int]:

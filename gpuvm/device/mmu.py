@@ -32,8 +32,25 @@ FAULT_NAMES = {
 
 _PAGE = regs.SMALL_PAGE
 _PAGE_MASK = _PAGE - 1
-_SMALL_PER_PDE_SHIFT = regs.PDE_SPAN_SHIFT - regs.SMALL_PAGE_SHIFT  # 15
 _ADDR_FIELD = np.uint64(regs.PTE_ADDR_FIELD_MASK)
+
+# PDE target (2 bits per half, nouveau gf100_vmm_pgd_pde) -> the memory the table lives in
+PDE_TABLE_TARGET = {regs.PDE_TARGET_VRAM: regs.TARGET_VRAM,
+                    regs.PDE_TARGET_SYSRAM: regs.TARGET_SYSRAM,
+                    regs.PDE_TARGET_SYSRAM_NOSNOOP: regs.TARGET_SYSRAM_NOSNOOP}
+
+
+def pde_tables(raw: int) -> tuple[tuple[int, int] | None, tuple[int, int, int] | None]:
+    """(small PT (address, target), large PT (address, target, size field)) of a PDE."""
+    small = large = None
+    st = PDE_TABLE_TARGET.get((raw >> regs.PDE_SMALL_TARGET_SHIFT) & regs.PDE_TARGET_MASK)
+    if st is not None:
+        small = (((raw >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12, st)
+    lt = PDE_TABLE_TARGET.get((raw >> regs.PDE_LARGE_TARGET_SHIFT) & regs.PDE_TARGET_MASK)
+    if lt is not None:
+        large = (((raw >> regs.PDE_LARGE_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12, lt,
+                 (raw >> regs.PDE_SIZE_SHIFT) & regs.PDE_SIZE_MASK)
+    return small, large
 
 
 class VmFault(Exception):
@@ -95,7 +112,17 @@ class Mmu:
         self.counters = counters
         self.dma: DmaPort = NoSysram()
         self.large_page_shift = regs.LARGE_PAGE_SHIFT
+        self.pde_shift = regs.PDE_SPAN_SHIFT
         self._tlb: dict[tuple[int, int], _SpaceTlb] = {}
+
+    def set_large_pages_64k(self, on: bool) -> None:
+        """PFFB_VM_CFG bit 0: 64 KiB large pages, and with them 64 MiB per PDE (the large
+        table keeps its 1024 entries, so the directory doubles to 16384 entries)."""
+        shift = regs.LARGE_PAGE_SHIFT_64K if on else regs.LARGE_PAGE_SHIFT
+        if shift != self.large_page_shift:
+            self.large_page_shift = shift
+            self.pde_shift = regs.PDE_SPAN_SHIFT_64K if on else regs.PDE_SPAN_SHIFT
+            self.flush()
 
     # ------------------------------------------------------------------ physical memory
     def view(self, target: int, addr: int, length: int) -> np.ndarray:
@@ -124,15 +151,23 @@ class Mmu:
 
     # ------------------------------------------------------------------ TLB
     def flush(self, pd: int | None = None, pd_target: int | None = None) -> None:
-        """Forget cached translations of one address space (or all of them)."""
+        """Forget cached translations of one address space (or all of them).
+
+        A sysram target matches both kinds of sysram: the flush register has one bit for
+        "sysram" (envytools gf100_pffb.xml), so a targeted flush naming sysram drops the
+        space whether its directory was given as snooped or non-snooped.
+        """
         self.counters.inc("tlb.flushes")
         if pd is None:
             self._tlb.clear()
         elif pd_target is None:
             for key in [k for k in self._tlb if k[1] == pd]:
                 del self._tlb[key]
-        else:
+        elif pd_target == regs.TARGET_VRAM:
             self._tlb.pop((pd_target, pd), None)
+        else:
+            for target in (regs.TARGET_SYSRAM, regs.TARGET_SYSRAM_NOSNOOP):
+                self._tlb.pop((target, pd), None)
 
     def _space_tlb(self, space: Space) -> _SpaceTlb:
         key = (space.pd_target, space.pd)
@@ -149,15 +184,11 @@ class Mmu:
             raw = self.phys_read_u64(space.pd_target, space.pd + index * regs.PDE_SIZE)
         except DmaFault:
             raise VmFault(regs.FAULT_PDE_NOT_PRESENT, va, write) from None
-        small = large = None
-        if raw & regs.PDE_SMALL_PRESENT:
-            addr = ((raw >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
-            small = (addr, regs.TARGET_VRAM)
-        if raw & regs.PDE_LARGE_PRESENT:
-            addr = ((raw >> regs.PDE_LARGE_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
-            full = 1 << (regs.PDE_SPAN_SHIFT - self.large_page_shift)
-            large = (addr, regs.TARGET_VRAM,
-                     full >> ((raw >> regs.PDE_SIZE_SHIFT) & regs.PDE_SIZE_MASK))
+        small, large_raw = pde_tables(raw)
+        large = None
+        if large_raw is not None:
+            full = 1 << (self.pde_shift - self.large_page_shift)  # 1024 in either mode
+            large = (large_raw[0], large_raw[1], full >> large_raw[2])
         pde = tlb.pdes[index] = _Pde(small, large)
         return pde
 
@@ -185,27 +216,28 @@ class Mmu:
             raise VmFault(regs.FAULT_VM_LIMIT, max(va, min(space.limit + 1, regs.VA_LIMIT)),
                           write)
         first, last = va >> 12, end >> 12
+        per_pde_shift = self.pde_shift - regs.SMALL_PAGE_SHIFT
+        n_small = 1 << per_pde_shift
         tlb = self._space_tlb(space)
         targets = np.empty(last - first + 1, dtype=np.uint8)
         frames = np.empty(last - first + 1, dtype=np.uint64)
         pos = 0
-        for pde_index in range(first >> _SMALL_PER_PDE_SHIFT, (last >> _SMALL_PER_PDE_SHIFT) + 1):
-            lo = max(first, pde_index << _SMALL_PER_PDE_SHIFT)
-            hi = min(last, ((pde_index + 1) << _SMALL_PER_PDE_SHIFT) - 1)
+        for pde_index in range(first >> per_pde_shift, (last >> per_pde_shift) + 1):
+            lo = max(first, pde_index << per_pde_shift)
+            hi = min(last, ((pde_index + 1) << per_pde_shift) - 1)
             page_va = max(va, lo << 12)
             pde = self._pde(space, tlb, pde_index, page_va, write)
             n = hi - lo + 1
             ptes = np.zeros(n, dtype=np.uint64)
             from_large = None
             if pde.small is not None:
-                spt = self._pt(tlb, pde.small[0], pde.small[1], regs.SMALL_PTES_PER_PT,
-                               page_va, write)
-                ptes = spt[(lo & (regs.SMALL_PTES_PER_PT - 1)):(hi & (regs.SMALL_PTES_PER_PT - 1)) + 1]
+                spt = self._pt(tlb, pde.small[0], pde.small[1], n_small, page_va, write)
+                ptes = spt[(lo & (n_small - 1)):(hi & (n_small - 1)) + 1]
             if pde.large is not None:
                 present = (ptes & np.uint64(regs.PTE_PRESENT)).astype(bool)
                 if not present.all():
                     shift = self.large_page_shift - regs.SMALL_PAGE_SHIFT
-                    lidx = (np.arange(lo, hi + 1, dtype=np.int64) & (regs.SMALL_PTES_PER_PT - 1)) >> shift
+                    lidx = (np.arange(lo, hi + 1, dtype=np.int64) & (n_small - 1)) >> shift
                     short = (lidx >= pde.large[2]) & ~present
                     if short.any():
                         bad = int(np.flatnonzero(short)[0])
@@ -247,15 +279,16 @@ class Mmu:
         if va < 0 or va > space.limit or va >= regs.VA_LIMIT:
             raise VmFault(regs.FAULT_VM_LIMIT, va, write)
         tlb = self._space_tlb(space)
-        pde = self._pde(space, tlb, va >> regs.PDE_SPAN_SHIFT, va, write)
+        pde = self._pde(space, tlb, va >> self.pde_shift, va, write)
         raw = 0
+        n_small = 1 << (self.pde_shift - regs.SMALL_PAGE_SHIFT)
         if pde.small is not None:
-            spt = self._pt(tlb, pde.small[0], pde.small[1], regs.SMALL_PTES_PER_PT, va, write)
-            raw = int(spt[(va >> 12) & (regs.SMALL_PTES_PER_PT - 1)])
+            spt = self._pt(tlb, pde.small[0], pde.small[1], n_small, va, write)
+            raw = int(spt[(va >> 12) & (n_small - 1)])
         large_offset = 0
         if not raw & regs.PTE_PRESENT:
             if pde.large is not None:
-                lidx = (va & (regs.PDE_SPAN - 1)) >> self.large_page_shift
+                lidx = (va & ((1 << self.pde_shift) - 1)) >> self.large_page_shift
                 if lidx >= pde.large[2]:
                     raise VmFault(regs.FAULT_PT_TOO_SHORT, va, write)
                 raw = int(self._pt(tlb, pde.large[0], pde.large[1], pde.large[2], va, write)[lidx])

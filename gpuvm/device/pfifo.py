@@ -9,7 +9,7 @@ import numpy as np
 
 from gpuvm.device import regs
 from gpuvm.device.channel import Channel, ChannelExecutor
-from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault
+from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault, fault_flags
 from gpuvm.device.mmio_bus import RegisterBlock
 from gpuvm.device.mmu import FAULT_NAMES, DmaFault, VmFault
 
@@ -28,7 +28,8 @@ class Pfifo(RegisterBlock):
         super().__init__()
         self.gpu = gpu
         self.executor = ChannelExecutor(gpu)
-        self.intr = 0
+        self.intr = 0  # latched bits; PFIFO_INTR_RUNLIST is derived (see intr_status)
+        self.runlist_intr = 0  # PFIFO_INTR_RUNLIST_STATUS
         self.intr_en = 0
         self.ctrl = 0
         self.userd_poll = 0
@@ -47,7 +48,9 @@ class Pfifo(RegisterBlock):
         self._register()
 
     def _register(self) -> None:
-        self.reg(regs.PFIFO_INTR, read=lambda: self.intr, write=self._clear_intr)
+        self.reg(regs.PFIFO_INTR, read=self.intr_status, write=self._clear_intr)
+        self.reg(regs.PFIFO_INTR_RUNLIST_STATUS, read=lambda: self.runlist_intr,
+                 write=self._ack_runlist_intr)
         self.reg(regs.PFIFO_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en, plain=True)
         self.reg(regs.PFIFO_CTRL, read=lambda: self.ctrl, write=self._set_ctrl)
         self.reg(regs.PFIFO_USERD_POLL, read=lambda: self.userd_poll, write=self._set_poll, plain=True)
@@ -74,8 +77,16 @@ class Pfifo(RegisterBlock):
                      if ch.error else 0)
 
     # ------------------------------------------------------------------ registers
+    def intr_status(self) -> int:
+        """PFIFO_INTR: the latched bits, and the runlist event bit while its status
+        register (0x2a00) has anything set -- a level, as envytools notes."""
+        return self.intr | (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0)
+
     def _clear_intr(self, value: int) -> None:
-        self.intr &= ~value
+        self.intr &= ~(value & ~regs.PFIFO_INTR_RUNLIST)
+
+    def _ack_runlist_intr(self, value: int) -> None:
+        self.runlist_intr &= ~value
 
     def _set_intr_en(self, value: int) -> None:
         self.intr_en = value
@@ -96,16 +107,21 @@ class Pfifo(RegisterBlock):
         addr = (self.runlist_addr & regs.PFIFO_RUNLIST_ADDR_MASK) << 12
         target = (self.runlist_addr >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & 0x3
         self.gpu.counts.inc("pfifo.runlist_submits")
+        # The update completes at once in this model: PENDING never reads set, and the
+        # runlist event ("update done", what nouveau's gf100_fifo_runlist_commit waits
+        # for) is raised now.  A runlist the device cannot use also raises SCHED.
+        self.runlist_intr |= regs.PFIFO_RUNLIST_EVENT_DONE
+        self.gpu.signal()
         try:
             entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE)
         except DmaFault:
-            self.intr |= regs.PFIFO_INTR_RUNLIST
+            self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
             return
         chids = entries.view(np.uint32)[0::2].tolist() if count else []
         bad = [c for c in chids if c >= regs.NUM_CHANNELS]
         if bad:
-            self.intr |= regs.PFIFO_INTR_RUNLIST
+            self.intr |= regs.PFIFO_INTR_SCHED
         self.runlist = [c for c in dict.fromkeys(chids) if c < regs.NUM_CHANNELS]
         for c in self.runlist:
             self.channels[c].poll = True
@@ -155,8 +171,7 @@ class Pfifo(RegisterBlock):
     # ------------------------------------------------------------------ faults
     def record_fault(self, unit: int, inst: int, va: int, write: bool, reason: int) -> None:
         self.fault_records[unit] = [inst >> 12, va & 0xFFFFFFFF, va >> 32,
-                                    reason | (regs.PFIFO_FAULT_FLAGS_WRITE if write else 0) |
-                                    (unit << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT)]
+                                    fault_flags(unit, reason, write)]
         self.fault_mask |= 1 << unit
         self.intr |= regs.PFIFO_INTR_VM_FAULT
         self.gpu.counts.inc("vm.faults")

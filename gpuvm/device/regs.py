@@ -109,7 +109,7 @@ PBUS_BAR3_VM = 0x001714
 PBUS_BARVM_INST_MASK = 0x0FFFFFFF  # instance block address >> 12
 PBUS_BARVM_TARGET_SHIFT = 28
 PBUS_BARVM_TARGET_MASK = 0x3
-PBUS_BARVM_ENABLE = 1 << 31
+PBUS_BARVM_ENABLE = 1 << 31  # MODE: 1 = through the BAR VM, 0 = plain VRAM (pbus.xml)
 
 PRAMIN_WINDOW = 0x700000
 PRAMIN_WINDOW_SIZE = 1 * MiB
@@ -133,10 +133,10 @@ PFB_MAX_PARTS = 8
 PFIFO_INTR = 0x002100
 PFIFO_INTR_EN = 0x002140
 PFIFO_INTR_CHAN_TABLE = 1 << 0
-PFIFO_INTR_SCHED = 1 << 8
+PFIFO_INTR_SCHED = 1 << 8  # envytools: PLAYLIST (a runlist the device cannot use)
 PFIFO_INTR_VM_FAULT = 1 << 28
 PFIFO_INTR_PBDMA = 1 << 29
-PFIFO_INTR_RUNLIST = 1 << 30
+PFIFO_INTR_RUNLIST = 1 << 30  # level: PFIFO_INTR_RUNLIST_STATUS != 0
 
 PFIFO_CTRL = 0x002200
 PFIFO_CTRL_ENABLE = 1 << 0
@@ -149,10 +149,12 @@ USERD_STRIDE = 0x1000  # channel c's USERD page = poll base + c * USERD_STRIDE
 PFIFO_RUNLIST_ADDR = 0x002270  # address >> 12, target in bits 28-29
 PFIFO_RUNLIST_ADDR_MASK = 0x0FFFFFFF
 PFIFO_RUNLIST_TARGET_SHIFT = 28
-PFIFO_RUNLIST_SUBMIT = 0x002274  # bits 0-11 length; writing submits
+PFIFO_RUNLIST_SUBMIT = 0x002274  # bits 0-11 length; writing submits (nouveau ORs 0x01f00000)
 PFIFO_RUNLIST_LEN_MASK = 0xFFF
 PFIFO_RUNLIST_STATUS = 0x00227C
 PFIFO_RUNLIST_PENDING = 1 << 20
+PFIFO_INTR_RUNLIST_STATUS = 0x002A00  # the runlist event interrupt's status; write 1s to ack
+PFIFO_RUNLIST_EVENT_DONE = 1 << 28  # "update done": what nouveau waits for after a submit
 RUNLIST_ENTRY_SIZE = 8
 RUNLIST_ENTRY_WORD1 = 0x00000004
 
@@ -164,10 +166,13 @@ PFIFO_FAULT_RECORD_STRIDE = 0x10
 PFIFO_FAULT_INST = 0x0  # instance >> 12
 PFIFO_FAULT_ADDR_LO = 0x4
 PFIFO_FAULT_ADDR_HI = 0x8
-PFIFO_FAULT_FLAGS = 0xC  # bits 0-3 reason, bit 7 write, bits 8-12 client
+PFIFO_FAULT_FLAGS = 0xC  # bits 0-3 reason, bit 6 HUB, bit 7 write, bits 8-12 client
 PFIFO_FAULT_FLAGS_REASON_MASK = 0xF
+PFIFO_FAULT_FLAGS_HUB = 1 << 6  # the client is a hub client (else a GPC client)
 PFIFO_FAULT_FLAGS_WRITE = 1 << 7
 PFIFO_FAULT_FLAGS_CLIENT_SHIFT = 8
+PFIFO_FAULT_FLAGS_CLIENT_MASK = 0x1F
+PFIFO_FAULT_FLAGS_GPC_SHIFT = 24  # bits 24-28: GPC id of a GPC client
 PFIFO_FAULT_UNITS = 32
 
 PFIFO_CHAN_TABLE = 0x003000  # + 8 * chid
@@ -205,6 +210,15 @@ FAULT_UNIT_PFIFO = 0x07
 FAULT_UNIT_PCOPY0 = 0x15
 FAULT_UNIT_PCOPY1 = 0x16
 
+# Fault clients (record flags bits 8-12), as nouveau's gf100_fifo_fault_hubclient and
+# envytools' GF100_VM_HUBCLIENT / GF100_VM_GPCCLIENT name them
+FAULT_HUBCLIENT_PCOPY0 = 0x01
+FAULT_HUBCLIENT_PCOPY1 = 0x02
+FAULT_HUBCLIENT_PFIFO = 0x06
+FAULT_HUBCLIENT_BAR_READ = 0x07
+FAULT_HUBCLIENT_BAR_WRITE = 0x08
+FAULT_GPCCLIENT_TPC0_L1 = 0x00  # compute loads and stores
+
 # Emulator extension: channel error reasons (PFIFO_CHAN_ERROR_EXT bits 0-7)
 CHAN_ERR_NONE_EXT = 0
 CHAN_ERR_VM_FAULT_EXT = 1  # details in the fault record of the engine's unit
@@ -217,29 +231,33 @@ CHAN_ERR_SIZE_LIMIT_EXT = 7
 CHAN_ERR_NO_OBJECT_EXT = 8  # method on a subchannel with no object bound
 CHAN_ERR_DMA_TARGET_EXT = 9  # sysram address outside the memory the VMM gave the device
 CHAN_ERR_BAD_INSTANCE_EXT = 10  # unreadable or unsigned RAMIN
+CHAN_ERR_IB_EMPTY_EXT = 11  # a zero-length GPFIFO entry (DMA pusher error IB_EMPTY)
+CHAN_ERR_UNSUPPORTED_EXT = 12  # a valid request this model does not carry out (tiled copy)
 
 # --------------------------------------------------------------------------------------
 # PTIMER
 # --------------------------------------------------------------------------------------
-PTIMER_TIME_0 = 0x009400  # low 32 bits, ns
+PTIMER_TIME_0 = 0x009400  # low 32 bits, ns; bits 0-4 read as zero
+PTIMER_TIME_0_MASK = 0xFFFFFFE0
 PTIMER_TIME_1 = 0x009410  # high 32 bits
 
 # --------------------------------------------------------------------------------------
 # PFLUSH
 # --------------------------------------------------------------------------------------
-PFLUSH_FLUSH = 0x070000  # write 1; poll until PFLUSH_BUSY clears
-PFLUSH_BUSY = 1 << 0
+PFLUSH_FLUSH = 0x070000  # write PFLUSH_TRIGGER; poll until PFLUSH_BUSY clears
+PFLUSH_TRIGGER = 1 << 0
+PFLUSH_BUSY = 1 << 1  # nouveau polls (0x070000 & 2)
 
 # --------------------------------------------------------------------------------------
 # PFFB VM config and TLB flush
 # --------------------------------------------------------------------------------------
 PFFB_VM_CFG = 0x100C80
-PFFB_VM_CFG_LARGE_64K = 1 << 0  # 0 = 128 KiB large pages, 1 = 64 KiB
+PFFB_VM_CFG_LARGE_64K = 1 << 0  # 0 = 128 KiB large pages / 128 MiB per PDE, 1 = 64 KiB / 64 MiB
 PFFB_VM_CFG_FLUSH_DONE = 1 << 15
 PFFB_VM_CFG_SLOTS_SHIFT = 16
 PFFB_VM_CFG_SLOTS_MASK = 0xFF
 PFFB_FLUSH_PAGE = 0x100CB4  # VA >> 12 in bits 4-31
-PFFB_FLUSH_PD = 0x100CB8  # PD address >> 8 (bits 4-31 = addr >> 12), bit 1 sysram target
+PFFB_FLUSH_PD = 0x100CB8  # PD address >> 8 (bits 4-31 = addr >> 12), bit 1 sysram (either kind)
 PFFB_FLUSH_PD_SYSRAM = 1 << 1
 PFFB_FLUSH_PD_ADDR_SHIFT = 8
 PFFB_FLUSH_TRIGGER = 0x100CBC
@@ -289,11 +307,15 @@ RAMIN_ADDR_MASK = 0xFFFFF000
 # --------------------------------------------------------------------------------------
 VA_BITS = 40
 VA_LIMIT = 1 << VA_BITS
-PDE_COUNT = 8192
+PDE_COUNT = 8192  # 128 KiB large-page mode (the default)
 PDE_SIZE = 8
 PD_BYTES = PDE_COUNT * PDE_SIZE  # 64 KiB
 PDE_SPAN_SHIFT = 27  # each PDE covers 128 MiB
 PDE_SPAN = 1 << PDE_SPAN_SHIFT
+PDE_SPAN_SHIFT_64K = 26  # 64 KiB large-page mode: 64 MiB per PDE (nouveau gf100_vmm_desc_16_12)
+PDE_COUNT_64K = 16384
+PD_BYTES_64K = PDE_COUNT_64K * PDE_SIZE  # 128 KiB
+LARGE_PAGE_SHIFT_64K = 16
 SMALL_PAGE_SHIFT = 12
 SMALL_PAGE = 1 << SMALL_PAGE_SHIFT
 LARGE_PAGE_SHIFT = 17  # 128 KiB (PFFB_VM_CFG bit 0 clear)
@@ -302,11 +324,21 @@ SMALL_PTES_PER_PT = PDE_SPAN >> SMALL_PAGE_SHIFT  # 32768 (256 KiB table)
 LARGE_PTES_PER_PT = PDE_SPAN >> LARGE_PAGE_SHIFT  # 1024
 PTE_SIZE = 8
 
-PDE_LARGE_PRESENT = 1 << 0
+# PDE (nouveau gf100_vmm_pgd_pde): each half names its table's memory with a 2-bit target
+PDE_LARGE_TARGET_SHIFT = 0  # bits 0-1: large-PT target (PDE_TARGET_*)
+PDE_SMALL_TARGET_SHIFT = 32  # bits 32-33: small-PT target
+PDE_TARGET_MASK = 0x3
+PDE_TARGET_ABSENT = 0
+PDE_TARGET_VRAM = 1
+PDE_TARGET_SYSRAM = 2  # coherent (snooped) sysram; nouveau adds the volatile bit
+PDE_TARGET_SYSRAM_NOSNOOP = 3
+PDE_SMALL_VOLATILE = 1 << 34
+PDE_LARGE_VOLATILE = 1 << 35
+PDE_LARGE_PRESENT = PDE_TARGET_VRAM << PDE_LARGE_TARGET_SHIFT  # a large PT in VRAM
 PDE_SIZE_SHIFT = 2  # bits 2-3: PT size (0 full, 1 1/2, 2 1/4, 3 1/8)
 PDE_SIZE_MASK = 0x3
 PDE_LARGE_ADDR_SHIFT = 4  # bits 4-31: large-PT address >> 12
-PDE_SMALL_PRESENT = 1 << 32
+PDE_SMALL_PRESENT = PDE_TARGET_VRAM << PDE_SMALL_TARGET_SHIFT  # a small PT in VRAM
 PDE_SMALL_ADDR_SHIFT = 36  # bits 36-63: small-PT address >> 12
 PDE_ADDR_FIELD_MASK = 0x0FFFFFFF
 
@@ -363,6 +395,7 @@ HOST_METHODS_END = 0x100  # methods below this are host methods
 SEM_ACQUIRE_EQUAL = 1
 SEM_RELEASE = 2
 SEM_ACQUIRE_GEQUAL = 4
+SEM_ACQUIRE_MASK = 8  # wait until (word & sequence) != 0
 SEM_OP_MASK = 0xF
 SEM_SHORT = 1 << 24  # release writes the 32-bit sequence only
 SEM_RELEASE_BYTES = 16  # {sequence, 0, 64-bit timestamp}
@@ -400,35 +433,62 @@ COMPUTE_CB_DATA = 0x2390
 QUERY_GET_SHORT = 1 << 28  # query writes the 32-bit sequence only
 CB_MAX_SIZE = 0x10000
 
-# Copy 0x90b5
-COPY_LAUNCH = 0x0300
+# Copy 0x90b5, as nouveau's copy firmware (nvkm/engine/ce/fuc/com.fuc) takes it
+COPY_LAUNCH = 0x0300  # EXEC
+COPY_WRCACHE_FLUSH = 0x0304
 COPY_SRC_HI = 0x030C
 COPY_SRC_LO = 0x0310
 COPY_DST_HI = 0x0314
 COPY_DST_LO = 0x0318
 COPY_PITCH_IN = 0x031C
 COPY_PITCH_OUT = 0x0320
-COPY_LINE_BYTES = 0x0324
-COPY_LINE_COUNT = 0x0328
+COPY_LINE_BYTES = 0x0324  # XCNT: elements per line (bytes unless FORMAT)
+COPY_LINE_COUNT = 0x0328  # YCNT: always used
+# FORMAT: bits 0-15 a 4-bit selector per destination component (0-3 source component,
+# 4/5 SWZ_CONST0/1, 6+ no write), 16-17 component size - 1, 20-21 source components - 1,
+# 24-25 destination components - 1
+COPY_FORMAT = 0x032C
+COPY_SWZ_CONST0 = 0x0330
+COPY_SWZ_CONST1 = 0x0334
 COPY_QUERY_ADDR_HI = 0x0338
 COPY_QUERY_ADDR_LO = 0x033C
 COPY_QUERY_SEQUENCE = 0x0340
-COPY_LAUNCH_SEM_SHIFT = 3  # bits 3-4: 0 none, 1 one-word release, 2 four-word release
-COPY_LAUNCH_SEM_MASK = 0x3
-COPY_LAUNCH_SEM_NONE = 0
-COPY_LAUNCH_SEM_SHORT = 1
-COPY_LAUNCH_SEM_LONG = 2
-COPY_LAUNCH_MULTI_LINE = 1 << 9
+COPY_LAUNCH_FORMAT = 1 << 0  # remap components per COPY_FORMAT
+COPY_LAUNCH_SRC_LINEAR = 1 << 4  # clear: tiled source
+COPY_LAUNCH_DST_LINEAR = 1 << 8  # clear: tiled destination
+COPY_LAUNCH_QUERY = 1 << 12  # write the query when the copy is done
+COPY_LAUNCH_QUERY_SHORT = 1 << 13  # ... the counter only (else {counter, 0, time lo, hi})
+COPY_LAUNCH_NOUVEAU = COPY_LAUNCH_SRC_LINEAR | COPY_LAUNCH_DST_LINEAR  # 0x110
+COPY_LAUNCH_GDEV = COPY_LAUNCH_NOUVEAU | COPY_LAUNCH_QUERY | COPY_LAUNCH_QUERY_SHORT  # 0x3110
+COPY_XCNT_MASK = 0xFFFF  # the firmware rejects wider values (INVALID_BITFIELD)
+COPY_YCNT_MASK = 0x1FFF
+COPY_PITCH_MASK = 0x7FFFF
+COPY_FORMAT_MASK = 0x0333FFFF
+COPY_SWZ_CONST0_SEL = 4  # FORMAT selector values beyond the source components
+COPY_SWZ_CONST1_SEL = 5
+COPY_SWZ_NO_WRITE_SEL = 6
 COPY_MAX_BYTES = 1 << 32  # one launch moves at most 4 GiB
 
-# M2MF 0x9039
+# M2MF 0x9039 (envytools rnndb/graph/gf100_m2mf.xml)
 M2MF_EXEC = 0x0300
 M2MF_OUT_HI = 0x0238
 M2MF_OUT_LO = 0x023C
 M2MF_IN_HI = 0x030C
 M2MF_IN_LO = 0x0310
+M2MF_PITCH_IN = 0x0314
+M2MF_PITCH_OUT = 0x0318
 M2MF_LINE_LENGTH = 0x031C
 M2MF_LINE_COUNT = 0x0320
+M2MF_QUERY_ADDR_HI = 0x032C
+M2MF_QUERY_ADDR_LO = 0x0330
+M2MF_QUERY_SEQUENCE = 0x0334
+M2MF_EXEC_PUSH = 1 << 0  # data comes through M2MF_DATA (not modelled: refused)
+M2MF_EXEC_LINEAR_IN = 1 << 4  # clear: block-linear source (not modelled)
+M2MF_EXEC_LINEAR_OUT = 1 << 8
+M2MF_EXEC_QUERY_SHIFT = 12  # bits 12-13: 2 = write the query when done
+M2MF_EXEC_QUERY_MASK = 0x3
+M2MF_EXEC_QUERY_YES = 2
+M2MF_EXEC_QUERY_SHORT = 1 << 20
 
 # --------------------------------------------------------------------------------------
 # Kernel objects (what the guest uploads as "code"; see gpuvm/device/kernels.py)

@@ -42,9 +42,17 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
     virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
     virtual(regs.PFFB_FLUSH_PD, "flush_pd")
-    reads[regs.PMC_INTR] = ("virtual", v.pmc_intr)
-    reads[regs.PFIFO_INTR] = ("virtual", v.pfifo_intr)
-    writes[regs.PFIFO_INTR] = ("virtual", v.pfifo_intr_clear)
+    reads[regs.PMC_INTR] = ("virtual", lambda: v.pmc_intr() | (
+        regs.PMC_INTR_PFIFO if r["runlist_intr"] else 0))
+    # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
+    # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
+    reads[regs.PFIFO_INTR] = ("virtual", lambda: v.pfifo_intr() | (
+        regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0))
+    writes[regs.PFIFO_INTR] = ("virtual",
+                               lambda value: v.pfifo_intr_clear(value & ~regs.PFIFO_INTR_RUNLIST))
+    reads[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda: r["runlist_intr"])
+    writes[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda value: r.__setitem__(
+        "runlist_intr", r["runlist_intr"] & ~value))
     reads[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask)
     writes[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask_clear)
     for unit in range(regs.PFIFO_FAULT_UNITS):
@@ -56,7 +64,11 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
     writes[regs.PFIFO_USERD_POLL] = ("channel", v.set_userd_poll)  # changes what is remapped
     reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
-    writes[regs.PFIFO_RUNLIST_SUBMIT] = ("runlist", v.runlist_submit)
+    def runlist_submit(value: int) -> None:
+        v.runlist_submit(value)
+        r["runlist_intr"] |= regs.PFIFO_RUNLIST_EVENT_DONE
+
+    writes[regs.PFIFO_RUNLIST_SUBMIT] = ("runlist", runlist_submit)
     reads[regs.PFIFO_RUNLIST_STATUS] = ("virtual", lambda: 0)
     reads[regs.PFIFO_KICK] = ("virtual", lambda: ch.kick)
     writes[regs.PFIFO_KICK] = ("channel", ch.kick_write)

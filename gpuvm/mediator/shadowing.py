@@ -6,6 +6,10 @@ which BAR pages may be remapped as a consequence.
   doorbell, channel programming, a RAMIN write).  BAR-VM windows are always synced at
   the flush, because remapped BAR pages are used without any trap that could resync them.
 - incremental: a resync compares with the previous one instead of translating everything.
+
+Guest page tables may live in the guest's VRAM slice or in its RAM (the PDE target says
+which); sysram tables are read through this VM's own RAM only and validated like every
+other entry.  Page directories are shadowed from the VRAM slice only.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
+from gpuvm.device.dma import RamPort
 from shadow.bar_window import NOT_VRAM, BarWindow
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
@@ -30,10 +35,11 @@ class Shadowing:
         part = vgpu.part
         self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
         self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
+        self.guest_ram = RamPort(vgpu.ram.array)  # the VM's RAM at guest-physical 0
         self.bar1 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar1_pt,
-                              part.bar1_base >> 12, part.spec.bar1_size >> 12)
+                              part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram)
         self.bar3 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar3_pt,
-                              part.bar3_base >> 12, part.spec.bar3_size >> 12)
+                              part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram)
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         med.gpu.vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
@@ -52,7 +58,8 @@ class Shadowing:
         if space is None:
             v = self.vgpu
             space = self.spaces[guest_pd] = ShadowSpace(v.med.gpu.vram, v.policy,
-                                                        v.part.shadow_pool, guest_pd, v.count)
+                                                        v.part.shadow_pool, guest_pd, v.count,
+                                                        self.guest_ram)
         return space.shadow_pd
 
     def ensure_fresh(self, guest_pd: int | None) -> None:
@@ -80,6 +87,7 @@ class Shadowing:
         v.count("tlb.guest_flushes", 1)
         if flush_pd & regs.PFFB_FLUSH_PD_SYSRAM:
             return  # no sysram directories are shadowed: nothing can be using it
+        # (tables in sysram are named from VRAM directories: a flush of those syncs them)
         pd = (flush_pd >> 4) << 12
         all_pds = bool(trigger & regs.PFFB_TRIGGER_ALL_PDS)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
@@ -104,8 +112,11 @@ class Shadowing:
         window = self.bar1 if bar == regs.BAR1 else self.bar3
         inst = None
         pv = None
-        if reg & regs.PBUS_BARVM_ENABLE and \
-                (reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK == regs.TARGET_VRAM:
+        if not reg & regs.PBUS_BARVM_ENABLE:
+            window.bind(None, plain=True)  # MODE clear: a plain window onto its VRAM
+            self.sync_window(window, bar)
+            return
+        if (reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK == regs.TARGET_VRAM:
             inst = (reg & regs.PBUS_BARVM_INST_MASK) << 12
             if self.vgpu.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
                 lo = self.vgpu.guest_u32(inst + regs.RAMIN_PD_LO)

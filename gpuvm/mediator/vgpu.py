@@ -23,7 +23,7 @@ import numpy as np
 from gpuvm.device import regs
 from gpuvm.device.dma import DmaMappings
 from gpuvm.device.engines import Engine
-from gpuvm.device.faults import ChannelFault
+from gpuvm.device.faults import ChannelFault, fault_flags
 from gpuvm.mediator import bar0_traps
 from gpuvm.mediator.channels import Channels
 from gpuvm.mediator.hypercalls import Hypercalls
@@ -318,9 +318,7 @@ class VGpu:
         inst = (self.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"]
                 & regs.PBUS_BARVM_INST_MASK)
         self._fault_records[unit] = [inst, offset & 0xFFFFFFFF, offset >> 32,
-                                     regs.FAULT_PAGE_NOT_PRESENT |
-                                     (regs.PFIFO_FAULT_FLAGS_WRITE if write else 0) |
-                                     (unit << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT)]
+                                     fault_flags(unit, regs.FAULT_PAGE_NOT_PRESENT, write)]
         self._fault_mask |= 1 << unit
         self._pfifo_intr |= regs.PFIFO_INTR_VM_FAULT
         self.count(f"vm.faults.bar{bar}", 1)
@@ -361,8 +359,7 @@ class VGpu:
                 inst = (ch.guest_inst >> 12) if ch and ch.guest_inst else 0
                 self._fault_records[f.unit] = [
                     inst, f.address & 0xFFFFFFFF, f.address >> 32,
-                    f.vm_reason | (regs.PFIFO_FAULT_FLAGS_WRITE if f.write else 0) |
-                    (f.unit << regs.PFIFO_FAULT_FLAGS_CLIENT_SHIFT)]
+                    fault_flags(f.unit, f.vm_reason, f.write)]
                 self._fault_mask |= 1 << f.unit
                 self._pfifo_intr |= regs.PFIFO_INTR_VM_FAULT
             else:

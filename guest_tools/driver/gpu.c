@@ -28,7 +28,7 @@ int gpu_poll_any(struct gpu *g, uint32_t reg, uint32_t mask)
 
 int gpu_bar_flush(struct gpu *g)
 {
-    gpu_wr32(g, PFLUSH_FLUSH, 1);
+    gpu_wr32(g, PFLUSH_FLUSH, PFLUSH_TRIGGER);
     return gpu_poll(g, PFLUSH_FLUSH, PFLUSH_BUSY, 0);
 }
 
@@ -86,7 +86,8 @@ int gpu_init(struct gpu *g, const struct gpuvm_boot_params *bp)
     }
     gpu_wr32(g, PMC_ENABLE, gpu_rd32(g, PMC_ENABLE) | PMC_ENABLE_ALL);
     gpu_wr32(g, PFIFO_CTRL, PFIFO_CTRL_ENABLE);
-    gpu_wr32(g, PFIFO_INTR_EN, PFIFO_INTR_VM_FAULT | PFIFO_INTR_PBDMA | PFIFO_INTR_SCHED);
+    gpu_wr32(g, PFIFO_INTR_EN, PFIFO_INTR_VM_FAULT | PFIFO_INTR_PBDMA | PFIFO_INTR_SCHED |
+                               PFIFO_INTR_RUNLIST);
     gpu_wr32(g, PMC_INTR_EN, PMC_INTR_EN_HW);
 
     g->vram_size = vram_size(g);
@@ -159,5 +160,26 @@ int gpu_runlist_update(struct gpu *g)
     gpu_wr32(g, PFIFO_RUNLIST_ADDR, (uint32_t)(g->runlist >> 12) |
                                     TARGET_VRAM << PFIFO_RUNLIST_TARGET_SHIFT);
     gpu_wr32(g, PFIFO_RUNLIST_SUBMIT, n);
+    return gpu_runlist_wait(g);
+}
+
+/*
+ * What nouveau's gf100_fifo_runlist_commit sleeps on: the runlist event interrupt
+ * (PFIFO_INTR bit 30), whose status (0x2a00) bit 28 says the update is done; the handler
+ * acks it, and the waiter then sees the PENDING bit of 0x227c clear.  Without interrupts
+ * the driver polls the same registers in the same order.
+ */
+int gpu_runlist_wait(struct gpu *g)
+{
+    int err = gpu_poll_any(g, PFIFO_INTR, PFIFO_INTR_RUNLIST);
+    if (err)
+        return err;
+    uint32_t status = gpu_rd32(g, PFIFO_INTR_RUNLIST_STATUS);
+    if (status & PFIFO_RUNLIST_EVENT_DONE)
+        gpu_wr32(g, PFIFO_INTR_RUNLIST_STATUS, PFIFO_RUNLIST_EVENT_DONE);
+    if (status & ~PFIFO_RUNLIST_EVENT_DONE) {
+        con_printf("gpu: runlist event %#x", status);
+        gpu_wr32(g, PFIFO_INTR_RUNLIST_STATUS, status);
+    }
     return gpu_poll(g, PFIFO_RUNLIST_STATUS, PFIFO_RUNLIST_PENDING, 0);
 }

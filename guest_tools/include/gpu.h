@@ -92,5 +92,7 @@ int gpu_bar_flush(struct gpu *g);
 
 /* Runlist: submit every channel whose bit is set in g->runnable. */
 int gpu_runlist_update(struct gpu *g);
+/* Waits for the runlist update the way nouveau does (PFIFO_INTR_RUNLIST, then PENDING). */
+int gpu_runlist_wait(struct gpu *g);
 
 #endif

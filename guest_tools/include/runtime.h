@@ -16,7 +16,6 @@
 #define RT_CB_BYTES 0x1000        /* constant buffer for kernel parameters */
 #define RT_MAX_DEV 64
 #define RT_MAX_PINNED 16
-#define RT_COPY_CHUNK (1u << 30)  /* COPY_LINE_BYTES is 32 bits wide */
 /* Where FI_UNMAPPED_COPY points the source of a copy: below CHANNEL_VA_BASE, never mapped. */
 #define RT_UNMAPPED_VA 0x1000
 

@@ -43,21 +43,50 @@ static int wait_idle(void)
     return check(channel_sync(&rt.ch));
 }
 
-/* Queues copy-engine launches for [src, src+bytes) -> dst (GPU VAs). */
-static int copy_async(uint64_t dst, uint64_t src, uint64_t bytes)
+/*
+ * Queues copy-engine launches for [src, src+bytes) -> dst (GPU VAs), the way nouveau's
+ * nvc0_bo_move_copy does: lines of one page (pitch = line), at most COPY_YCNT_MASK lines
+ * per launch, EXEC = SRC_LINEAR | DST_LINEAR (0x110); a tail shorter than a page is one
+ * line.  With `fence`, the last launch also carries the channel's next fence the way
+ * Gdev's nvc0_memcpy_pcopy0 and nvc0_fence_write do: the copy engine's query (address,
+ * counter) names the fence, and EXEC 0x3110 (QUERY | QUERY_SHORT) writes it once the
+ * copy is done.  *fence is then the sequence to wait for (0 if nothing was queued).
+ */
+static int copy_async(uint64_t dst, uint64_t src, uint64_t bytes, uint32_t *fence)
 {
+    if (fence)
+        *fence = 0;
     while (bytes) {
-        uint32_t n = bytes > RT_COPY_CHUNK ? RT_COPY_CHUNK : (uint32_t)bytes;
-        int err = pb_begin(&rt.ch, 9);
+        uint32_t line = PAGE_SIZE, lines;
+        if (bytes >= PAGE_SIZE) {
+            uint64_t pages = bytes / PAGE_SIZE;
+            lines = pages > COPY_YCNT_MASK ? COPY_YCNT_MASK : (uint32_t)pages;
+        } else {
+            line = (uint32_t)bytes;
+            lines = 1;
+        }
+        uint64_t n = (uint64_t)line * lines;
+        int last = fence && n == bytes;
+        int err = pb_begin(&rt.ch, 15);
         if (err)
             return check(err);
-        pb_mthd(&rt.ch, SUBC_COPY, COPY_SRC_HI, 4);
+        if (last) {
+            *fence = ++rt.ch.seq;
+            pb_mthd(&rt.ch, SUBC_COPY, COPY_QUERY_ADDR_HI, 3);
+            pb_word(&rt.ch, (uint32_t)(rt.ch.fence.va >> 32));
+            pb_word(&rt.ch, (uint32_t)rt.ch.fence.va);
+            pb_word(&rt.ch, *fence);
+        }
+        pb_mthd(&rt.ch, SUBC_COPY, COPY_SRC_HI, 8);
         pb_word(&rt.ch, (uint32_t)(src >> 32));
         pb_word(&rt.ch, (uint32_t)src);
         pb_word(&rt.ch, (uint32_t)(dst >> 32));
         pb_word(&rt.ch, (uint32_t)dst);
-        pb_mthd1(&rt.ch, SUBC_COPY, COPY_LINE_BYTES, n);
-        pb_mthd1(&rt.ch, SUBC_COPY, COPY_LAUNCH, COPY_LAUNCH_SEM_NONE << COPY_LAUNCH_SEM_SHIFT);
+        pb_word(&rt.ch, line);   /* COPY_PITCH_IN */
+        pb_word(&rt.ch, line);   /* COPY_PITCH_OUT */
+        pb_word(&rt.ch, line);   /* COPY_LINE_BYTES (XCNT) */
+        pb_word(&rt.ch, lines);  /* COPY_LINE_COUNT (YCNT) */
+        pb_mthd1(&rt.ch, SUBC_COPY, COPY_LAUNCH, last ? COPY_LAUNCH_GDEV : COPY_LAUNCH_NOUVEAU);
         rt.gpu.stats.copies++;
         rt.gpu.stats.copy_bytes += n;
         src += n;
@@ -69,8 +98,14 @@ static int copy_async(uint64_t dst, uint64_t src, uint64_t bytes)
 
 int rt_copy_va(uint64_t dst, uint64_t src, uint64_t bytes)
 {
-    int err = copy_async(dst, src, bytes);
-    return err ? err : wait_idle();
+    uint32_t seq;
+    int err = copy_async(dst, src, bytes, &seq);
+    if (err)
+        return err;
+    if (!seq)
+        return wait_idle();
+    pb_kick(&rt.ch);
+    return check(channel_wait(&rt.ch, seq));
 }
 
 static int inject_init_faults(void)

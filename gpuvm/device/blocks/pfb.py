@@ -45,9 +45,14 @@ class Pflush(RegisterBlock):
 
     def __init__(self, gpu: "Gpu") -> None:
         super().__init__()
-        # Writes reach memory synchronously in this model, so the flush is done at once.
-        self.reg(regs.PFLUSH_FLUSH, read=lambda: 0,
-                 write=lambda v: gpu.counts.inc("pflush.flushes"))
+        # Writes reach memory synchronously in this model, so a flush (PFLUSH_TRIGGER) is
+        # done at once: PFLUSH_BUSY, which nouveau polls, always reads clear.
+        self.reg(regs.PFLUSH_FLUSH, read=lambda: 0, write=self._flush)
+        self.gpu = gpu
+
+    def _flush(self, value: int) -> None:
+        if value & regs.PFLUSH_TRIGGER:
+            self.gpu.counts.inc("pflush.flushes")
 
 
 class Pffb(RegisterBlock):
@@ -71,10 +76,7 @@ class Pffb(RegisterBlock):
 
     def _write_cfg(self, value: int) -> None:
         self.cfg = value & regs.PFFB_VM_CFG_LARGE_64K
-        shift = 16 if self.cfg else regs.LARGE_PAGE_SHIFT
-        if shift != self.gpu.mmu.large_page_shift:
-            self.gpu.mmu.large_page_shift = shift
-            self.gpu.mmu.flush()
+        self.gpu.mmu.set_large_pages_64k(bool(self.cfg))
 
     def _set_page(self, value: int) -> None:
         self.flush_page = value
@@ -85,6 +87,7 @@ class Pffb(RegisterBlock):
     def _trigger(self, value: int) -> None:
         if not value & regs.PFFB_TRIGGER_GO:
             return
+        # one bit for sysram: the MMU drops the space under either sysram target
         target = regs.TARGET_SYSRAM if self.flush_pd & regs.PFFB_FLUSH_PD_SYSRAM \
             else regs.TARGET_VRAM
         pd = (self.flush_pd >> 4 << 12) & 0xFFFFFFFFFF

@@ -31,7 +31,7 @@ class Pmc(RegisterBlock):
     def pending(self) -> int:
         """Which units have an interrupt pending (the summary a driver reads first)."""
         value = 0
-        if self.gpu.pfifo.intr:
+        if self.gpu.pfifo.intr_status():
             value |= regs.PMC_INTR_PFIFO
         if self.gpu.pgraph.intr:
             value |= regs.PMC_INTR_PGRAPH

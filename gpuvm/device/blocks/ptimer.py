@@ -17,5 +17,6 @@ class Ptimer(RegisterBlock):
     def __init__(self, gpu: "Gpu") -> None:
         super().__init__()
         clock = gpu.clock
-        self.reg(regs.PTIMER_TIME_0, read=lambda: clock.now_ns() & 0xFFFFFFFF)
+        # the counter ticks in units of 32 ns on the low word: bits 0-4 read as zero
+        self.reg(regs.PTIMER_TIME_0, read=lambda: clock.now_ns() & regs.PTIMER_TIME_0_MASK)
         self.reg(regs.PTIMER_TIME_1, read=lambda: (clock.now_ns() >> 32) & 0xFFFFFFFF)

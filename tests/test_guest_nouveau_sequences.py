@@ -1,0 +1,109 @@
+"""The real C guest driver (native mode, in-process) programs the device the way nouveau
+does: its BAR0 trace around every runlist submission is gf100_fifo_runlist_commit's wait
+on the runlist event, and its copies are nvc0_bo_move_copy's launches, the last one
+fenced the way Gdev fences a copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuvm.device import regs
+from gpuvm.runner import NativeMachine, RunOptions, VmSpec, mode_override, run_vms
+from gpuvm.run_spec import Attachment
+
+
+@dataclass
+class Recorder:
+    """A GpuTarget in front of the device that keeps the guest's BAR0 accesses."""
+
+    gpu: object
+    trace: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def mmio_read(self, bar: int, offset: int, size: int) -> int:
+        value = self.gpu.mmio_read(bar, offset, size)
+        if bar == regs.BAR0:
+            self.trace.append(("r", offset, value))
+        return value
+
+    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
+        if bar == regs.BAR0:
+            self.trace.append(("w", offset, value))
+        self.gpu.mmio_write(bar, offset, size, value)
+
+    def __getattr__(self, name: str):
+        return getattr(self.gpu, name)
+
+
+class RecordingNative(NativeMachine):
+    """Native mode whose device is watched: BAR0 accesses and copy-class methods."""
+
+    last: "RecordingNative"
+
+    def __init__(self, options, specs) -> None:
+        super().__init__(options, specs)
+        self.recorder: Recorder | None = None
+        self.copy_methods: list[tuple[int, int]] = []
+        RecordingNative.last = self
+
+    def attach(self, spec, ram) -> Attachment:
+        att = super().attach(spec, ram)
+        gpu = att.target
+        copy = gpu.classes[regs.CLASS_COPY]
+        inner = copy.on_method
+
+        def on_method(ch, obj, mem, method, value, now):
+            self.copy_methods.append((method, value))
+            return inner(ch, obj, mem, method, value, now)
+
+        copy.on_method = on_method
+        self.recorder = Recorder(gpu)
+        return Attachment(self.recorder)
+
+
+def run_native(bench: str, params: list[int]) -> RecordingNative:
+    opts = RunOptions(mode="native", backend="inproc", time_scale=1000.0, wait_slice=10.0,
+                      timeout=120)
+    with mode_override("native", RecordingNative):
+        results = run_vms([VmSpec("vm0", bench, params)], opts)
+    assert results[0].passed, results[0].session.console
+    return RecordingNative.last
+
+
+def test_guest_waits_for_the_runlist_event_like_gf100_fifo_runlist_commit():
+    """After each PFIFO_RUNLIST_SUBMIT the guest reads PFIFO_INTR and finds bit 30, reads
+    0x2a00 and acks bit 28 ("update done") as gf100_fifo_intr_runlist does, then reads
+    0x227c until PENDING (bit 20) is clear -- and leaves no runlist event pending."""
+    machine = run_native("idle", [])
+    trace = machine.recorder.trace
+    submits = [i for i, (op, off, _) in enumerate(trace)
+               if op == "w" and off == regs.PFIFO_RUNLIST_SUBMIT]
+    assert len(submits) >= 2  # channel create and destroy
+    for i in submits:
+        after = trace[i + 1:i + 5]
+        assert [(op, off) for op, off, _ in after] == [
+            ("r", regs.PFIFO_INTR), ("r", 0x2A00), ("w", 0x2A00), ("r", 0x227C)], after
+        assert after[0][2] & 0x40000000
+        assert after[1][2] & 0x10000000 and after[2][2] == 0x10000000
+        assert not after[3][2] & 0x100000
+    assert machine.recorder.mmio_read(regs.BAR0, 0x2A00, 4) == 0
+
+
+def test_guest_copies_like_nvc0_bo_move_copy_and_gdev_memcpy_pcopy0():
+    """memcpy of 100000 bytes (24 pages and a tail): launches are nouveau's
+    nvc0_bo_move_copy shape -- pitches and XCNT of one page, YCNT the page count (the
+    tail: one line of the rest), EXEC 0x110 -- except the last of each copy, which carries
+    the fence as Gdev's nvc0_fence_write + nvc0_memcpy_pcopy0 do: query address and a new
+    counter (0x338..0x340), then EXEC 0x3110.  The benchmark's own check passes."""
+    machine = run_native("memcpy", [100000])
+    shapes, state, fences = [], {}, []
+    for m, v in machine.copy_methods:
+        state[m] = v
+        if m == regs.COPY_LAUNCH:
+            shapes.append((state[regs.COPY_PITCH_IN], state[regs.COPY_PITCH_OUT],
+                           state[regs.COPY_LINE_BYTES], state[regs.COPY_LINE_COUNT], v))
+            if v == regs.COPY_LAUNCH_GDEV:
+                fences.append(state[regs.COPY_QUERY_SEQUENCE])
+    assert {s[4] for s in shapes} == {regs.COPY_LAUNCH_NOUVEAU, regs.COPY_LAUNCH_GDEV}
+    assert (4096, 4096, 4096, 24, regs.COPY_LAUNCH_NOUVEAU) in shapes
+    assert (100000 - 24 * 4096,) * 3 + (1, regs.COPY_LAUNCH_GDEV) in shapes
+    assert len(fences) == 2 and fences[0] < fences[1]  # HtoD and DtoH, each fenced once
