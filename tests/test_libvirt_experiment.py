@@ -7,7 +7,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gpuvm.experiment.config import load, parse
-from gpuvm.experiment.execute import execute, run_directory
+from gpuvm.experiment.execute import execute
+from gpuvm.experiment.rundir import RunDir
 from gpuvm.mdevctl import MdevStore
 from tests.test_libvirt_domains import domain_text, validates
 
@@ -55,6 +56,6 @@ def test_a_small_experiment_runs_from_domain_files(tmp_path, monkeypatch):
     a, b = exp.scenarios[0].vms
     assert (a.ram_mib, b.ram_mib) == (128, 64)
     assert a.share == 4 * b.share  # a 2Q has four times the weight of an 8Q
-    rows = execute(exp, run_directory(exp))
+    rows = execute(exp, RunDir.create(exp))
     assert sorted((r.vm, r.mode, r.passed) for r in rows) == \
         [("a", "fv-opt", True), ("a", "pv", True), ("b", "fv-opt", True), ("b", "pv", True)]
