@@ -33,8 +33,9 @@ class EntryPolicy:
         return 0 <= addr and addr + length <= self.vram_size
 
     def guest_sys_ok(self, addr: int, length: int) -> bool:
-        """A guest-physical range wholly inside the VM's RAM."""
-        return 0 <= addr and length >= 0 and addr + length <= self.sys_size
+        """A guest-physical range wholly inside one of the VM's DMA mappings."""
+        return 0 <= addr and length >= 0 and \
+            any(start <= addr and addr + length <= end for start, end in self.sys_ranges())
 
     def host_vram(self, addr: int) -> int:
         return self.vram_base + addr

@@ -158,10 +158,14 @@ def test_thp_knob_without_a_selection_is_an_error():
 def test_host_regions_are_seen_in_smaps_once_populated(kind):
     region = hostmem.HostRegion.open(kind, 8 << 20)
     try:
-        assert region.smaps().get("Rss", 0) < 8 << 10  # nothing touched yet
+        # the kernel may merge the mapping with a neighbouring one of the same kind (whose
+        # pages other threads touch meanwhile), so its smaps entry can be larger: what is
+        # checked is that populating made at least the region's 8 MiB resident
+        before = region.smaps()
+        assert before["Size"] >= 8 << 10
         region.populate()
         fields = region.smaps()
-        assert fields["Size"] == 8 << 10 and fields["Rss"] == 8 << 10
+        assert fields["Rss"] - before.get("Rss", 0) >= 8 << 10
         if kind.endswith("-4k"):
             assert region.thp_kib() == 0  # MADV_NOHUGEPAGE is always honoured
     finally:

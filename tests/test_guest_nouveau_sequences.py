@@ -5,33 +5,29 @@ fenced the way Gdev fences a copy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from gpuvm.device import regs
-from gpuvm.runner import NativeMachine, RunOptions, VmSpec, mode_override, run_vms
-from gpuvm.run_spec import Attachment
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run.native import NativeMachine
+from gpuvm.vfio.passthrough import PassthroughGpu
 
 
-@dataclass
-class Recorder:
-    """A GpuTarget in front of the device that keeps the guest's BAR0 accesses."""
+class Recorder(PassthroughGpu):
+    """The passed-through GPU, keeping the guest's BAR0 accesses."""
 
-    gpu: object
-    trace: list[tuple[str, int, int]] = field(default_factory=list)
+    def __init__(self, gpu) -> None:
+        super().__init__(gpu)
+        self.trace: list[tuple[str, int, int]] = []
 
-    def mmio_read(self, bar: int, offset: int, size: int) -> int:
-        value = self.gpu.mmio_read(bar, offset, size)
-        if bar == regs.BAR0:
+    def read(self, region: int, offset: int, size: int) -> int:
+        value = super().read(region, offset, size)
+        if region == regs.BAR0:
             self.trace.append(("r", offset, value))
         return value
 
-    def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None:
-        if bar == regs.BAR0:
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if region == regs.BAR0:
             self.trace.append(("w", offset, value))
-        self.gpu.mmio_write(bar, offset, size, value)
-
-    def __getattr__(self, name: str):
-        return getattr(self.gpu, name)
+        super().write(region, offset, size, value)
 
 
 class RecordingNative(NativeMachine):
@@ -45,9 +41,11 @@ class RecordingNative(NativeMachine):
         self.copy_methods: list[tuple[int, int]] = []
         RecordingNative.last = self
 
-    def attach(self, spec, ram) -> Attachment:
-        att = super().attach(spec, ram)
-        gpu = att.target
+    device_class = Recorder
+
+    def attach(self, spec) -> Recorder:
+        recorder = super().attach(spec)
+        gpu = recorder.gpu
         copy = gpu.classes[regs.CLASS_COPY]
         inner = copy.on_method
 
@@ -56,15 +54,14 @@ class RecordingNative(NativeMachine):
             return inner(ch, obj, mem, method, value, now)
 
         copy.on_method = on_method
-        self.recorder = Recorder(gpu)
-        return Attachment(self.recorder)
+        self.recorder = recorder
+        return recorder
 
 
 def run_native(bench: str, params: list[int]) -> RecordingNative:
     opts = RunOptions(mode="native", backend="inproc", time_scale=1000.0, wait_slice=10.0,
                       timeout=120)
-    with mode_override("native", RecordingNative):
-        results = run_vms([VmSpec("vm0", bench, params)], opts)
+    results = run_vms([VmSpec("vm0", bench, params)], opts, machine=RecordingNative)
     assert results[0].passed, results[0].session.console
     return RecordingNative.last
 
@@ -85,7 +82,7 @@ def test_guest_waits_for_the_runlist_event_like_gf100_fifo_runlist_commit():
         assert after[0][2] & 0x40000000
         assert after[1][2] & 0x10000000 and after[2][2] == 0x10000000
         assert not after[3][2] & 0x100000
-    assert machine.recorder.mmio_read(regs.BAR0, 0x2A00, 4) == 0
+    assert machine.recorder.read(regs.BAR0, 0x2A00, 4) == 0
 
 
 def test_guest_copies_like_nvc0_bo_move_copy_and_gdev_memcpy_pcopy0():

@@ -34,10 +34,10 @@ def test_virtual_fault_records_name_source_and_client(world):  # noqa: F811
     gpu, med, victim, attacker, targets = world
     vm = attacker
     rec = regs.PFIFO_FAULT_RECORD + 0x10 * regs.FAULT_UNIT_BAR1 + regs.PFIFO_FAULT_FLAGS
-    vm.vgpu.mmio_read(regs.BAR1, 0x7F0000, 4)
+    vm.vgpu.read(regs.BAR1, 0x7F0000, 4)
     flags = vm.drv.rd(rec)
     assert ((flags >> 6) & 1, (flags >> 7) & 1, (flags >> 8) & 0x1F) == (1, 0, 7)
-    vm.vgpu.mmio_write(regs.BAR1, 0x7F0000, 4, 0)
+    vm.vgpu.write(regs.BAR1, 0x7F0000, 4, 0)
     flags = vm.drv.rd(rec)
     assert ((flags >> 6) & 1, (flags >> 7) & 1, (flags >> 8) & 0x1F) == (1, 1, 8)
     assert not vm.copy(0x7000000, vm.rig.sys_va(0), 4)

@@ -102,11 +102,11 @@ def test_bar1_mode_clear_is_a_plain_window_onto_the_slice(world):  # noqa: F811
     vm = victim
     reg = vm.drv.rd(regs.PBUS_BAR1_VM)
     vm.drv.wr(regs.PBUS_BAR1_VM, reg & ~0x80000000)
-    assert vm.vgpu.mmio_read(regs.BAR1, vm.rig.a, 4) == PATTERN
-    vm.vgpu.mmio_write(regs.BAR1, vm.rig.b, 4, 0x5151)
+    assert vm.vgpu.read(regs.BAR1, vm.rig.a, 4) == PATTERN
+    vm.vgpu.write(regs.BAR1, vm.rig.b, 4, 0x5151)
     assert gpu.vram.u32[vm.vgpu.policy.host_vram(vm.rig.b) >> 2] == 0x5151
     vm.drv.wr(regs.PBUS_BAR1_VM, reg)  # MODE back on: the driver's BAR1 VM again
-    assert vm.vgpu.mmio_read(regs.BAR1, vm.rig.a, 4) == 0xFFFFFFFF  # not mapped there
+    assert vm.vgpu.read(regs.BAR1, vm.rig.a, 4) == 0xFFFFFFFF  # not mapped there
     assert vm.copy(vm.rig.va(0), vm.rig.sys_va(0), 4)
 
 
@@ -120,14 +120,14 @@ def test_bar1_vm_page_table_in_sysram(world, where, ok):  # noqa: F811
     space = vm.drv.bar1_space
     vm.drv.map(space, 0x200000, vm.rig.a)  # a BAR1 page onto the victim's secret buffer
     vm.drv.flush(space, bar_vm=True)
-    assert vm.vgpu.mmio_read(regs.BAR1, 0x200000, 4) == PATTERN
+    assert vm.vgpu.read(regs.BAR1, 0x200000, 4) == PATTERN
     entries = BAR1_SIZE >> 12  # the window's entries, as the BAR VM's limit says
     table = gpu.vram.u8[vm.vgpu.policy.host_vram(space.pts[0]):][:8 * entries].copy()
     if where + 8 * entries <= vm.ram.size:
         vm.ram.write(where, table)
     vm.drv.vram_wr64(space.pd, sysram_pde(where, regs.PDE_TARGET_SYSRAM_NOSNOOP))
     vm.drv.flush(space, bar_vm=True)
-    value = vm.vgpu.mmio_read(regs.BAR1, 0x200000, 4)
+    value = vm.vgpu.read(regs.BAR1, 0x200000, 4)
     assert (value == PATTERN) == ok
     if not ok:
         assert value == 0xFFFFFFFF

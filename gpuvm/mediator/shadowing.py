@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
-from gpuvm.device.dma import RamPort
 from shadow.bar_window import NOT_VRAM, BarWindow
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
@@ -35,7 +34,7 @@ class Shadowing:
         part = vgpu.part
         self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
         self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
-        self.guest_ram = RamPort(vgpu.ram.array)  # the VM's RAM at guest-physical 0
+        self.guest_ram = vgpu.dma  # the VM's RAM as its VMM DMA-mapped it (iova = gpa)
         self.bar1 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar1_pt,
                               part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram)
         self.bar3 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar3_pt,
