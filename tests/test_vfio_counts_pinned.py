@@ -1,8 +1,9 @@
 """Every benchmark in every mode, through the VFIO attach path, does exactly the work it
 did before vGPUs became VFIO devices, and the default mdev type's counts are pinned.
 
-- counts_pre_vfio.json was recorded by the runner before the VFIO change, with the then
-  default partition (512 MiB, 8 channels, BAR1 16 MiB, BAR3 8 MiB; native showing that
+- counts_pre_vfio.json was recorded by the runner before the VFIO change (commit 7cc4ffa,
+  the device and driver as nouveau documents them, still attached by direct calls), with
+  the then default partition (512 MiB, 8 channels, BAR1 16 MiB, BAR3 8 MiB; native showing that
   GPU).  The same partition through the VFIO path must give identical counts, per phase.
 - counts_default_type.json pins the default type (gpuvm-Q6000-8Q).  It differs from the
   old default only in BAR1 (15 MiB, so eight instances fit beside the USERD poll area):
