@@ -172,13 +172,15 @@ class RawThenDispatchLoop(ExitLoop):
         ioctl, fd, KVM_RUN = fcntl.ioctl, self.vm.vcpu_fd, api.KVM_RUN
         EXIT_MMIO = api.KVM_EXIT_MMIO
         u32 = self._u32
+        reason_at = api.RUN_EXIT_REASON // 4
         while True:
             ioctl(fd, KVM_RUN)
-            if u32[2] == EXIT_MMIO:
+            if u32[reason_at] == EXIT_MMIO:
                 continue
-            if u32[2] != api.KVM_EXIT_IO or not self._u8[32]:
-                return self._unexpected(u32[2])
-            port, value = self._u16[17], u32[self._u64[5] >> 2]
+            if u32[reason_at] != api.KVM_EXIT_IO or not self._u8[api.RUN_IO_DIRECTION]:
+                return self._unexpected(u32[reason_at])
+            port = self._u16[api.RUN_IO_PORT // 2]
+            value = u32[self._u64[api.RUN_IO_DATA_OFFSET // 8] >> 2]
             if self.session.port_out(port, value):
                 return None
             if port == abi.PORT_PHASE and abi.PHASE_NAMES[value] == PHASE_DISPATCH:
