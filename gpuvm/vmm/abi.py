@@ -126,38 +126,12 @@ class WaitRecord(ctypes.Structure):
 
 
 # --------------------------------------------------------------------------------------
-# Hypercalls (PORT_HYPERCALL), paravirtual build.  Page tables of a PV guest live in
-# hypervisor VRAM; the guest names an address space by the VRAM address of the page
-# directory it would have used (its "pd key") and sends {va, pte} entries in its own
-# guest-physical terms.  The hypervisor validates and translates each entry.
+# Hypercalls (PORT_HYPERCALL, the PV vGPU's BAR4 port), paravirtual build: defined in
+# gpuvm/pv_abi.py, which the vGPU shares; re-exported here for the guest header.
 # --------------------------------------------------------------------------------------
-HC_SET_PGD = 1  # args[0] = pd key: create the address space
-HC_MAP_BATCH = 2  # args[0] = pd key; entries[0:count] = {va, pte} (4 KiB pages)
-HC_UNMAP_BATCH = 3  # args[0] = pd key; entries[0:count].va
-HC_VM_FLUSH = 4  # args[0] = pd key: TLB flush of that address space
-HC_FREE_PGD = 5  # args[0] = pd key
-HC_OK = 0
-HC_EINVAL = -22  # a bad op or argument; args[3] = number of entries refused
-HC_MAX_ENTRIES = 2048  # one hypercall carries at most this many entries
-
-
-class HcallEntry(ctypes.Structure):
-    _fields_ = [("va", ctypes.c_uint64), ("pte", ctypes.c_uint64)]
-
-
-class HcallHeader(ctypes.Structure):
-    """Followed in guest memory by `count` HcallEntry records."""
-
-    _fields_ = [
-        ("op", ctypes.c_uint32),
-        ("count", ctypes.c_uint32),
-        ("status", ctypes.c_int32),  # written by the hypervisor
-        ("pad", ctypes.c_uint32),
-        ("args", ctypes.c_uint64 * 4),
-    ]
-
-
-HCALL_HEADER_BYTES = ctypes.sizeof(HcallHeader)
+from gpuvm.pv_abi import (HC_EINVAL, HC_FREE_PGD, HC_MAP_BATCH, HC_MAX_ENTRIES,  # noqa: E402
+                          HC_OK, HC_SET_PGD, HC_UNMAP_BATCH, HC_VM_FLUSH, HCALL_HEADER_BYTES,
+                          HcallEntry, HcallHeader)
 
 _C_TYPES = {
     ctypes.c_uint32: "uint32_t",
