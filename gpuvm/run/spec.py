@@ -35,6 +35,7 @@ class VmSpec:
     mdev_type: str | None = None  # the vGPU's mdev type (None: the GPU's default type)
     mode: str | None = None  # this VM's mode, when it differs from the run's
     mdev_uuid: str = ""  # the vGPU's UUID (mediated modes; "" = a new one)
+    gpu: int | None = None  # which of the machine's GPUs (None: the first with room)
 
     @property
     def program(self) -> str:
@@ -75,6 +76,7 @@ class RunOptions:
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
+    gpus: int = 1  # emulated GPUs in a mediated machine, each with its own scheduler
 
 
 # ------------------------------------------------------------------------------ machines
