@@ -48,7 +48,7 @@ from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation")
+KINDS = ("benchmarks", "isolation", "hostmem")
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
 
@@ -67,6 +67,16 @@ class VmConfig:
     ram_mib: int = abi.GUEST_RAM_DEFAULT // regs.MiB
     partition: dict[str, int] = field(default_factory=dict)  # PartitionSpec fields, bytes
     inject: str | None = None
+    # host memory (issue 16; gpuvm/run/spec.py VmSpec says what each does)
+    ram_backing: str = "anon"
+    hostmem_report: bool = False
+    pin_chunks: bool = False
+    pin_chunk_kib: int = 4096
+    nohugepage_pinned: bool = False
+    # smart pinning: "scenario/vm" whose history (same mode, policy, rep) picks this VM's
+    # hot mask (params[3]): the allocations transferred more than hot_threshold times
+    pin_hot_from: str = ""
+    hot_threshold: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class Experiment:
     description: str = ""
     output: Path = Path("results")
     source: str = ""
+    # host-memory cost profiles the hostmem report prices each row with (costs.py)
+    hostmem_profiles: tuple[str, ...] = ("gpu-h100",)
 
 
 class _Table:
@@ -165,10 +177,23 @@ def _vm(t: _Table) -> list[VmConfig]:
         if value is not None:
             partition[field_name] = value if key == "channels" else value * regs.MiB
     part_table.done()
+    hostmem = dict(
+        ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
+                          if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
+        hostmem_report=t.get("hostmem_report", bool, False),
+        pin_chunks=t.get("pin_chunks", bool, False),
+        pin_chunk_kib=t.get("pin_chunk_kib", int, 4096, check=lambda k: None
+                            if k >= 4 and not k & (k - 1) else "must be a power of two >= 4"),
+        nohugepage_pinned=t.get("nohugepage_pinned", bool, False),
+        pin_hot_from=t.get("pin_hot_from", str, "", check=lambda f: None if f.count("/") == 1
+                           else "must be \"scenario/vm\""),
+        hot_threshold=t.get("hot_threshold", int, 1, check=lambda h: None if h >= 0
+                            else "must be >= 0"),
+    )
     t.done()
     names = [name] if count == 1 else [f"{name}{i}" for i in range(count)]
-    return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject)
-            for n in names]
+    return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject,
+                     **hostmem) for n in names]
 
 
 def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
@@ -224,6 +249,10 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         cost_profile=exp.get("cost_profile", str, "xen-2014"),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),
+        hostmem_profiles=tuple(exp.get("hostmem_profiles", list, ["gpu-h100"],
+                                       check=lambda ps: None if ps and all(
+                                           isinstance(p, str) for p in ps)
+                                       else "must be a non-empty list of profile names")),
         scheduler=sched, source=source,
     )
     exp.done()

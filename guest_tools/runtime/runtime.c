@@ -79,14 +79,16 @@ static uint32_t alloc_id(const void *p, uint64_t bytes)
     return 0;
 }
 
-static struct tracked *track(void *p, uint64_t size, int slot)
+/* Remembers an allocation under `id` (a pinned one already got its id from
+ * rt_mem_alloc_host). */
+static struct tracked *track(void *p, uint64_t size, int slot, uint32_t id)
 {
     for (unsigned i = 0; i < RT_MAX_TRACKED; i++) {
         struct tracked *t = &rt.tracked[i];
         if (!t->virt) {
             t->virt = p;
             t->size = size;
-            t->id = ++rt.next_id;
+            t->id = id;
             t->slot = slot;
             return t;
         }
@@ -351,7 +353,8 @@ int rt_host_alloc(void **p, uint64_t bytes)
         if (err)
             return err;
         for (unsigned i = 0; i < RT_MAX_PINNED; i++)
-            if (rt.pinned[i].virt == *p && !track(*p, rt.pinned[i].size, (int)i)) {
+            if (rt.pinned[i].virt == *p &&
+                !track(*p, rt.pinned[i].size, (int)i, rt.pinned_id[i])) {
                 rt_mem_free_host(*p);
                 return -E_NOMEM;
             }
@@ -360,11 +363,12 @@ int rt_host_alloc(void **p, uint64_t bytes)
     void *m = ram_alloc(bytes);
     if (!m)
         return -E_NOMEM;
-    struct tracked *t = track(m, ALIGN_UP(bytes, PAGE_SIZE), -1);
+    struct tracked *t = track(m, ALIGN_UP(bytes, PAGE_SIZE), -1, next);
     if (!t) {
         ram_free(m);
         return -E_NOMEM;
     }
+    rt.next_id = next;
     hm_event(HM_ALLOC, 0, t->id, plat_virt_to_phys(m), t->size);
     *p = m;
     return 0;
