@@ -144,6 +144,20 @@ ram_backing = "%s"
     assert parse(text % "thp").scenarios[0].vms[0].ram_backing == "thp"
     with pytest.raises(ConfigError, match=r"vm\[0\]\.ram_backing: must be one of"):
         parse(text % "2m")
+    bad_profile = text.replace('kind = "hostmem"', 'kind = "hostmem"\nhostmem_profiles = ["nope"]')
+    with pytest.raises(ConfigError, match=r"hostmem_profiles: host-memory profile 'nope' not found"):
+        parse(bad_profile % "thp")
+    later = (text % "thp") + """
+[[scenario]]
+name = "t"
+[[scenario.vm]]
+name = "w"
+benchmark = "hostmem"
+pin_hot_from = "s/v"
+"""
+    with pytest.raises(ConfigError, match="pin_hot_from 's/v' is not a reporting VM"):
+        parse(later)
+    assert parse(later.replace('ram_backing = "thp"', 'ram_backing = "thp"\nhostmem_report = true'))
 
 
 def test_spec_rejects_a_bad_chunk():

@@ -256,6 +256,14 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         scheduler=sched, source=source,
     )
     exp.done()
+    if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
+        from gpuvm.experiment.costs import load_hostmem_costs
+
+        for profile in result["hostmem_profiles"]:
+            try:
+                load_hostmem_costs(profile)
+            except ValueError as exc:
+                raise ConfigError(f"{source}: experiment.hostmem_profiles: {exc}") from None
     if not raw_scenarios:
         raise ConfigError(f"{source}: scenario: needs at least one [[scenario]]")
     scenarios = []
@@ -277,6 +285,14 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         scenarios.append(Scenario(sname, tuple(vms)))
     if len({s.name for s in scenarios}) != len(scenarios):
         raise ConfigError(f"{source}: scenario: names repeat")
+    for i, scenario in enumerate(scenarios):
+        earlier = {f"{s.name}/{v.name}": v for s in scenarios[:i] for v in s.vms}
+        for vm in scenario.vms:
+            src = earlier.get(vm.pin_hot_from)
+            if vm.pin_hot_from and (src is None or not src.hostmem_report):
+                raise ConfigError(f"{source}: scenario[{i}] VM {vm.name}: pin_hot_from "
+                                  f"{vm.pin_hot_from!r} is not a reporting VM of an earlier "
+                                  "scenario")
     return Experiment(scenarios=tuple(scenarios), **result)
 
 
