@@ -232,3 +232,88 @@ def test_smart_pinning_pins_only_what_the_profile_run_saw_hot():
         return costs.modelled_ns(_hostmem_counts(result))
 
     assert total(every) < total(profile) and total(smart) < total(profile)
+
+
+SMALL = """
+[experiment]
+name = "hostmem-small"
+kind = "hostmem"
+modes = ["native"]
+output = "{out}"
+hostmem_profiles = ["gpu-h100", "hostmem-field-split"]
+[[scenario]]
+name = "bandwidth"
+[[scenario.vm]]
+name = "pinned"
+benchmark = "memcpy"
+params = [1048576, 1]
+hostmem_report = true
+[[scenario.vm]]
+name = "pageable"
+benchmark = "memcpy"
+params = [1048576, 0]
+hostmem_report = true
+[[scenario]]
+name = "thp"
+[[scenario.vm]]
+name = "thp"
+benchmark = "memcpy"
+params = [8388608, 0, 1048576]
+ram_backing = "thp"
+hostmem_report = true
+pin_chunks = true
+[[scenario]]
+name = "profile"
+[[scenario.vm]]
+name = "none-256k"
+benchmark = "hostmem"
+params = [262144, 8, 0]
+hostmem_report = true
+[[scenario]]
+name = "use"
+[[scenario.vm]]
+name = "smart-256k"
+benchmark = "hostmem"
+params = [262144, 8, 2]
+hostmem_report = true
+hot_threshold = 2
+pin_hot_from = "profile/none-256k"
+[[scenario.vm]]
+name = "all-256k"
+benchmark = "hostmem"
+params = [262144, 8, 1]
+hostmem_report = true
+"""
+
+
+def test_hostmem_experiment_rows_histories_and_report(tmp_path):
+    import json
+
+    from gpuvm.experiment.execute import execute
+    from gpuvm.experiment.report import write_report
+    from gpuvm.experiment.rundir import RunDir
+
+    exp = parse(SMALL.format(out=tmp_path / "out"))
+    run = RunDir.create(exp)
+    rows = execute(exp, run)
+    assert all(r.passed for r in rows), [r.error for r in rows]
+    smart = next(r for r in rows if r.vm == "smart-256k")
+    assert smart.record["hot_mask"] == "0x11"  # from the profile run's history
+    assert smart.hostmem["pinned_peak_bytes"] == 2 * 262144
+    assert smart.hostmem["pt_footprint"]["4k"]["ptes"] == 2 * 262144 // 4096
+    thp = next(r for r in rows if r.vm == "thp")
+    field = thp.hostmem["modelled_ns"]["hostmem-field-split"]
+    assert thp.counters["hostmem.huge_splits"] == 4  # 2 D2H chunks, 2 cuts each
+    assert field["split"] == pytest.approx(4 * 215.2e3)
+    assert thp.hostmem["modelled_ns"]["gpu-h100"]["split"] == 0
+    history = json.loads((run.path / "history" / "profile-native-fifo-0-none-256k.json")
+                         .read_text())
+    assert sum(e["op"] == "htod" for e in history["events"]) == 22  # 2 hot x 8 + 6 cold
+    md = write_report(exp, rows, run.path).read_text()
+    for heading in ("measured vs modelled", "Huge-page splits", "page-table footprint",
+                    "Smart pinning"):
+        assert heading in md
+    bandwidth = [line for line in md.splitlines() if line.startswith("| h2d ")
+                 or line.startswith("| d2h ")]
+    assert len(bandwidth) == 4 and all(line.endswith("| yes |") for line in bandwidth)
+    assert "| 4k | 1 | no | 262144 | 8 | 8 | 2097216 | 2097152 |" in md
