@@ -7,13 +7,14 @@ the field, before anything runs.
 
     [experiment]
     name = "modes"            # results go to results/<name>/ unless `output` says otherwise
-    kind = "benchmarks"       # or "isolation": which report to write
+    kind = "benchmarks"       # or "isolation", "hostmem": which report to write
     modes = ["native", "fv", "fv-opt", "pv"]
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
+    hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
 
     [scheduler]               # parameters shared by every policy (scheduler.SchedulerParams)
     period_ms = 30
@@ -28,6 +29,9 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
+    ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
+                              # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
+                              # hot_threshold (experiments/hostmem.toml uses them)
 
     [[scenario]]              # VMs may also be libvirt domain files (gpuvm.libvirt):
     name = "from-domains"     # each gets its vGPU type's partition and weight
