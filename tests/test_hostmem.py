@@ -42,6 +42,22 @@ def test_guest_ram_backings_and_smaps():
         GuestRam(4 * MiB, backing="1g")
 
 
+def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
+    from gpuvm.calibrate import hostmem as knobs
+
+    mode = knobs.read_knob(knobs.SHMEM_THP_KNOB)
+    if mode not in ("advise", "always", "within_size"):
+        pytest.skip(f"shmem THP is {mode!r} here")
+    ram = GuestRam(8 * MiB, backing="thp")
+    ram.array[::4096] = 1
+    assert ram.huge_kib() > 0
+    ram.close()
+    ram = GuestRam(8 * MiB, backing="4k")
+    ram.array[::4096] = 1
+    assert ram.huge_kib() == 0  # MADV_NOHUGEPAGE is always honoured
+    ram.close()
+
+
 def test_write_pin_that_cuts_huge_pages_splits_them(thp_ram):
     t = HostMemTracker(thp_ram)
     t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))  # cuts pages 0 and 2
