@@ -75,6 +75,7 @@ class RunOptions:
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
+    isolated: bool = False  # each VM in its own VMM process, attached over vfio-user
 
 
 # ------------------------------------------------------------------------------ machines

@@ -1,6 +1,7 @@
-"""Guest RAM: one anonymous shared mapping, viewed as numpy.
+"""Guest RAM: one shared mapping of a memfd, viewed as numpy.
 
-The same buffer is the KVM memslot at guest-physical 0, the in-process guest's "physical
+A memfd so that a device in another process (a vfio-user server) can map the same pages
+from `fd` when the VMM DMA-maps the RAM.  The same buffer is the KVM memslot at guest-physical 0, the in-process guest's "physical
 memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
 and a VMM read all see the same bytes without copies.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,12 +24,15 @@ class GuestMemoryError(Exception):
 class GuestRam:
     size: int
     _map: mmap.mmap = field(init=False, repr=False)
+    fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size <= 0 or self.size % mmap.PAGESIZE:
             raise ValueError(f"guest RAM size {self.size:#x} is not a positive page multiple")
-        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+        self.fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
 
@@ -73,6 +78,9 @@ class GuestRam:
     def close(self) -> None:
         """Release the mapping; views handed out earlier must be gone first."""
         self.array = np.empty(0, dtype=np.uint8)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self._map.close()
         except BufferError:
