@@ -31,6 +31,7 @@ from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.vfio.user.server import DeviceServer
 
 log = logging.getLogger("gpuvm.serve")
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 
 def socket_dir(root: Path | None = None) -> Path:
@@ -74,6 +75,9 @@ class MdevServer:
             path = socket_path(uuid, self.root)
             if path.exists():
                 path.unlink()  # left by a daemon that died; nobody can be listening
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+                raise UserError(f"socket path {path} is longer than a UNIX socket allows "
+                                f"({MAX_SOCKET_PATH} bytes); set GPUVM_STATE_DIR shorter")
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(str(path))
             os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
