@@ -43,6 +43,7 @@ class VfioUserDevice:
         self.sock = sock
         self.name = name
         self._lock = threading.RLock()
+        self._channel = p.Channel(sock)
         self._msg_id = 0
         self._shared: list[SharedMemory] = []
         self._listener: MappingListener | None = None
@@ -74,7 +75,7 @@ class VfioUserDevice:
             try:
                 p.send(self.sock, p.encode(msg_id, command, payload), fds)
                 while True:
-                    msg = p.receive(self.sock)
+                    msg = self._channel.receive()
                     if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
                         self._mapping_event(msg)
                         continue
@@ -258,6 +259,10 @@ class VfioUserDevice:
         ev = p.unpack(p.MappingEvent, msg.payload, "GPUVM_MAPPING_EVENT")
         if ev.kind == p.MAPPING_MAP:
             address = self._region_address(ev.region)
+            limit = len(self._region_maps[self._region_fds[ev.region]][0])
+            if ev.fd_offset + ev.size > limit or not ev.size:
+                raise p.ProtocolError(f"{self.name}: grant of [{ev.fd_offset:#x}, "
+                                      f"+{ev.size:#x}) outside the region's {limit:#x}-byte fd")
             self._grants[(ev.region, ev.offset)] = (ev.fd_offset, ev.size)
             if self._listener is not None:
                 self._listener.map(ev.region, ev.offset, address + ev.fd_offset, ev.size)

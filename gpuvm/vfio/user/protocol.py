@@ -223,6 +223,59 @@ def receive(sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> Message:
     return Message(header, payload, fds)
 
 
+class Channel:
+    """Messages from one socket, read with as few system calls as possible: one recvmsg
+    usually brings a whole message (often the next one's start too, which waits in the
+    buffer).  Fds arrive with the first byte of the message they belong to; the sender
+    sends each message's fds with its first bytes, so they are given to the message
+    being assembled when they arrive."""
+
+    READ_SIZE = 1 << 16
+
+    def __init__(self, sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> None:
+        self.sock = sock
+        self.max_size = max_size
+        self._buf = bytearray()
+        self._fds: list[int] = []
+        self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
+
+    def _fill(self) -> None:
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(data[:len(data) - len(data) % got.itemsize])
+                self._fds.extend(got)
+        if not chunk:
+            if self._buf or self._fds:
+                raise ProtocolError(f"peer hung up inside a message ({len(self._buf)} "
+                                    f"bytes buffered)")
+            raise EOFError
+        self._buf += chunk
+
+    def receive(self) -> Message:
+        """As `receive(sock)`: EOFError between messages, ProtocolError if malformed."""
+        while len(self._buf) < HEADER_SIZE:
+            self._fill()
+        header = Header.from_buffer_copy(self._buf)
+        if header.size < HEADER_SIZE or header.size > self.max_size:
+            for fd in self._fds:
+                _close(fd)
+            self._fds.clear()
+            err = ProtocolError(f"message {header.msg_id} "
+                                f"({COMMAND_NAMES.get(header.command, header.command)}) "
+                                f"declares size {header.size}; allowed "
+                                f"{HEADER_SIZE}..{self.max_size}")
+            err.header = header  # type: ignore[attr-defined]
+            raise err
+        while len(self._buf) < header.size:
+            self._fill()
+        payload = bytes(self._buf[HEADER_SIZE:header.size])
+        del self._buf[:header.size]
+        fds, self._fds = self._fds, []
+        return Message(header, payload, fds)
+
+
 def _close(fd: int) -> None:
     import os
     try:

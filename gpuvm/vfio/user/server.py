@@ -93,6 +93,7 @@ class DeviceServer:
         self.negotiated = False
         self.extensions: set[str] = set()
         self._send_lock = threading.Lock()
+        self.channel = p.Channel(sock)
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
         self._irq_fds: list[int] = []
         self._listening = False
@@ -113,7 +114,7 @@ class DeviceServer:
         try:
             while True:
                 try:
-                    msg = p.receive(self.sock)
+                    msg = self.channel.receive()
                 except EOFError:
                     self.disconnect_reason = "client hung up"
                     return
