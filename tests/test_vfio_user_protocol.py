@@ -19,7 +19,7 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
-from gpuvm.vfio.user.server import DeviceServer, SharedMemory
+from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 
 HEADER = "<HHIII"  # msg id, command, size, flags, error
 CMD_VERSION, CMD_DMA_MAP, CMD_DMA_UNMAP, CMD_GET_INFO, CMD_GET_REGION_INFO = 1, 2, 3, 4, 5
@@ -28,8 +28,9 @@ REPLY, ERROR = 0x1, 0x20
 EINVAL, E2BIG, ENOSYS = 22, 7, 38
 
 
-@pytest.fixture
-def served():
+@pytest.fixture(params=["thread", "loop"])
+def served(request):
+    """A vGPU served on a thread of its own, or by a ServerLoop (one thread, epoll)."""
     gpu = Gpu(vram_size=256 * regs.MiB).start()
     med = Mediator(gpu)
     vgpu = med.add_vm("vm0", MODES["fv-opt"], PartitionSpec(vram_size=64 * regs.MiB))
@@ -37,10 +38,14 @@ def served():
     gone = []
     server = DeviceServer(ours, vgpu, vgpu, SharedMemory(gpu.vram.host_address,
                                                          gpu.vram.size, gpu.vram.fd),
-                          "vm0", on_disconnect=gone.append).start()
+                          "vm0", on_disconnect=gone.append)
+    loop = ServerLoop() if request.param == "loop" else None
+    loop.add(server) if loop else server.start()
     yield theirs, vgpu, server, gone
     theirs.close()
     server.closed.wait(5)
+    if loop:
+        loop.close()
     med.close()
     gpu.release_memory()
 

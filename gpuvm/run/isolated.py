@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpuvm.run.spec import Machine, RunOptions, VmSpec
-from gpuvm.vfio.user.server import DeviceServer, SharedMemory
+from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 from gpuvm.vmm import vm_process
 
 POLL_S = 0.01
@@ -46,11 +46,17 @@ class VmProcess:
 
 
 def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
-             program: Any, backend: str, options: RunOptions) -> VmProcess:
-    """Create the VM's device, serve it, and start the VMM process that attaches it."""
+             program: Any, backend: str, options: RunOptions,
+             loop: ServerLoop | None = None) -> VmProcess:
+    """Create the VM's device, serve it (on `loop`, else on a thread of its own), and
+    start the VMM process that attaches it."""
     device = machine.attach(spec)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    server = DeviceServer(ours, device, device, device_memory(device), spec.name).start()
+    server = DeviceServer(ours, device, device, device_memory(device), spec.name)
+    if loop is not None:
+        loop.add(server)
+    else:
+        server.start()
     job = {"fd": theirs.fileno(), "name": spec.name, "benchmark": spec.benchmark,
            "params": params, "flags": flags, "ram_size": spec.ram_size,
            "flat": str(program.flat) if program.flat else None,
@@ -96,6 +102,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
     results: dict[str, VmResult] = {}
+    loop = ServerLoop()  # one thread answers every VM's socket
     t0 = time.monotonic()
     try:
         while pending or running:
@@ -103,7 +110,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             while pending and now - t0 >= pending[0][0].start_delay:
                 spec, params, flags = pending.pop(0)
                 vm = spawn_vm(machine, spec, params, flags, programs[spec.program], backend,
-                              options)
+                              options, loop)
                 running.append(vm)
                 if on_spawn is not None:
                     on_spawn(vm)
@@ -123,4 +130,5 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             vm.process.kill()
             vm.process.wait()
             vm.server.closed.wait(10)
+        loop.close()
         machine.close()

@@ -253,6 +253,19 @@ class Channel:
             raise EOFError
         self._buf += chunk
 
+    def fill(self) -> None:
+        """Read what the socket has now (one recvmsg; blocks only if it has nothing)."""
+        self._fill()
+
+    def buffered(self) -> Message | None:
+        """The next message if the buffer holds all of it, else None (no system call)."""
+        if len(self._buf) < HEADER_SIZE:
+            return None
+        size = int.from_bytes(self._buf[4:8], "little")
+        if HEADER_SIZE <= size <= self.max_size and len(self._buf) < size:
+            return None
+        return self.receive()  # complete, or malformed: receive() raises
+
     def receive(self) -> Message:
         """As `receive(sock)`: EOFError between messages, ProtocolError if malformed."""
         while len(self._buf) < HEADER_SIZE:

@@ -25,6 +25,7 @@ import json
 import logging
 import mmap
 import os
+import selectors
 import socket
 import threading
 from dataclasses import asdict, dataclass
@@ -131,6 +132,30 @@ class DeviceServer:
             self.disconnect_reason = f"socket error: {exc}"
         finally:
             self._teardown()
+
+    def on_readable(self) -> bool:
+        """For a `ServerLoop`: read what arrived and answer every whole message in it;
+        False once the connection is closed (torn down)."""
+        try:
+            try:
+                self.channel.fill()
+                while (msg := self.channel.buffered()) is not None:
+                    if not self._handle(msg):
+                        break
+                else:
+                    return True
+            except EOFError:
+                self.disconnect_reason = "client hung up"
+            except p.ProtocolError as exc:
+                header = getattr(exc, "header", None)
+                if header is not None:
+                    self._error(header, errno.E2BIG)
+                self.disconnect_reason = str(exc)
+                log.warning("%s: %s; closing the connection", self.name, exc)
+        except OSError as exc:
+            self.disconnect_reason = f"socket error: {exc}"
+        self._teardown()
+        return False
 
     def _teardown(self) -> None:
         try:
@@ -427,3 +452,55 @@ def _close_map(mapping: mmap.mmap) -> None:
         mapping.close()
     except BufferError:
         pass  # the device still holds a view; the mapping goes with it
+
+
+class ServerLoop:
+    """Serves many connections from one thread (epoll): in a process that serves several
+    VMs, one thread answering every socket spares the interpreter-lock hand-offs that a
+    thread per connection pays on each message.  Device calls never block (the mediator
+    queues submissions), so one slow VM cannot stall the others' traps."""
+
+    def __init__(self, name: str = "vfio-user loop") -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._adding: list[DeviceServer] = []
+        self._lock = threading.Lock()
+        self._stop = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def add(self, server: DeviceServer) -> DeviceServer:
+        with self._lock:
+            self._adding.append(server)
+        os.write(self._wake_w, b"\0")
+        return server
+
+    def _run(self) -> None:
+        while not self._stop:
+            for key, _ in self._selector.select():
+                if key.data is None:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    with self._lock:
+                        adding, self._adding = self._adding, []
+                    for server in adding:
+                        self._selector.register(server.sock, selectors.EVENT_READ, server)
+                    continue
+                server = key.data
+                if not server.on_readable():
+                    try:
+                        self._selector.unregister(key.fileobj)
+                    except (KeyError, ValueError):
+                        pass
+        self._selector.close()
+
+    def close(self) -> None:
+        self._stop = True
+        os.write(self._wake_w, b"\0")
+        self.thread.join(10)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
