@@ -36,6 +36,9 @@ CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "gpuvm": ["mapping", "stats"]}
 
 
+REPLY_SPIN_S = 50e-6  # poll this long for a reply before sleeping on the socket
+
+
 class VfioUserDevice:
     """A device served over `sock` (connected); see the module docstring."""
 
@@ -43,7 +46,7 @@ class VfioUserDevice:
         self.sock = sock
         self.name = name
         self._lock = threading.RLock()
-        self._channel = p.Channel(sock)
+        self._channel = p.Channel(sock, spin_s=REPLY_SPIN_S)
         self._msg_id = 0
         self._shared: list[SharedMemory] = []
         self._listener: MappingListener | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import ctypes
 import socket
+import time
 from dataclasses import dataclass, field
 
 from gpuvm.vfio.device import VfioError
@@ -232,15 +233,31 @@ class Channel:
 
     READ_SIZE = 1 << 16
 
-    def __init__(self, sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> None:
+    def __init__(self, sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE,
+                 spin_s: float = 0.0) -> None:
         self.sock = sock
+        self.spin_s = spin_s
         self.max_size = max_size
         self._buf = bytearray()
         self._fds: list[int] = []
         self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
 
     def _fill(self) -> None:
-        chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space)
+        chunk = ancillary = None
+        if self.spin_s:
+            # A reply usually comes within microseconds; sleeping in recvmsg for it costs
+            # a wake-up, which in a virtual machine is an interprocessor interrupt and
+            # several times the round trip.  Poll briefly first, then block.
+            deadline = time.perf_counter() + self.spin_s
+            while time.perf_counter() < deadline:
+                try:
+                    chunk, ancillary, _flags, _addr = self.sock.recvmsg(
+                        self.READ_SIZE, self._space, socket.MSG_DONTWAIT)
+                    break
+                except BlockingIOError:
+                    continue
+        if chunk is None:
+            chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -253,9 +270,14 @@ class Channel:
             raise EOFError
         self._buf += chunk
 
-    def fill(self) -> None:
-        """Read what the socket has now (one recvmsg; blocks only if it has nothing)."""
-        self._fill()
+    def fill_now(self) -> None:
+        """Read what the socket has now (one recvmsg, no polling: the caller knows it is
+        readable)."""
+        spin, self.spin_s = self.spin_s, 0.0
+        try:
+            self._fill()
+        finally:
+            self.spin_s = spin
 
     def buffered(self) -> Message | None:
         """The next message if the buffer holds all of it, else None (no system call)."""

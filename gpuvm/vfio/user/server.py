@@ -28,6 +28,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -43,6 +44,7 @@ SERVER_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
                        "pgsizes": mmap.PAGESIZE}
 GPUVM_EXTENSIONS = ["mapping", "stats"]
+LOOP_SPIN_S = 50e-6  # a ServerLoop polls this long before sleeping in epoll
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class DeviceServer:
         self.negotiated = False
         self.extensions: set[str] = set()
         self._send_lock = threading.Lock()
-        self.channel = p.Channel(sock)
+        self.channel = p.Channel(sock, spin_s=LOOP_SPIN_S)  # serve(): poll, then sleep
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
         self._irq_fds: list[int] = []
         self._listening = False
@@ -138,7 +140,7 @@ class DeviceServer:
         False once the connection is closed (torn down)."""
         try:
             try:
-                self.channel.fill()
+                self.channel.fill_now()
                 while (msg := self.channel.buffered()) is not None:
                     if not self._handle(msg):
                         break
@@ -479,7 +481,14 @@ class ServerLoop:
 
     def _run(self) -> None:
         while not self._stop:
-            for key, _ in self._selector.select():
+            events = self._selector.select(0)
+            if not events:  # poll a little before sleeping (see protocol.Channel)
+                deadline = time.perf_counter() + LOOP_SPIN_S
+                while not events and time.perf_counter() < deadline:
+                    events = self._selector.select(0)
+                if not events:
+                    events = self._selector.select()
+            for key, _ in events:
                 if key.data is None:
                     try:
                         os.read(self._wake_r, 4096)
