@@ -27,7 +27,9 @@ receives them):
   the client only maps what the events name, inside the region's sparse areas (the
   MemslotListener checks).  One memfd per partition would close this.
 - Lab counters (extension "stats").  GPUVM_DEVICE_STATS (0x8003, client -> server,
-  empty request) replies with UTF-8 JSON {"counters": {name: int}, "faults": [the
-  ChannelFault fields], "device_time_ns": int}: what DeviceStats returns in-process, so
-  a guest session's per-phase counts are the same over the socket.
+  request {u32 what}: 1 counters, 2 faults, 4 device time; an empty request means all)
+  replies with UTF-8 JSON holding the parts asked for: {"counters": {name: int},
+  "faults": [the ChannelFault fields], "device_time_ns": int} -- what DeviceStats returns
+  in-process, so a guest session's per-phase counts are the same over the socket.  A
+  fence wait asks for the faults alone on each check, which keeps that cheap.
 """

@@ -36,9 +36,6 @@ CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "gpuvm": ["mapping", "stats"]}
 
 
-REPLY_SPIN_S = 50e-6  # poll this long for a reply before sleeping on the socket
-
-
 class VfioUserDevice:
     """A device served over `sock` (connected); see the module docstring."""
 
@@ -46,7 +43,7 @@ class VfioUserDevice:
         self.sock = sock
         self.name = name
         self._lock = threading.RLock()
-        self._channel = p.Channel(sock, spin_s=REPLY_SPIN_S)
+        self._channel = p.Channel(sock, spin_s=p.SPIN_S)
         self._msg_id = 0
         self._shared: list[SharedMemory] = []
         self._listener: MappingListener | None = None
@@ -216,21 +213,22 @@ class VfioUserDevice:
                 self._region_fds.clear()
 
     # ---------------------------------------------------------------- DeviceStats
-    def _stats(self) -> dict[str, Any]:
-        return json.loads(self._call(p.GPUVM_DEVICE_STATS).payload.decode())
+    def _stats(self, what: int) -> dict[str, Any]:
+        reply = self._call(p.GPUVM_DEVICE_STATS, bytes(p.DeviceStatsRequest(what)))
+        return json.loads(reply.payload.decode())
 
     def counters(self) -> dict[str, int]:
-        out = dict(self._stats()["counters"])
+        out = dict(self._stats(p.STATS_COUNTERS)["counters"])
         slots = getattr(self._listener, "slots_in_use", None)
         if slots is not None:  # the VMM's memslots, as the in-process vGPU reports them
             out["remap.memslots"] = slots()
         return out
 
     def faults(self) -> list[ChannelFault]:
-        return [ChannelFault(**f) for f in self._stats()["faults"]]
+        return [ChannelFault(**f) for f in self._stats(p.STATS_FAULTS)["faults"]]
 
     def device_time_ns(self) -> int:
-        return int(self._stats()["device_time_ns"])
+        return int(self._stats(p.STATS_DEVICE_TIME)["device_time_ns"])
 
     # ---------------------------------------------------------------- BAR remap
     def _region_address(self, region: int) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,10 @@ VERSION_MINOR = 1
 MAX_DATA_XFER_SIZE = 1 << 20  # the spec's default max_data_xfer_size
 MAX_MSG_FDS = 8
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
+# Polling for the peer's next message before sleeping pays only when the peer runs on
+# another core meanwhile: with fewer than 4 cores the poller takes the core the peer
+# needs (measured: 6x slower on 2 cores, 1.4x faster on 16).
+SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
 
 DMA_FLAG_READ = 1 << 0
 DMA_FLAG_WRITE = 1 << 1
@@ -146,6 +151,17 @@ class MappingEvent(ctypes.LittleEndianStructure):
     _pack_ = 1
     _fields_ = [("region", _u32), ("kind", _u32), ("offset", _u64), ("fd_offset", _u64),
                 ("size", _u64)]
+
+
+STATS_COUNTERS, STATS_FAULTS, STATS_DEVICE_TIME = 1, 2, 4
+STATS_ALL = STATS_COUNTERS | STATS_FAULTS | STATS_DEVICE_TIME
+
+
+class DeviceStatsRequest(ctypes.LittleEndianStructure):
+    """GPUVM_DEVICE_STATS request: which parts to return (STATS_*; an empty payload means
+    all); a guest's fence wait asks for the faults alone on every check."""
+    _pack_ = 1
+    _fields_ = [("what", _u32)]
 
 
 HEADER_SIZE = ctypes.sizeof(Header)

@@ -44,7 +44,6 @@ SERVER_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
                        "pgsizes": mmap.PAGESIZE}
 GPUVM_EXTENSIONS = ["mapping", "stats"]
-LOOP_SPIN_S = 50e-6  # a ServerLoop polls this long before sleeping in epoll
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class DeviceServer:
         self.negotiated = False
         self.extensions: set[str] = set()
         self._send_lock = threading.Lock()
-        self.channel = p.Channel(sock, spin_s=LOOP_SPIN_S)  # serve(): poll, then sleep
+        self.channel = p.Channel(sock, spin_s=p.SPIN_S)  # serve(): poll, then sleep
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
         self._irq_fds: list[int] = []
         self._listening = False
@@ -423,9 +422,15 @@ class DeviceServer:
     def _stats(self, msg: p.Message) -> tuple[bytes, list[int]]:
         if "stats" not in self.extensions:
             raise p.ProtocolError("GPUVM_DEVICE_STATS without the stats extension")
-        body = {"counters": self.stats.counters(),
-                "faults": [asdict(f) for f in self.stats.faults()],
-                "device_time_ns": self.stats.device_time_ns()}
+        what = p.unpack(p.DeviceStatsRequest, msg.payload, "GPUVM_DEVICE_STATS").what \
+            if msg.payload else p.STATS_ALL
+        body: dict[str, Any] = {}
+        if what & p.STATS_COUNTERS:
+            body["counters"] = self.stats.counters()
+        if what & p.STATS_FAULTS:
+            body["faults"] = [asdict(f) for f in self.stats.faults()]
+        if what & p.STATS_DEVICE_TIME:
+            body["device_time_ns"] = self.stats.device_time_ns()
         return json.dumps(body).encode(), []
 
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
@@ -481,13 +486,13 @@ class ServerLoop:
 
     def _run(self) -> None:
         while not self._stop:
-            events = self._selector.select(0)
-            if not events:  # poll a little before sleeping (see protocol.Channel)
-                deadline = time.perf_counter() + LOOP_SPIN_S
+            events = self._selector.select(0) if p.SPIN_S else []
+            if not events and p.SPIN_S:  # poll a little before sleeping (protocol.SPIN_S)
+                deadline = time.perf_counter() + p.SPIN_S
                 while not events and time.perf_counter() < deadline:
                     events = self._selector.select(0)
-                if not events:
-                    events = self._selector.select()
+            if not events:
+                events = self._selector.select()
             for key, _ in events:
                 if key.data is None:
                     try:
