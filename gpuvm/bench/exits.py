@@ -216,7 +216,7 @@ def _served_target(kind: str):
     from gpuvm.vfio.user.client import VfioUserDevice
     ours, theirs = socket.socketpair()
     child = subprocess.Popen([sys.executable, "-c",
-                              "import sys; from gpuvm.bench.exits import serve_target; "
+                              "from gpuvm.bench.exits import serve_target; "
                               f"serve_target({kind!r}, {theirs.fileno()})"],
                              pass_fds=[theirs.fileno()])
     theirs.close()

@@ -12,7 +12,6 @@ dies (killed, crashed) is reported failed, its device is torn down by the server
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess

@@ -304,8 +304,7 @@ class DeviceServer:
             _close(fd)
         flags = (abi.VFIO_DMA_MAP_FLAG_READ if m.flags & p.DMA_FLAG_READ else 0) | \
             (abi.VFIO_DMA_MAP_FLAG_WRITE if m.flags & p.DMA_FLAG_WRITE else 0)
-        view = np.frombuffer(mapping, dtype=np.uint8) if prot & mmap.PROT_WRITE else \
-            np.frombuffer(mapping, dtype=np.uint8)
+        view = np.frombuffer(mapping, dtype=np.uint8)  # read-only unless PROT_WRITE
         try:
             self.device.dma_map(m.address, view, flags)
         except VfioError:
