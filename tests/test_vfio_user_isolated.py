@@ -48,11 +48,12 @@ def test_every_benchmark_isolated_equals_in_process(bench, mode):
 @pytest.mark.slow
 @pytest.mark.kvm
 @pytest.mark.skipif(not KVM_USABLE, reason=KVM_WHY)
-@pytest.mark.parametrize("mode", ["fv", "fv-opt", "fv+remap", "pv"])
-def test_isolated_kvm_counts_equal_in_process_kvm(mode):
+@pytest.mark.parametrize("bench", list(CASES))
+@pytest.mark.parametrize("mode", [*ISSUE_MODES, "fv+remap"])
+def test_isolated_kvm_counts_equal_in_process_kvm(bench, mode):
     """On KVM the counts include exits; remap modes map granted VRAM pages as memslots in
     the VMM process from the server's memfd."""
-    spec = VmSpec("vm0", "mmul", CASES["mmul"])
+    spec = VmSpec("vm0", bench, CASES[bench])
     (inproc,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300))
     (isolated,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300,
                                              isolated=True))
