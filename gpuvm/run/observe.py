@@ -1,0 +1,244 @@
+"""Watching a run from outside its logic: a progress display and the status file that
+`gpuvm smi` reads.
+
+Both are RunObservers (gpuvm/run/execute.py): the run loop tells them what started and
+ended, and ticks them every few milliseconds; each keeps its own pace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpuvm.run.spec import Machine, VmSpec
+from gpuvm.vmm.guest_session import GuestSession
+
+STATUS_SUBDIR = "runs"  # under the state dir: one <pid>-<n>.json per running `gpuvm run`
+STATUS_PERIOD_S = 0.5  # how often the status file is rewritten
+PAGE = 4096
+
+
+# ------------------------------------------------------------------------ progress
+class ProgressObserver:
+    """A rich progress display: VMs started and finished, phases done, ETA.  Shown only on
+    a terminal; transient, so the tables that follow stand alone."""
+
+    def __init__(self, total_vms: int, label: str, console: Any = None) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=True)
+        self.task = self.progress.add_task(label, total=total_vms, detail="")
+        self.sessions: dict[str, GuestSession] = {}
+        self.started_vms = 0
+        self.finished_vms = 0
+        self._next = 0.0
+
+    def __enter__(self) -> "ProgressObserver":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def started(self, machine: Machine, spec: VmSpec, device: object,
+                session: GuestSession) -> None:
+        self.sessions[spec.name] = session
+        self.started_vms += 1
+
+    def tick(self, machine: Machine) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + 0.1
+        phases = sum(len(s.phases) for s in self.sessions.values())
+        self.progress.update(self.task, completed=self.finished_vms,
+                             detail=f"started {self.started_vms}, {phases} phases done")
+
+    def finished(self, machine: Machine, result: Any) -> None:
+        self.finished_vms += 1
+        self._next = 0.0
+        self.tick(machine)
+
+    def closing(self, machine: Machine) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------ status file
+@dataclass
+class VgpuStatus:
+    """One vGPU (or a whole GPU passed through, in native mode) as `gpuvm smi` shows it."""
+
+    vm: str
+    uuid: str
+    type: str
+    mode: str
+    benchmark: str
+    vram_used: int  # bytes of its VRAM slice holding data (sampled per 4 KiB page)
+    vram_total: int
+    channels: int  # channels the guest has bound
+    utilisation: float  # its share of engine time over the last window (0..1)
+    share: float  # its scheduler weight, normalised over the running vGPUs
+    credit: float | None  # the scheduler's credit (CREDIT/BAND), ns; None for FIFO
+    traps_per_s: float
+    shadow_syncs: int
+    phase: str  # the guest's last finished phase
+
+
+@dataclass
+class RunStatus:
+    pid: int
+    started: float  # unix time
+    updated: float
+    mode: str
+    policy: str
+    window_s: float  # utilisation is over the device time between the last two updates
+    engine_utilisation: float | None  # the GPU's engines over the same window
+    vgpus: list[VgpuStatus] = field(default_factory=list)
+
+
+def status_dir(state: Path | None = None) -> Path:
+    from gpuvm.mdevctl import state_dir
+
+    return (state or state_dir()) / STATUS_SUBDIR
+
+
+def _vram_used(vram: Any, base: int, size: int) -> int:
+    """Bytes of [base, base+size) in 4 KiB pages whose first 8 bytes are not zero: a cheap
+    sample (one word a page), so a 6 GiB GPU costs 1.5 M reads per refresh."""
+    words = vram.u64[base // 8:(base + size) // 8:PAGE // 8]
+    return int(np.count_nonzero(words)) * PAGE
+
+
+def _engine_work_done(gpu: Any, now: int) -> int:
+    """Device time the engines have worked by `now`: what they accepted less what of it
+    still lies ahead (an engine counts work when it accepts it)."""
+    return sum(e.busy_ns - max(0, e.busy_until - now)
+               for e in (gpu.engines.graph, gpu.engines.copy0, gpu.engines.copy1))
+
+
+class StatusWriter:
+    """Rewrites <state>/runs/<pid>-<n>.json atomically every STATUS_PERIOD_S while the run
+    lasts and removes it at the end; `gpuvm smi` reads these (and drops stale ones whose
+    process is gone)."""
+
+    _count = 0
+
+    def __init__(self, mode: str, policy: str, state: Path | None = None,
+                 period_s: float = STATUS_PERIOD_S) -> None:
+        StatusWriter._count += 1
+        self.dir = status_dir(state)
+        self.path = self.dir / f"{os.getpid()}-{StatusWriter._count}.json"
+        self.period_s = period_s
+        self.status = RunStatus(os.getpid(), time.time(), 0.0, mode, policy,
+                                period_s, None)
+        self.vms: dict[str, tuple[VmSpec, object, GuestSession]] = {}
+        self._next = 0.0
+        self._last: dict[str, tuple[float, int]] = {}  # vm -> (monotonic, traps)
+        self._engine_last: tuple[int, int] | None = None  # (device ns, engine work done)
+        self._window: tuple[int, int] | None = None  # device-time window of utilisation
+
+    def started(self, machine: Machine, spec: VmSpec, device: object,
+                session: GuestSession) -> None:
+        self.vms[spec.name] = (spec, device, session)
+
+    def finished(self, machine: Machine, result: Any) -> None:
+        self.vms.pop(result.spec.name, None)
+        self._next = 0.0
+
+    def tick(self, machine: Machine) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.period_s
+        try:
+            self.write(self.snapshot(machine))
+        except OSError:
+            pass  # a full or read-only state dir must not stop the run
+
+    def closing(self, machine: Machine) -> None:
+        self.path.unlink(missing_ok=True)
+
+    # -------------------------------------------------------------- what is written
+    def snapshot(self, machine: Machine) -> RunStatus:
+        med = getattr(machine, "med", None)
+        gpu = getattr(machine, "gpu", None)
+        st = self.status
+        st.updated = time.time()
+        st.vgpus = []
+        window = None
+        if gpu is not None:
+            dev_now = gpu.device_time_ns()
+            done = _engine_work_done(gpu, dev_now)
+            if self._engine_last is not None and dev_now > self._engine_last[0]:
+                window = (self._engine_last[0], dev_now)
+                st.engine_utilisation = (done - self._engine_last[1]) / (window[1] - window[0])
+                st.window_s = (window[1] - window[0]) / 1e9
+            self._engine_last = (dev_now, done)
+        self._window = window
+        weights = self._weights(med)
+        total_w = sum(weights.values()) or 1.0
+        for name, (spec, device, session) in list(self.vms.items()):
+            st.vgpus.append(self._vgpu(name, spec, device, session, med, weights, total_w))
+        return st
+
+    @staticmethod
+    def _weights(med: Any) -> dict[object, float]:
+        if med is None:
+            return {}
+        return dict(getattr(med.submissions.dispatcher.policy, "_weights", {}))
+
+    def _vgpu(self, name: str, spec: VmSpec, device: Any, session: GuestSession, med: Any,
+              weights: dict[object, float], total_w: float) -> VgpuStatus:
+        counters = device.counters()
+        traps = sum(v for k, v in counters.items() if k.startswith("trap.bar"))
+        now = time.monotonic()
+        last_t, last_traps = self._last.get(name, (now, traps))
+        self._last[name] = (now, traps)
+        rate = (traps - last_traps) / (now - last_t) if now > last_t else 0.0
+        phase = session.phases[-1].name if session.phases else "-"
+        if med is not None:  # a vGPU
+            part = device.part
+            gpu = med.gpu
+            util = self._utilisation(med, device, self._window)
+            policy = med.submissions.dispatcher.policy
+            credit = float(policy.credit(device)) if hasattr(policy, "credit") else None
+            return VgpuStatus(name, device.uuid, device.type_id, device.mode.name,
+                              spec.benchmark, _vram_used(gpu.vram, part.vram_base,
+                                                         part.vram_size),
+                              part.vram_size, len(device.channels.by_vchid), util,
+                              weights.get(device, 0.0) / total_w, credit, rate,
+                              counters.get("shadow.syncs", 0), phase)
+        gpu = device.gpu  # native: a whole GPU of its own
+        dev_now = gpu.device_time_ns()
+        busy = _engine_work_done(gpu, dev_now)
+        return VgpuStatus(name, spec.mdev_uuid or "-", spec.mdev_type or "whole GPU",
+                          "native", spec.benchmark,
+                          _vram_used(gpu.vram, 0, gpu.profile.vram_size),
+                          gpu.profile.vram_size, 0,
+                          min(1.0, busy / dev_now) if dev_now else 0.0, 1.0, None, rate,
+                          0, phase)
+
+    @staticmethod
+    def _utilisation(med: Any, vgpu: Any, window: tuple[int, int] | None) -> float:
+        """The scheduler's record of this vGPU's engine time inside the window."""
+        m = med.submissions.metrics(vgpu)
+        if m is None or window is None:
+            return 0.0
+        return m.utilisation_between(*window)
+
+    def write(self, status: RunStatus) -> None:
+        """Atomically: a reader sees the old file or the new one, never half of one."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(status)))
+        os.replace(tmp, self.path)
