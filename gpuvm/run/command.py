@@ -212,6 +212,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mdev", type=_names, metavar="UUID[,UUID...]",
                         help="run VM i on the mdev defined with this UUID (`gpuvm mdev "
                              "create`): its type and mode come from the definition")
+    parser.add_argument("--policy", default="fifo", choices=("fifo", "credit", "band"),
+                        help="the GPU scheduler of mediated modes (default fifo)")
     parser.add_argument("--detail", action="store_true",
                         help="also print each VM's tables (every count, MMIO by block)")
     parser.add_argument("--json", action="store_true",
@@ -307,7 +309,7 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
-RUN_ONLY = ("benchmark", "vm", "size", "pinned", "inject", "vms", "pv", "pv_batch",
+RUN_ONLY = ("policy", "benchmark", "vm", "size", "pinned", "inject", "vms", "pv", "pv_batch",
             "timeout", "time_scale", "vram_mib", "mdev_type", "mdev", "detail", "json",
             "out", "trace")
 
@@ -317,7 +319,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
             if getattr(args, name, None) != parser_defaults.get(name)]
 
 
-_DEFAULTS = {"benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
+_DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
              "vms": None, "pv": False, "pv_batch": 0, "timeout": 600.0, "time_scale": 1.0,
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
@@ -339,7 +341,7 @@ def experiment_rows(args: argparse.Namespace, runs: dict[str, list[VmResult]]) -
         scenario = Scenario("cli", vms)
         exp = Experiment("gpuvm-run", "benchmarks", (scenario,), modes=tuple(runs),
                          backend=args.backend, cost_profile=COST_PROFILE)
-        rows += rows_for(exp, scenario, mode, "fifo", 0, results, costs)
+        rows += rows_for(exp, scenario, mode, args.policy, 0, results, costs)
     return rows
 
 
@@ -399,8 +401,9 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
 
     options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
                          time_scale=args.time_scale,
-                         vram_size=args.vram_mib * regs.MiB if args.vram_mib else None)
-    observers: list[object] = [StatusWriter(mode, "fifo")]
+                         vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
+                         scheduler={"policy": args.policy} if args.policy != "fifo" else {})
+    observers: list[object] = [StatusWriter(mode, args.policy)]
     trace = None
     if args.trace is not None:
         from gpuvm.trace import TraceRecorder
