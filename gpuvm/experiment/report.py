@@ -125,11 +125,12 @@ def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
         bottom = [0.0] * len(lines)
         for i, phase in enumerate(PHASES):
             values = [getattr(l, attr)[phase] for l in lines]
-            ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
+            bars = ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
             bottom = [b + v for b, v in zip(bottom, values)]
-        if any(b > 0 for b in bottom):  # runs that were never made have no times
-            ax.set_yscale("log")
-        ax.set_ylabel("ms (log)")
+        # linear, with each bar's total written on it: a log scale made stacked segments
+        # unreadable; the total per VM run is what the table's columns give
+        ax.bar_label(bars, labels=[f"{b:,.1f}" for b in bottom], fontsize=7)
+        ax.set_ylabel("ms per VM run (linear)")
         ax.set_title(f"{scenario}: {title}", fontsize=10)
         ax.tick_params(axis="x", rotation=30)
     axes[0].legend(fontsize=8)
@@ -164,7 +165,14 @@ def benchmarks_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str
                       f"| {l.syncs:,} | {l.ptes_scanned:,} | {l.hypercalls:,} "
                       f"| {PAPER_REFERENCE.get(l.mode, '')} |")
         md += ["", f"![modes]({fig.name})", ""]
-    md += ["Paper: Init+Close take " + PAPER_REFERENCE["init+close"] + ".", ""]
+    md += ["Paper: Init+Close take " + PAPER_REFERENCE["init+close"] + ".", "",
+           "Tags in the paper column: [abstract] = stated in the paper's abstract; "
+           "[note] = from the project's reading note of the paper's evaluation.  "
+           "x native = modelled ms over native's; wall ms and modelled ms are sums over "
+           "a mode's VM runs (VMs of one run ran at the same time, so the run's makespan "
+           "is shorter than its summed wall time); Init+Close % = share of wall time in "
+           "those phases; exits = all VM exits; traps = MMIO the mediator trapped; PTEs = "
+           "page-table entries.", ""]
     return md
 
 
