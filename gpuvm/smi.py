@@ -85,7 +85,7 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
         for col, just in (("VM", "left"), ("mdev UUID", "left"), ("Type", "left"),
                           ("VRAM MiB", "right"), ("Ch", "right"), ("Util%", "right"),
                           ("Share%", "right"), ("Credit ms", "right"), ("Traps/s", "right"),
-                          ("Syncs", "right"), ("Phase", "left")):
+                          ("Syncs", "right"), ("Done", "left")):
             t.add_column(col, justify=just, no_wrap=col != "mdev UUID")
         for v in run["vgpus"]:
             credit = v.get("credit")
@@ -95,8 +95,8 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
                       "-" if credit is None else f"{credit / 1e6:.1f}",
                       f"{v['traps_per_s']:,.0f}", f"{v['shadow_syncs']:,}", v["phase"])
         out.append(t)
-    out.append(Text("VRAM: pages holding data / the slice; Ch: channels bound; Util: engine "
-                    "time in the window; Share: scheduler weight; Credit: CREDIT/BAND "
+    out.append(Text("VRAM: pages holding data / the slice; Ch: channels bound; Util: compute "
+                    "work given to the engine in the window; Done: last finished phase; Share: scheduler weight; Credit: CREDIT/BAND "
                     "balance; Syncs: shadow page-table syncs", style="dim"))
     return out
 

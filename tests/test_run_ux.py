@@ -108,7 +108,7 @@ def test_probe_without_parameters_prints_its_verdict() -> None:
 def test_smi_during_a_four_vm_run_shows_four_vgpus_summing_to_the_engine(tmp_path) -> None:
     env = {"GPUVM_STATE_DIR": str(tmp_path)}
     argv = [sys.executable, "-m", "gpuvm", "run", "--mode", "fv-opt",
-            *(a for _ in range(4) for a in ("--vm", "bench=loop,params=10000000:150"))]
+            *(a for _ in range(4) for a in ("--vm", "bench=loop,params=10000000:300"))]
     run = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env},
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = []
@@ -118,7 +118,7 @@ def test_smi_during_a_four_vm_run_shows_four_vgpus_summing_to_the_engine(tmp_pat
             p = gpuvm("smi", "--json", env=env)
             assert p.returncode == 0, p.stderr
             for status in json.loads(p.stdout):
-                if len(status["vgpus"]) == 4 and (status["engine_utilisation"] or 0) > 0.5:
+                if len(status["vgpus"]) == 4 and (status["engine_utilisation"] or 0) > 0.2:
                     seen.append(status)
             if len(seen) >= 2:
                 break
@@ -132,9 +132,9 @@ def test_smi_during_a_four_vm_run_shows_four_vgpus_summing_to_the_engine(tmp_pat
         assert len({v["uuid"] for v in vgpus}) == 4
         assert {v["type"] for v in vgpus} == {vgpus[0]["type"]}
         total = sum(v["utilisation"] for v in vgpus)
-        # the engines' own accounting vs the scheduler's completed intervals: they differ
-        # only by the submissions cut by the window's edges
-        assert total == pytest.approx(status["engine_utilisation"], abs=0.2)
+        # the engine's own count vs its vGPUs' channels' counts, read a moment apart: at
+        # most one 10 ms kernel (0.02 of a 0.5 s window) apart
+        assert total == pytest.approx(status["engine_utilisation"], abs=0.05)
     table = gpuvm("smi", env=env)
     assert table.returncode == 0 and "no gpuvm run" in table.stdout  # the file is gone
 

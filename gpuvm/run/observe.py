@@ -86,7 +86,7 @@ class VgpuStatus:
     vram_used: int  # bytes of its VRAM slice holding data (sampled per 4 KiB page)
     vram_total: int
     channels: int  # channels the guest has bound
-    utilisation: float  # its share of engine time over the last window (0..1)
+    utilisation: float  # compute work it gave the engine in the window, over the window
     share: float  # its scheduler weight, normalised over the running vGPUs
     credit: float | None  # the scheduler's credit (CREDIT/BAND), ns; None for FIFO
     traps_per_s: float
@@ -102,7 +102,7 @@ class RunStatus:
     mode: str
     policy: str
     window_s: float  # utilisation is over the device time between the last two updates
-    engine_utilisation: float | None  # the GPU's engines over the same window
+    engine_utilisation: float | None  # the compute engine (PGRAPH) over the same window
     vgpus: list[VgpuStatus] = field(default_factory=list)
 
 
@@ -119,11 +119,10 @@ def _vram_used(vram: Any, base: int, size: int) -> int:
     return int(np.count_nonzero(words)) * PAGE
 
 
-def _engine_work_done(gpu: Any, now: int) -> int:
-    """Device time the engines have worked by `now`: what they accepted less what of it
-    still lies ahead (an engine counts work when it accepts it)."""
-    return sum(e.busy_ns - max(0, e.busy_until - now)
-               for e in (gpu.engines.graph, gpu.engines.copy0, gpu.engines.copy1))
+def _engine_work(gpu: Any) -> int:
+    """Device time of work the compute engine (PGRAPH) has accepted: the engine's own
+    count, which the per-channel counts that make each vGPU's share must add up to."""
+    return gpu.engines.graph.busy_ns
 
 
 class StatusWriter:
@@ -146,6 +145,7 @@ class StatusWriter:
         self._last: dict[str, tuple[float, int]] = {}  # vm -> (monotonic, traps)
         self._engine_last: tuple[int, int] | None = None  # (device ns, engine work done)
         self._window: tuple[int, int] | None = None  # device-time window of utilisation
+        self._work: dict[str, int] = {}  # vm -> its channels' engine work at the last update
 
     def started(self, machine: Machine, spec: VmSpec, device: object,
                 session: GuestSession) -> None:
@@ -178,10 +178,12 @@ class StatusWriter:
         window = None
         if gpu is not None:
             dev_now = gpu.device_time_ns()
-            done = _engine_work_done(gpu, dev_now)
+            done = _engine_work(gpu)
             if self._engine_last is not None and dev_now > self._engine_last[0]:
                 window = (self._engine_last[0], dev_now)
                 st.engine_utilisation = (done - self._engine_last[1]) / (window[1] - window[0])
+            # utilisation is work accepted in the window (a kernel counts when it starts),
+            # so one window may read over 1 and the next under; a run's average is exact
                 st.window_s = (window[1] - window[0]) / 1e9
             self._engine_last = (dev_now, done)
         self._window = window
@@ -209,7 +211,7 @@ class StatusWriter:
         if med is not None:  # a vGPU
             part = device.part
             gpu = med.gpu
-            util = self._utilisation(med, device, self._window)
+            util = self._utilisation(name, counters.get("engine.busy_ns", 0))
             policy = med.submissions.dispatcher.policy
             credit = float(policy.credit(device)) if hasattr(policy, "credit") else None
             return VgpuStatus(name, device.uuid, device.type_id, device.mode.name,
@@ -220,7 +222,7 @@ class StatusWriter:
                               counters.get("shadow.syncs", 0), phase)
         gpu = device.gpu  # native: a whole GPU of its own
         dev_now = gpu.device_time_ns()
-        busy = _engine_work_done(gpu, dev_now)
+        busy = _engine_work(gpu)
         return VgpuStatus(name, spec.mdev_uuid or "-", spec.mdev_type or "whole GPU",
                           "native", spec.benchmark,
                           _vram_used(gpu.vram, 0, gpu.profile.vram_size),
@@ -228,13 +230,14 @@ class StatusWriter:
                           min(1.0, busy / dev_now) if dev_now else 0.0, 1.0, None, rate,
                           0, phase)
 
-    @staticmethod
-    def _utilisation(med: Any, vgpu: Any, window: tuple[int, int] | None) -> float:
-        """The scheduler's record of this vGPU's engine time inside the window."""
-        m = med.submissions.metrics(vgpu)
-        if m is None or window is None:
+    def _utilisation(self, name: str, work_ns: int) -> float:
+        """The compute work this vGPU's channels gave the engine inside the window, over
+        the window (the device counts it per channel as the engine accepts it)."""
+        last = self._work.get(name)
+        self._work[name] = work_ns
+        if self._window is None or last is None:
             return 0.0
-        return m.utilisation_between(*window)
+        return (work_ns - last) / (self._window[1] - self._window[0])
 
     def write(self, status: RunStatus) -> None:
         """Atomically: a reader sees the old file or the new one, never half of one."""
