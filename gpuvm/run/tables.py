@@ -36,7 +36,7 @@ MEDIATED_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Refused", lambda c: c.get("shadow.ptes_refused", 0) + _prefix_sum(c, "trap.refused.")),
     ("Hypercalls", lambda c: c.get("hcall.calls", 0)),
 ]
-TABLE_WIDTH = 150  # --detail tables when stdout is not a terminal (rich would assume 80)
+TABLE_WIDTH = 220  # --detail tables when piped: wide enough that no column is cut
 SUMMARY_WIDTH = 100  # the summary when stdout is not a terminal; it is built to fit 80
 
 DRIVER_COUNTS = ("pte_writes", "pde_writes", "pt_zero_words", "tlb_flushes", "doorbells",
