@@ -125,6 +125,13 @@ def _engine_work(gpu: Any) -> int:
     return gpu.engines.graph.busy_ns
 
 
+def _channel_work(gpu: Any, part: Any) -> int:
+    """Compute work the engine accepted from a vGPU's channels (the device's own count)."""
+    per_chan = gpu.counts.per_channel
+    return sum(per_chan.get(c, {}).get("engine.busy_ns", 0)
+               for c in range(part.chid_base, part.chid_base + part.channels))
+
+
 class StatusWriter:
     """Rewrites <state>/runs/<pid>-<n>.json atomically every STATUS_PERIOD_S while the run
     lasts and removes it at the end; `gpuvm smi` reads these (and drops stale ones whose
@@ -146,6 +153,7 @@ class StatusWriter:
         self._engine_last: tuple[int, int] | None = None  # (device ns, engine work done)
         self._window: tuple[int, int] | None = None  # device-time window of utilisation
         self._work: dict[str, int] = {}  # vm -> its channels' engine work at the last update
+        self._channel_work: dict[str, int] = {}  # vm -> its channels' engine work now
 
     def started(self, machine: Machine, spec: VmSpec, device: object,
                 session: GuestSession) -> None:
@@ -177,8 +185,14 @@ class StatusWriter:
         st.vgpus = []
         window = None
         if gpu is not None:
-            dev_now = gpu.device_time_ns()
-            done = _engine_work(gpu)
+            # one moment for the engine and every vGPU: read under the GPU's lock, which
+            # the engine holds while it accepts work and counts it against a channel
+            with gpu.lock:
+                dev_now = gpu.device_time_ns()
+                done = _engine_work(gpu)
+                self._channel_work = {name: _channel_work(gpu, device.part)
+                                      for name, (_, device, _) in self.vms.items()
+                                      if hasattr(device, "part")}
             if self._engine_last is not None and dev_now > self._engine_last[0]:
                 window = (self._engine_last[0], dev_now)
                 st.engine_utilisation = (done - self._engine_last[1]) / (window[1] - window[0])
@@ -211,7 +225,7 @@ class StatusWriter:
         if med is not None:  # a vGPU
             part = device.part
             gpu = med.gpu
-            util = self._utilisation(name, counters.get("engine.busy_ns", 0))
+            util = self._utilisation(name, self._channel_work.get(name, 0))
             policy = med.submissions.dispatcher.policy
             credit = float(policy.credit(device)) if hasattr(policy, "credit") else None
             return VgpuStatus(name, device.uuid, device.type_id, device.mode.name,
