@@ -131,6 +131,7 @@ def test_smi_during_a_four_vm_run_shows_four_vgpus_summing_to_the_engine(tmp_pat
         vgpus = status["vgpus"]
         assert len({v["uuid"] for v in vgpus}) == 4
         assert {v["type"] for v in vgpus} == {vgpus[0]["type"]}
+        assert all(0 < v["vram_used"] < v["vram_total"] for v in vgpus)  # resident pages
         total = sum(v["utilisation"] for v in vgpus)
         # the engine's own count vs its vGPUs' channels' counts, read under the GPU's lock
         # at one moment (the slack only covers float rounding and a VM's first window)

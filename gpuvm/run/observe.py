@@ -7,6 +7,7 @@ ended, and ticks them every few milliseconds; each keeps its own pace.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
@@ -83,7 +84,7 @@ class VgpuStatus:
     type: str
     mode: str
     benchmark: str
-    vram_used: int  # bytes of its VRAM slice holding data (sampled per 4 KiB page)
+    vram_used: int  # bytes of its VRAM slice backed by host memory (written), -1: unknown
     vram_total: int
     channels: int  # channels the guest has bound
     utilisation: float  # compute work it gave the engine in the window, over the window
@@ -112,11 +113,18 @@ def status_dir(state: Path | None = None) -> Path:
     return (state or state_dir()) / STATUS_SUBDIR
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def _vram_used(vram: Any, base: int, size: int) -> int:
-    """Bytes of [base, base+size) in 4 KiB pages whose first 8 bytes are not zero: a cheap
-    sample (one word a page), so a 6 GiB GPU costs 1.5 M reads per refresh."""
-    words = vram.u64[base // 8:(base + size) // 8:PAGE // 8]
-    return int(np.count_nonzero(words)) * PAGE
+    """Bytes of [base, base+size) resident in host memory: pages the guest or the GPU has
+    written (VRAM is a lazily backed mapping).  mincore() asks without touching a page --
+    reading them would make the kernel back every page of the slice."""
+    pages = (size + PAGE - 1) // PAGE
+    vec = np.zeros(pages, dtype=np.uint8)
+    rc = _libc.mincore(ctypes.c_void_p(vram.host_address + base), ctypes.c_size_t(size),
+                       vec.ctypes.data_as(ctypes.c_void_p))
+    return int(np.count_nonzero(vec & 1)) * PAGE if rc == 0 else -1
 
 
 def _engine_work(gpu: Any) -> int:

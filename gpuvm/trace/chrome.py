@@ -39,6 +39,7 @@ class TraceRecorder:
         ]
         self.vms: dict[str, tuple[int, VmSpec, Any, GuestSession]] = {}
         self._phases_seen: dict[str, int] = {}
+        self._cursor: dict[str, float] = {}  # vm -> where its next phase begins (us)
         self._next = 0.0
         self._dev0: tuple[int, int] | None = None  # (wall ns since t0, device ns) at start
 
@@ -48,6 +49,7 @@ class TraceRecorder:
         pid = GPU_PID + 1 + len(self.vms)
         self.vms[spec.name] = (pid, spec, device, session)
         self._phases_seen[spec.name] = 0
+        self._cursor[spec.name] = self._now_us()
         gpu = getattr(machine, "gpu", None)
         if gpu is not None and self._dev0 is None:
             self._dev0 = (self._now_us() * 1000, gpu.device_time_ns())
@@ -97,11 +99,12 @@ class TraceRecorder:
         now = self._now_us()
         phases = list(session.phases)
         for p in phases[self._phases_seen[name]:]:
-            # a phase is seen when it has ended: it ended by now and lasted wall_ns
+            # phases follow one another from the VM's start, so each begins where the one
+            # before ended: exact, however late the run loop gets to look
             self.events.append({"ph": "X", "name": p.name, "pid": pid, "tid": VCPU_TID,
-                                "ts": max(0.0, now - p.wall_ns / 1000),
-                                "dur": p.wall_ns / 1000,
+                                "ts": self._cursor[name], "dur": p.wall_ns / 1000,
                                 "args": {"device_ms": p.device_ns / 1e6}})
+            self._cursor[name] += p.wall_ns / 1000
         self._phases_seen[name] = len(phases)
         counters = device.counters()
         values: dict[str, float] = {
