@@ -66,7 +66,7 @@ def read_status(state: Path | None = None) -> list[dict[str, Any]]:
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.0f}"
+    return f"{n / (1 << 20):,.1f}" if n < 10 << 20 else f"{n / (1 << 20):,.0f}"
 
 
 def render(runs: list[dict[str, Any]]) -> list[object]:
@@ -86,7 +86,7 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
                           ("VRAM MiB", "right"), ("Ch", "right"), ("Util%", "right"),
                           ("Share%", "right"), ("Credit ms", "right"), ("Traps/s", "right"),
                           ("Syncs", "right"), ("Done", "left")):
-            t.add_column(col, justify=just, no_wrap=col != "mdev UUID")
+            t.add_column(col, justify=just, no_wrap=True)
         for v in run["vgpus"]:
             credit = v.get("credit")
             t.add_row(v["vm"], v["uuid"], v["type"],
@@ -95,7 +95,7 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
                       "-" if credit is None else f"{credit / 1e6:.1f}",
                       f"{v['traps_per_s']:,.0f}", f"{v['shadow_syncs']:,}", v["phase"])
         out.append(t)
-    out.append(Text("VRAM: pages holding data / the slice; Ch: channels bound; Util: compute "
+    out.append(Text("VRAM: MiB written (resident) / the slice; Ch: channels bound; Util: compute "
                     "work given to the engine in the window; Done: last finished phase; Share: scheduler weight; Credit: CREDIT/BAND "
                     "balance; Syncs: shadow page-table syncs", style="dim"))
     return out
@@ -104,7 +104,7 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a UUID whole
     try:
         while True:
             runs = read_status()
