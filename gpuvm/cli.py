@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import sys
+from typing import NoReturn
 
 from gpuvm.errors import UserError
 
@@ -17,7 +19,8 @@ from gpuvm.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpuvm.run.command", "run benchmark(s) in one or more VMs and print a table"),
     "experiment": ("gpuvm.experiment", "run an experiment described by a TOML file"),
-    "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow"),
+    "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow, vms"),
+    "smi": ("gpuvm.smi", "the vGPUs of running `gpuvm run`s: type, VM, VRAM, utilisation"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
     "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
@@ -29,17 +32,37 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (`gpuvm: error: ...`), not usage + error:
+    the project's rule for every bad value.  Subparsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("gpuvm").strip()
+        self.exit(2, f"gpuvm: error: {where + ': ' if where else ''}{message}\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpuvm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="gpuvm", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="gpuvm", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log guest consoles")
+    parser.add_argument("--version", action="version", version=f"gpuvm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     # Only the chosen command's module is imported, so `gpuvm bench` does not pay for (or
     # depend on) the experiment runner and vice versa.
     chosen = next((a for a in argv if a in COMMANDS), None)
     module = None
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # -v also after the subcommand; SUPPRESS keeps the top-level value when absent
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="log guest consoles")
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)

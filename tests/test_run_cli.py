@@ -29,8 +29,19 @@ def gpuvm(monkeypatch, capsys):
     return run
 
 
-def test_table_for_a_passing_run(gpuvm):
+def test_summary_for_a_passing_run(gpuvm):
     rc, out, err = gpuvm("--benchmark", "mmul", "--mode", "native", "--size", "32")
+    assert rc == 0 and err == ""
+    assert "mmul 32" in out and "1/1" in out and "n=32" in out and "vm0 native" in out
+    for phase in ("Init", "HtoD", "Launch", "DtoH", "Close", "all"):
+        assert phase in out
+    for column in ("Model ms", "xNat", "Dev ms", "Wall ms", "Traps", "Syncs", "Hcalls"):
+        assert column in out
+
+
+def test_detail_tables_for_a_passing_run(gpuvm):
+    rc, out, err = gpuvm("--benchmark", "mmul", "--mode", "native", "--size", "32",
+                         "--detail")
     assert rc == 0 and err == ""
     assert "vm0: mmul n=32" in out and "PASS" in out
     for phase in ("Init", "HtoD", "Launch", "DtoH", "Close", "Total"):
@@ -41,7 +52,7 @@ def test_table_for_a_passing_run(gpuvm):
 
 
 def test_pinned_flag_reaches_the_guest(gpuvm):
-    rc, out, _ = gpuvm("-b", "memcpy", "--size", "65536", "--pinned")
+    rc, out, _ = gpuvm("-b", "memcpy", "--size", "65536", "--pinned", "--detail")
     assert rc == 0 and "pinned=1" in out
 
 
@@ -62,8 +73,17 @@ def test_guest_failure_is_one_line_and_nonzero(gpuvm, inject, expect):
 def test_bad_arguments_are_one_line(gpuvm):
     rc, _, err = gpuvm("-b", "loop", "--pinned")
     assert rc == 2 and err.strip() == \
-        "gpuvm: error: --pinned applies to vecadd, madd, mmul, fmadd, memcpy, not loop"
-    rc, _, err = gpuvm("-b", "idle", "--vms", "0")
-    assert rc == 2 and err.strip() == "gpuvm: error: --vms must be at least 1"
+        "gpuvm: error: vm0: pinned buffers apply to vecadd, madd, mmul, fmadd, memcpy, not loop"
+    with pytest.raises(SystemExit) as exc:
+        gpuvm("-b", "idle", "--vms", "0")
+    assert exc.value.code == 2
     rc, _, err = gpuvm("-b", "idle", "--mode", "nope")
     assert rc == 2 and "no mode 'nope'" in err
+
+
+def test_one_bad_guest_beside_a_good_one(gpuvm):
+    rc, out, err = gpuvm("--vm", "bench=madd,size=16,inject=bad-method",
+                         "--vm", "bench=madd,size=16", "--mode", "fv-opt")
+    assert rc != 0 and err.startswith("gpuvm: error: vm0: channel 0 (PFIFO): bad method")
+    assert "vm1" not in err and "vm0 fv-opt FAIL" in out
+    assert "vm1 fv-opt" in out and "vm1 fv-opt FAIL" not in out

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from gpuvm.experiment.config import Experiment
@@ -140,6 +141,26 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
     return exp, run, done, [row for row, _ in kept]
 
 
+@contextmanager
+def _progress_bar(console: Any, runs: int) -> Iterator[Callable[[str], None]]:
+    """Each finished run's line, and on a terminal a bar of runs done with an ETA under
+    them (nothing more when the output is not a terminal)."""
+    if not (console.is_terminal and sys.stdout.isatty()):
+        yield lambda line: console.print(line)
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    with Progress("runs", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("runs", total=runs)
+
+        def line(text: str) -> None:
+            bar.console.print(text)
+            bar.advance(task)
+        yield line
+
+
 def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -160,8 +181,9 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             console.print(f"[bold]{exp.name}[/]: resuming {run.path}: {len(done)} of "
                           f"{len(plan(exp))} runs already recorded")
         try:
-            new = execute(exp, run, progress=lambda line: console.print(line), skip=done,
-                          deferred=stop.deferred)
+            with _progress_bar(console, len(plan(exp)) - len(done)) as report_line:
+                new = execute(exp, run, progress=report_line, skip=done,
+                              deferred=stop.deferred)
             rows = _rows(run, kept) + new
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)

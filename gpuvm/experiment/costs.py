@@ -12,7 +12,10 @@ import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-COSTS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "costs"
+# the checkout's experiments/costs/, or the copy a `pip install .` puts in the package
+_CHECKOUT_COSTS = Path(__file__).resolve().parents[2] / "experiments" / "costs"
+COSTS_DIR = _CHECKOUT_COSTS if _CHECKOUT_COSTS.is_dir() else \
+    Path(__file__).resolve().parent / "cost_profiles"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.mediator.modes import MODES
@@ -68,10 +68,27 @@ class VmResult:
         return self.outcome.describe_failure()
 
 
+class RunObserver(Protocol):
+    """Watches a run without steering it: progress displays, the status file `gpuvm smi`
+    reads, traces.  Called from the run loop's thread; each keeps its own pace (tick comes
+    every POLL_S) and must not raise."""
+
+    def started(self, machine: Machine, spec: VmSpec, device: object,
+                session: GuestSession) -> None: ...
+
+    def tick(self, machine: Machine) -> None: ...
+
+    def finished(self, machine: Machine, result: VmResult) -> None: ...
+
+    def closing(self, machine: Machine) -> None: ...
+
+
 def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
-            machine: MachineFactory | None = None) -> list[VmResult]:
+            machine: MachineFactory | None = None,
+            observers: Sequence[RunObserver] = ()) -> list[VmResult]:
     """Run every VM of `specs` to the end on one machine of `options.mode` (or the one
-    `machine` builds: tests and experiments pass instrumented machines in)."""
+    `machine` builds: tests and experiments pass instrumented machines in); `observers`
+    are told what starts and ends (gpuvm/run/observe.py)."""
     options = options or RunOptions()
     if not specs:
         raise RunError("no VMs to run")
@@ -96,9 +113,11 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
         raise RunError(str(exc)) from None
     built = (machine or machine_for(options.mode))(options, specs)
     if options.isolated:
+        # VMs in processes of their own report only when they end: observers (progress,
+        # smi's status file, traces) follow in-process runs
         from gpuvm.run.isolated import run_isolated
         return run_isolated(built, boot, programs, backend, options)
-    return _run_on(built, boot, programs, backend, options)
+    return _run_on(built, boot, programs, backend, options, observers)
 
 
 @dataclass
@@ -108,11 +127,12 @@ class _Running:
     attached: AttachedDevice
     runner: GuestRunner
     deadline: float
+    session: GuestSession
 
 
 def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: GuestRam,
-           programs: dict, backend: str, options: RunOptions) -> tuple[AttachedDevice,
-                                                                      GuestRunner]:
+           programs: dict, backend: str, options: RunOptions
+           ) -> tuple[AttachedDevice, GuestRunner, GuestSession]:
     """Create the VM's device, attach it like vfio-pci, boot the guest's runner."""
     device = machine.attach(spec)
     try:
@@ -128,11 +148,12 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
                          attached.bar_sizes)
     attached.connect_mappings(runner.memslots)
-    return attached, runner
+    return attached, runner, session
 
 
 def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
-            programs: dict, backend: str, options: RunOptions) -> list[VmResult]:
+            programs: dict, backend: str, options: RunOptions,
+            observers: Sequence[RunObserver] = ()) -> list[VmResult]:
     """Start each VM at its start_delay (its device is created then), collect each as it
     ends (its device is given back then, while the others keep running)."""
     pending = sorted(boot, key=lambda b: b[0].start_delay)
@@ -149,23 +170,30 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 spec, params, flags = pending.pop(0)
                 ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
                 rams.append(ram)
-                attached, runner = _start(machine, spec, params, flags, ram, programs,
-                                          backend, options)
-                due.append(_Running(spec, ram, attached, runner, now + options.timeout))
+                attached, runner, session = _start(machine, spec, params, flags, ram,
+                                                   programs, backend, options)
+                due.append(_Running(spec, ram, attached, runner, now + options.timeout,
+                                    session))
             for r in due:
                 r.runner.start()
                 running.append(r)
+                for o in observers:
+                    o.started(machine, r.spec, r.attached.device, r.session)
             for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
                 metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
                 results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
                                                 metrics)
+                for o in observers:
+                    o.finished(machine, results[r.spec.name])
                 running.remove(r)
                 if r.runner.alive():
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
                     machine.detach(r.spec)
+            for o in observers:
+                o.tick(machine)
             if pending or running:
                 next_start = pending[0][0].start_delay - (time.monotonic() - t0) if pending \
                     else POLL_S
@@ -178,6 +206,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             stuck = stuck or r.runner.alive()
         # A guest thread that would not stop may still touch its RAM and the GPU: then
         # both stay mapped (leaked) rather than pulled from under it.
+        for o in observers:
+            o.closing(machine)
         if not stuck:
             machine.close()
             for ram in rams:

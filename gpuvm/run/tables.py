@@ -36,7 +36,8 @@ MEDIATED_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Refused", lambda c: c.get("shadow.ptes_refused", 0) + _prefix_sum(c, "trap.refused.")),
     ("Hypercalls", lambda c: c.get("hcall.calls", 0)),
 ]
-TABLE_WIDTH = 150  # when stdout is not a terminal (rich would assume 80 columns)
+TABLE_WIDTH = 220  # --detail tables when piped: wide enough that no column is cut
+SUMMARY_WIDTH = 100  # the summary when stdout is not a terminal; it is built to fit 80
 
 DRIVER_COUNTS = ("pte_writes", "pde_writes", "pt_zero_words", "tlb_flushes", "doorbells",
                  "hypercalls", "hc_entries", "copies", "launches", "waits")
@@ -128,3 +129,89 @@ def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object
     return table
 
 
+
+
+# ------------------------------------------------------------------------ summary
+def _ms(ns: float) -> str:
+    ms = ns / 1e6
+    return f"{ms:,.0f}" if ms >= 1000 else f"{ms:.1f}" if ms >= 100 else f"{ms:.2f}"
+
+
+def _vram_of(spec: object) -> str:
+    from gpuvm.mediator import mdev_types
+    from gpuvm.run.mediated import gpu_types, machine_profile
+    from gpuvm.run.spec import RunOptions
+
+    try:
+        t = mdev_types.lookup(gpu_types(machine_profile(RunOptions())), spec.mdev_type)
+    except Exception:  # a custom partition or a type of another GPU size
+        return "-"
+    return f"{t.partition.vram_size >> 20:,} MiB"
+
+
+RESULT_KEYS = ("maxerr", "faulted", "refused", "vector", "n", "bytes", "iterations")
+
+
+def render_vms(runs: dict[str, list[VmResult]], rows: list) -> list[object]:
+    """What each VM ran and the GPU it saw (one line per VM; modes share it)."""
+    from rich.table import Table
+
+    first = next(iter(runs.values()))
+    t = Table(title="VMs (each sees the GPU of its vGPU type, native ones too)",
+              title_justify="left")
+    for col in ("VM", "Benchmark", "GPU (mdev type)", "VRAM", "Pass", "Guest says"):
+        t.add_column(col, no_wrap=col != "Guest says",
+                     justify="right" if col in ("VRAM", "Pass") else "left")
+    for i, r in enumerate(first):
+        passed = [rs[i].passed for rs in runs.values()]
+        rec = r.record
+        says = " ".join(f"{k}={rec[k]}" for k in RESULT_KEYS if k in rec)
+        params = ",".join(str(p) for p in r.spec.params) or "default"
+        t.add_row(r.spec.name, f"{r.spec.benchmark} {params}"
+                  + (f" inject={r.spec.inject}" if r.spec.inject else ""),
+                  r.spec.mdev_type or "custom", _vram_of(r.spec),
+                  f"{sum(passed)}/{len(passed)}", says or "-")
+    return [t]
+
+
+SUMMARY_NOTES = (
+    "Model ms: engine time + every counted event priced by the cost profile {profile} "
+    "(experiments/costs/{profile}.toml), the time to compare with the paper; "
+    "xNat: Model ms over native's for the same VM and phase (when native ran); "
+    "Dev ms: the emulated device's clock; Wall ms: this machine's; "
+    "Traps: guest MMIO the mediator trapped; Syncs: shadow page-table syncs; "
+    "Hcalls: PV hypercalls.  Rows are per VM and mode; 'all' sums the VM's phases.")
+
+
+def render_summary(rows: list, profile: str) -> list[object]:
+    """One table, VM x mode x phase: modelled, device and wall time, xnative, traps,
+    syncs, hypercalls.  Narrow on purpose (about 75 columns), so a pipe or an 80-column
+    terminal shows every column whole."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    native = {(r.vm, p): ns for r in rows if r.mode == "native"
+              for p, ns in [*r.modelled_ns.items(), ("all", r.total_modelled_ns)]}
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Summary", title_justify="left")
+    for col in ("VM/mode/phase", "Model ms", "xNat", "Dev ms", "Wall ms", "Traps", "Syncs",
+                "Hcalls"):
+        t.add_column(col, no_wrap=True, justify="left" if col == "VM/mode/phase" else "right")
+    several_modes = len({r.mode for r in rows}) > 1
+    for r in rows:
+        verdict = "" if r.passed else " FAIL"
+        t.add_row(Text(f"{r.vm} {r.mode}{verdict}", style="bold"), *[""] * 7)
+        phases = list(r.wall_ns) + ["all"]
+        for i, p in enumerate(phases):
+            c = r.counters if p == "all" else r.phase_counters.get(p, {})
+            model = r.total_modelled_ns if p == "all" else r.modelled_ns.get(p, 0.0)
+            base = native.get((r.vm, p))
+            ratio = f"{model / base:.2f}" if base and r.mode != "native" else \
+                ("1.00" if base else "-")
+            wall = r.total_wall_ns if p == "all" else r.wall_ns[p]
+            dev = sum(r.device_ns.values()) if p == "all" else r.device_ns.get(p, 0)
+            t.add_row(f"  {p}", _ms(model), ratio, _ms(dev), _ms(wall),
+                      f"{_prefix_sum(c, 'trap.bar'):,}", f"{c.get('shadow.syncs', 0):,}",
+                      f"{c.get('hcall.calls', 0):,}",
+                      end_section=i == len(phases) - 1 and several_modes)
+    return [t, Text(SUMMARY_NOTES.format(profile=profile), style="dim")]

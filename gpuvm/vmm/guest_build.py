@@ -13,6 +13,7 @@ or missing output is rebuilt and a fresh one costs nothing.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -22,8 +23,26 @@ from gpuvm.device import regs
 from gpuvm.vmm import abi
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-GUEST_TOOLS = REPO_ROOT / "guest_tools"
-BUILD_DIR = GUEST_TOOLS / "build"
+
+
+def _guest_tools() -> Path:
+    """The guest sources: the checkout's guest_tools/, or the copy a `pip install .`
+    puts inside the package (gpuvm/guest_tools, see setup.py)."""
+    checkout = REPO_ROOT / "guest_tools"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parents[1] / "guest_tools"
+
+
+def _build_dir(tools: Path) -> Path:
+    """Beside the sources when they are writable (a checkout); else a user cache dir (an
+    installed package's directory is often read-only)."""
+    if os.access(tools, os.W_OK):
+        return tools / "build"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "gpuvm" / "guest-build"
+
+
+GUEST_TOOLS = _guest_tools()
+BUILD_DIR = _build_dir(GUEST_TOOLS)
 GENERATED = BUILD_DIR / "gen"
 BOOT = GUEST_TOOLS / "boot"
 

@@ -1,0 +1,30 @@
+"""Packaging details pyproject.toml cannot say: data that lives outside gpuvm/ in the
+checkout but must travel with an installed package (`pip install .`, not editable).
+
+- guest_tools/ (the guest driver's C sources, built with the machine's gcc at first use)
+  is installed as gpuvm/guest_tools; gpuvm/vmm/guest_build.py looks there when the
+  checkout's copy is absent, and builds into a user cache dir when it is read-only.
+- experiments/costs/*.toml (the cost profiles `gpuvm run` prices counts with) are
+  installed as gpuvm/experiment/cost_profiles.
+"""
+
+from pathlib import Path
+
+from setuptools import find_namespace_packages, find_packages, setup
+
+HERE = Path(__file__).parent
+GUEST_SOURCES = ["*.c", "*.h", "*.ld", "*.S", "*.md"]
+
+guest_packages = ["gpuvm.guest_tools"] + [
+    "gpuvm.guest_tools." + p for p in find_namespace_packages("guest_tools", exclude=["build*"])]
+
+setup(
+    packages=find_packages(include=["gpuvm*", "shadow*", "scheduler*"])
+    + guest_packages + ["gpuvm.experiment.cost_profiles"],
+    package_dir={"gpuvm.guest_tools": "guest_tools",
+                 "gpuvm.experiment.cost_profiles": "experiments/costs"},
+    package_data={**{p: GUEST_SOURCES for p in guest_packages},
+                  "gpuvm.experiment.cost_profiles": ["*.toml"],
+                  "gpuvm.device": ["profiles/*.toml"]},
+    include_package_data=False,
+)
