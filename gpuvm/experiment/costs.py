@@ -42,6 +42,9 @@ class CostProfile:
     bounce_byte_ns: float = 0.0
     # host cores the model of the whole system gives the VMs (gpuvm.sim.replay)
     host_cores: float = 8.0
+    # a port I/O exit (phase marks, waits): nearly free on the paper's platform, not on
+    # this emulator (gpuvm calibrate --emulator)
+    io_exit_ns: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
@@ -77,6 +80,7 @@ class CostProfile:
                 + counters.get("pv.pts_allocated", 0) * self.pt_alloc_ns
                 + self.pv_zero_words(counters) * self.pt_zero_word_ns
                 + counters.get("copy.bounce_bytes", 0) * self.bounce_byte_ns
+                + counters.get("exits.io", 0) * self.io_exit_ns
                 + counters.get("hcall.calls", 0) * self.hypercall_ns
                 + counters.get("hcall.entries", 0) * self.hcall_entry_ns
                 + counters.get("shadow.ptes_scanned", 0) * self.pte_scanned_ns

@@ -267,6 +267,7 @@ def scaling_section(part: SuitePart, costs: CostProfile, out: Path) -> list[str]
                   f"| {p.model_makespan_ms / b.model_makespan_ms:.2f} | {p.wall_vm_ms:,.1f} "
                   f"| {p.wall_makespan_ms:,.1f} | {p.wall_makespan_ms / b.wall_makespan_ms:.2f} |")
     md += ["", f"![scaling]({fig.name})", ""]
+    md += _validation(part)
     eight = {p.mode: p for p in points if p.vms == 8}
     if {"fv", "pv"} <= set(eight):
         fv, pv = eight["fv"], eight["pv"]
@@ -281,6 +282,31 @@ def scaling_section(part: SuitePart, costs: CostProfile, out: Path) -> list[str]
                   "part of every trap); PV's few hypercalls hardly contend.")
         md.append("")
     return md
+
+
+EMULATOR_PROFILE = "emulator"  # written by `gpuvm calibrate --emulator`
+
+
+def _validation(part: SuitePart) -> list[str]:
+    """The model, priced by this emulator's measured profile, against the emulator's own
+    wall-clock makespans: the model's validation."""
+    from gpuvm.calibrate.emulator import summary, validate
+
+    try:
+        profile = load_costs(EMULATOR_PROFILE)
+    except ValueError:
+        return ["No emulator profile (experiments/costs/emulator.toml): run `gpuvm "
+                "calibrate --emulator` to validate the model against this emulator.", ""]
+    points = validate(part.rows, profile)
+    md = ["### Validation: the model predicts this emulator", "",
+          f"The same model priced by `{EMULATOR_PROFILE}` (this emulator's per-event wall "
+          f"costs and serialised share, measured by `gpuvm calibrate --emulator` on other "
+          f"runs: single VMs and 2 VMs) against the emulator's measured makespan.", "",
+          "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|"]
+    for p in points:
+        md.append(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
+                  f"| {p.error_pct:+.1f} |")
+    return md + ["", summary(points) + ".", ""]
 
 
 # ------------------------------------------------------------------------- isolation
