@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="fit from this run directory of experiments/calibrate-emulator.toml "
                         "instead of running it")
     e.add_argument("--validate", type=Path, metavar="RUN_DIR",
-                   help="multi-VM runs to validate on (default results/scaling/latest)")
+                   help="multi-VM runs to validate on (default: a run of "
+                        "experiments/scaling.toml made now; with --rows: results/scaling/latest)")
     e.add_argument("--profile-out", type=Path, default=COSTS_DIR / "emulator.toml",
                    help="profile to write (default experiments/costs/emulator.toml)")
     f = parser.add_argument_group("--pt-footprint")
@@ -215,6 +216,32 @@ def _load_rows(path: Path, config: Path | None = None) -> tuple[Path, list[dict]
         raise UserError(str(exc)) from None
 
 
+VALIDATION_REPS = 3
+
+
+def _run_experiment(config: Path, as_name: str | None = None, reps: int = VALIDATION_REPS
+                    ) -> Path:
+    """Run an experiment file the way `gpuvm experiment` does, `reps` times (the fastest
+    rep of each run is used: host load only adds time); its complete directory."""
+    from dataclasses import replace
+
+    from gpuvm.experiment.config import load
+    from gpuvm.experiment.execute import execute
+    from gpuvm.experiment.rundir import RunDir
+
+    exp = replace(load(config), repetitions=reps)
+    if as_name:
+        exp = replace(exp, name=as_name, output=Path("results") / as_name)
+    run = RunDir.create(exp)
+    print(f"… running {config.name} -> {run.path}", file=sys.stderr)
+    rows = execute(exp, run, progress=lambda line: print(f"… {line}", file=sys.stderr))
+    from gpuvm.experiment.report import write_report
+    write_report(exp, rows, run.path)
+    run.mark_complete(len(rows))
+    run.point_latest()
+    return run.path
+
+
 def main_emulator(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -224,27 +251,21 @@ def main_emulator(args: argparse.Namespace) -> int:
 
     config = REPO / "experiments" / "calibrate-emulator.toml"
     if args.rows is None:
-        from gpuvm.experiment.config import load
-        from gpuvm.experiment.execute import execute
-        from gpuvm.experiment.rundir import RunDir
-
-        exp = load(config)
-        run = RunDir.create(exp)
-        print(f"… running {config.name} -> {run.path}", file=sys.stderr)
-        execute(exp, run, progress=lambda line: print(f"… {line}", file=sys.stderr))
-        run.mark_complete(len(run.read_rows().rows))
-        run.point_latest()
-        args.rows = run.path
-    fit_dir, rows = _load_rows(args.rows, config)
+        args.rows = _run_experiment(config)
+        if args.validate is None:  # validate on runs made now, under the same host load
+            args.validate = _run_experiment(REPO / "experiments" / "scaling.toml",
+                                            as_name="scaling-validation")
+    fit_dir, rows = _load_rows(args.rows)
     single = [r for r in rows if r["passed"] and r["scenario"].endswith("-1vm")]
     multi = [r for r in rows if r["passed"] and not r["scenario"].endswith("-1vm")]
     if not single:
         raise UserError(f"{fit_dir}: no passed single-VM runs to fit")
     profile = emulator.profile_from(emulator.fit_event_costs(single))
     profile = emulator.fit_serialised_share(multi, profile)
-    command = "gpuvm calibrate --emulator" + (f" --rows {fit_dir}" if args.rows else "")
+    shown = fit_dir.relative_to(REPO) if fit_dir.is_relative_to(REPO) else fit_dir
+    command = f"gpuvm calibrate --emulator --rows {shown}"
     args.profile_out.parent.mkdir(parents=True, exist_ok=True)
-    args.profile_out.write_text(emulator.to_toml(profile, command, [fit_dir]))
+    args.profile_out.write_text(emulator.to_toml(profile, command))
     console = Console(width=120)
     t = Table(title=f"this emulator's costs (ns), fitted from {fit_dir}")
     t.add_column("event")
