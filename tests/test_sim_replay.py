@@ -92,3 +92,18 @@ def test_the_emulator_fit_recovers_known_costs():
     for key, value in truth.items():
         assert fit[key] == pytest.approx(value, rel=1e-3), key
     assert fit["hypercall_ns"] == 0.0  # nothing exercised it
+
+
+def test_traces_are_recorded_once_and_replayed_at_any_scale(tmp_path):
+    from gpuvm.sim.traces import TraceKey, load_trace
+
+    key = TraceKey("idle", (), "pv")
+    first = load_trace(key, cache=tmp_path)
+    path = tmp_path / key.file_name
+    stamp = path.stat().st_mtime_ns
+    again = load_trace(key, cache=tmp_path)
+    assert again == first and path.stat().st_mtime_ns == stamp  # from the cache
+    assert first["key"]["driver"] == "pv" and first["phase_counters"]["Init"]["hcall.calls"] > 0
+    trace = trace_from_row({"vm": "idle", **first}, XEN, mediated=True)
+    many = replay(replicate(trace, 64), cores=8)
+    assert len(many.finish_ns) == 64 and many.makespan_ns >= trace.alone_ns
