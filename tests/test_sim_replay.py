@@ -107,3 +107,22 @@ def test_traces_are_recorded_once_and_replayed_at_any_scale(tmp_path):
     trace = trace_from_row({"vm": "idle", **first}, XEN, mediated=True)
     many = replay(replicate(trace, 64), cores=8)
     assert len(many.finish_ns) == 64 and many.makespan_ns >= trace.alone_ns
+
+
+def test_a_sweep_on_a_local_dask_cluster_gives_the_serial_rows(tmp_path):
+    from gpuvm.experiment.config import parse
+    from gpuvm.sim.sweep import points_for, run_sweep
+    from gpuvm.sim.traces import TraceKey, load_trace
+
+    exp = parse('[experiment]\nname = "s"\nmodes = ["pv", "pv-naive"]\n'
+                'policies = ["fifo", "band"]\n[[scenario]]\nname = "idle"\n'
+                '[[scenario.vm]]\nname = "vm"\nbenchmark = "idle"\n', "s.toml")
+    traces = {TraceKey("idle", (), m).file_name: load_trace(TraceKey("idle", (), m),
+                                                            cache=tmp_path)
+              for m in exp.modes}
+    points = points_for(exp, (1, 3, 16), ("xen-2014",), cores=2)
+    serial = run_sweep(exp, points, traces)
+    assert len(serial) == 2 * 2 * 3
+    assert run_sweep(exp, points, traces, dask="local") == serial
+    slowdowns = {(r["mode"], r["vms"]): r["makespan_ns"] / r["alone_ns"] for r in serial}
+    assert slowdowns[("pv", 16)] > slowdowns[("pv", 1)] == 1.0
