@@ -341,7 +341,13 @@ def isolation_section(part: SuitePart) -> list[str]:
 
 def write_paper_report(exp: Experiment, parts: list[SuitePart], out: Path) -> Path:
     """report.md (and figures) in `out` over every included experiment's rows."""
-    md = [f"# {exp.name}", "", exp.description, ""]
+    import os
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    md = [f"# {exp.name}", "", exp.description, "",
+          f"Modelled times come from exact counts and are the same on any host; wall times "
+          f"are this emulator's on a host with {os.cpu_count()} cores and load average "
+          f"{load} (1/5/15 min) when this report was written.", ""]
     md += ["| part | run directory | VM runs | passed |", "|---|---|---|---|"]
     for part in parts:
         md.append(f"| {part.exp.name} ({part.exp.kind}) | `{part.path}` | {len(part.rows)} "
