@@ -21,17 +21,20 @@ class Engine:
         self.sub: Submissions | None = None
         self.t0 = time.monotonic_ns()
 
-    def now(self) -> int:
+    def now_ns(self) -> int:
         return time.monotonic_ns() - self.t0
 
     def ring(self, pchid: int, put: int) -> None:
         self.rung.append((pchid, put))
         threading.Timer(self.busy_s, lambda: self.sub.on_idle(pchid, 0)).start()
 
+    def runnable(self, pchid: int) -> bool:
+        return True
+
 
 def make(policy, busy_s: float = 0.002) -> tuple[Submissions, Engine]:
     engine = Engine(busy_s)
-    sub = Submissions(engine.now, policy, engine.ring, lambda pchid: True)
+    sub = Submissions(engine, policy)
     engine.sub = sub
     return sub, engine
 

@@ -33,13 +33,9 @@ from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm.vcpu import ExitLoop
-from gpuvm.device.faults import ChannelFault
 from gpuvm.run.spec import GpuDevice
-from gpuvm.vfio import abi as vfio
-from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, RegionInfo, absent_region,
-                               bar_region_info)
-from gpuvm.vfio.pci_config import PciConfig
 from gpuvm.vfio.passthrough import PassthroughGpu
+from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vmm.vfio_attach import attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
@@ -51,74 +47,6 @@ PHASE_RAW, PHASE_DISPATCH, PHASE_REMAP = "HtoD", "Launch", "DtoH"
 DEFAULT_ITERATIONS = 10_000
 DEFAULT_REPEATS = 3
 REMAP_FACTOR = 1000  # remapped stores are ~1e5x cheaper: run more so one exit is noise
-
-
-class RegisterFile:
-    """A dict-backed register file behind the VFIO interface: the floor of the dispatch
-    path (a store and a count) with no device model behind it."""
-
-    def __init__(self) -> None:
-        self.registers: dict[tuple[int, int], int] = {}
-        self.writes = 0
-        self.reads = 0
-        self.config = PciConfig(regs.PCI_DEVICE_QUADRO_6000,
-                                {bar: (size, False) for bar, size in BAR_SIZES.items()})
-        self.irqs = IrqTriggers({vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
-
-    def get_info(self) -> DeviceInfo:
-        return DeviceInfo(vfio.VFIO_DEVICE_FLAGS_PCI, vfio.VFIO_PCI_NUM_REGIONS,
-                          vfio.VFIO_PCI_NUM_IRQS)
-
-    def get_region_info(self, index: int) -> RegionInfo:
-        if index in BAR_SIZES:
-            return bar_region_info(index, BAR_SIZES[index])
-        if index == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            return RegionInfo(index, regs.PCI_CONFIG_SIZE, vfio.VFIO_REGION_INFO_FLAG_READ |
-                              vfio.VFIO_REGION_INFO_FLAG_WRITE)
-        return absent_region(index)
-
-    def read(self, region: int, offset: int, size: int) -> int:
-        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            return self.config.read(offset, size)
-        self.reads += 1
-        return self.registers.get((region, offset), 0)
-
-    def write(self, region: int, offset: int, size: int, value: int) -> None:
-        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            self.config.write(offset, size, value)
-            return
-        self.writes += 1
-        self.registers[(region, offset)] = value
-
-    def set_mapping_listener(self, listener) -> None:
-        pass
-
-    def dma_map(self, iova, memory, flags) -> None:
-        pass
-
-    def dma_unmap(self, iova, size) -> None:
-        pass
-
-    def get_irq_info(self, index: int) -> IrqInfo:
-        return self.irqs.info(index)
-
-    def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:
-        self.irqs.set(index, start, eventfds)
-
-    def reset(self) -> None:
-        self.registers.clear()
-
-    def close(self) -> None:
-        self.irqs.clear()
-
-    def faults(self) -> list[ChannelFault]:
-        return []
-
-    def counters(self) -> dict[str, int]:
-        return {"regs.reads": self.reads, "regs.writes": self.writes}
-
-    def device_time_ns(self) -> int:
-        return 0
 
 
 TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
@@ -134,7 +62,7 @@ def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
     if kind not in TARGETS:
         raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
     if kind == "registers":
-        return RegisterFile(), "RegisterFile", lambda: None
+        return RegisterFileDevice(BAR_SIZES), "RegisterFile", lambda: None
     from gpuvm.device.gpu import Gpu
     gpu = Gpu(vram_size=1 * regs.GiB)
     if kind == "gpu":
@@ -172,13 +100,15 @@ class RawThenDispatchLoop(ExitLoop):
         ioctl, fd, KVM_RUN = fcntl.ioctl, self.vm.vcpu_fd, api.KVM_RUN
         EXIT_MMIO = api.KVM_EXIT_MMIO
         u32 = self._u32
+        reason_at = api.RUN_EXIT_REASON // 4
         while True:
             ioctl(fd, KVM_RUN)
-            if u32[2] == EXIT_MMIO:
+            if u32[reason_at] == EXIT_MMIO:
                 continue
-            if u32[2] != api.KVM_EXIT_IO or not self._u8[32]:
-                return self._unexpected(u32[2])
-            port, value = self._u16[17], u32[self._u64[5] >> 2]
+            if u32[reason_at] != api.KVM_EXIT_IO or not self._u8[api.RUN_IO_DIRECTION]:
+                return self._unexpected(u32[reason_at])
+            port = self._u16[api.RUN_IO_PORT // 2]
+            value = u32[self._u64[api.RUN_IO_DATA_OFFSET // 8] >> 2]
             if self.session.port_out(port, value):
                 return None
             if port == abi.PORT_PHASE and abi.PHASE_NAMES[value] == PHASE_DISPATCH:

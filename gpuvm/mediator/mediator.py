@@ -40,8 +40,7 @@ class Mediator:
         self.vgpus: list[VGpu] = []
         self.owner: dict[int, VGpu] = {}
         self._bring_up()
-        self.submissions = Submissions(gpu.device_time_ns, policy or FifoPolicy(),
-                                       self._ring, self._runnable)
+        self.submissions = Submissions(self, policy or FifoPolicy())
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
 
@@ -100,10 +99,14 @@ class Mediator:
         self.wr(regs.PFIFO_RUNLIST_ADDR, self.runlist >> 12)
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
 
-    def _ring(self, pchid: int, put: int) -> None:
+    # ------------------------------------------------------------------ the submission port
+    def now_ns(self) -> int:
+        return self.gpu.device_time_ns()
+
+    def ring(self, pchid: int, put: int) -> None:
         self.gpu.mmio_write(regs.BAR1, pchid * regs.USERD_STRIDE + regs.USERD_GP_PUT, 4, put)
 
-    def _runnable(self, pchid: int) -> bool:
+    def runnable(self, pchid: int) -> bool:
         with self.gpu.lock:
             return pchid in self.gpu.pfifo.runlist and self.gpu.pfifo.channels[pchid].runnable
 

@@ -26,6 +26,7 @@ from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
+from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
 from scheduler.metrics import VmMetrics
 
@@ -117,7 +118,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
         machine.detach(spec)
         raise RunError(f"{spec.name}: {exc}") from None
     session = GuestSession(spec.name, ram, attached,
-                           wait_timeout=min(options.wait_slice, options.timeout))
+                           wait_timeout=min(options.wait_slice, options.timeout),
+                           hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
@@ -142,7 +144,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             due: list[_Running] = []  # attached together, then started together
             while pending and now - t0 >= pending[0][0].start_delay:
                 spec, params, flags = pending.pop(0)
-                ram = GuestRam(spec.ram_size)
+                ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
                 rams.append(ram)
                 attached, runner = _start(machine, spec, params, flags, ram, programs,
                                           backend, options)
