@@ -216,7 +216,11 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
         run = RunDir.open(latest)
         run.check(sub)
         parts.append(SuitePart(sub, run.path, _rows(run, run.read_rows().rows)))
-    run = RunDir.open(args.report) if args.report is not None else RunDir.create(exp)
+    if args.report is not None:
+        run = RunDir.open(args.report)
+        run.check(exp)
+    else:
+        run = RunDir.create(exp)
     report = write_paper_report(exp, parts, run.path)
     if args.report is None:
         run.mark_complete(0)

@@ -145,8 +145,9 @@ def _mechanisms(by: dict[tuple[str, str], VmRow], scenarios: list[str],
         md.append(
             f"- **PV vs native** ({s}): {p.total_modelled_ns / n.total_modelled_ns:.2f}x.  "
             f"Native zeroes its page tables itself, {zero_native:,} 64-bit stores through "
-            f"BAR3/PRAMIN (as nouveau allocates page tables with NVOBJ_FLAG_ZERO_ALLOC and "
-            f"Gdev's nvc0 VM code does the same), at {costs.aperture_native_ns:g} ns each; "
+            f"BAR3/PRAMIN (nouveau's nouveau_vm_map_pgt allocates each page table with "
+            f"NVOBJ_FLAG_ZERO_ALLOC, which writes every word; Gdev's kernel runtime gets its "
+            f"address spaces from nouveau), at {costs.aperture_native_ns:g} ns each; "
             f"under PV the hypervisor allocates whole tables and zeroes {zero_pv:,} words "
             f"({p.counters.get('pv.pts_allocated', 0)} tables, "
             f"{p.counters.get('hcall.set_pgd', 0)} directories) at "
