@@ -14,6 +14,11 @@ The guest brackets the loops with phase marks (HtoD = raw, Launch = dispatch,
 DtoH = remap), so the session's per-phase wall time and exit counts delimit them; the
 counts double as a check (N BAR0 write exits while dispatching, none while remapped).
 Host noise is 20-40 %, so each figure is the minimum over several VM runs.
+
+With ``--transport vfio-user`` each dispatch target is also measured served from another
+process over a vfio-user socket (gpuvm/vfio/user/): every trapped store becomes a
+REGION_WRITE message and its reply, the path a VM in its own VMM process takes.  Those
+rows are given as ratios both to the raw exit and to the same target in-process.
 """
 
 from __future__ import annotations
@@ -115,8 +120,46 @@ class RawThenDispatchLoop(ExitLoop):
                 return True
 
 
+TRANSPORTS = ("inproc", "vfio-user")
+OVER_SOCKET = " over vfio-user"
+
+
+def serve_target(kind: str, fd: int) -> None:
+    """Serve one bench target on the connected socket `fd` until the client hangs up
+    (run in a process of its own by `_served_target`)."""
+    import socket
+
+    from gpuvm.vfio.user.server import DeviceServer
+    device, _, release = bench_target(kind)
+    try:
+        DeviceServer(socket.socket(fileno=fd), device, device, None, kind).serve()
+    finally:
+        release()
+
+
+def _served_target(kind: str):
+    """(client device, name, release) for `kind` served by a child process."""
+    import socket
+    import subprocess
+    import sys
+
+    from gpuvm.vfio.user.client import VfioUserDevice
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "from gpuvm.bench.exits import serve_target; "
+                              f"serve_target({kind!r}, {theirs.fileno()})"],
+                             pass_fds=[theirs.fileno()])
+    theirs.close()
+    device = VfioUserDevice(ours, f"bench {kind}")
+
+    def release() -> None:
+        device.close()
+        child.wait(30)
+    return device, release
+
+
 def _one_run(image: Path, iterations: int, remap_iterations: int,
-             kind: str) -> dict[str, float | int | str]:
+             kind: str, transport: str = "inproc") -> dict[str, float | int | str]:
     from gpuvm.vmm.kvm.runner import KvmRunner
 
     class BenchRunner(KvmRunner):
@@ -125,7 +168,12 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
     ram = GuestRam(RAM_SIZE)
     page = mmap.mmap(-1, mmap.PAGESIZE)  # stands in for a page of VRAM
     host = ctypes.c_uint32.from_buffer(page)
-    device, name, release = bench_target(kind)
+    if transport == "vfio-user":
+        device, release = _served_target(kind)
+        name = _target_name(kind) + OVER_SOCKET
+        device.share(ram.host_address, ram.size, ram.fd)
+    else:
+        device, name, release = bench_target(kind)
     attached = None
     try:
         attached = attach(device, device, ram, "bench-exits")
@@ -162,9 +210,13 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
         page.close()
 
 
+def _target_name(kind: str) -> str:
+    return {"registers": "RegisterFile", "gpu": "Gpu", "vgpu": "VGpu (fv)"}[kind]
+
+
 def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_REPEATS,
                    remap_iterations: int | None = None,
-                   target: str = "all") -> dict:
+                   target: str = "all", transport: str = "inproc") -> dict:
     """Measure raw / dispatched / remapped cost per BAR store (µs, min over `repeats` VM
     runs per target).  target "all" measures the device and the mediated vGPU in one run.
 
@@ -175,9 +227,12 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
         raise ValueError("iterations and repeats must be at least 1")
     remap_iterations = remap_iterations or iterations * REMAP_FACTOR
     image = build_flat(GUEST)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     kinds = ["gpu", "vgpu"] if target in ("all", "auto") else [target]
-    runs = [_one_run(image, iterations, remap_iterations, kind)
-            for _ in range(repeats) for kind in kinds]
+    transports = ["inproc"] if transport == "inproc" else ["inproc", transport]
+    runs = [_one_run(image, iterations, remap_iterations, kind, way)
+            for _ in range(repeats) for kind in kinds for way in transports]
     raw = min(r["raw_us"] for r in runs)
     remap = min(r["remap_us"] for r in runs)
     targets = {}
@@ -187,6 +242,10 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
         targets[name] = {"dispatch_us": dispatch,
                          "over_raw": dispatch / min(r["raw_us"] for r in mine),
                          "exits": int(min(r["dispatch_exits"] for r in mine))}
+    for name, t in targets.items():  # a served target against the same one in-process
+        if name.endswith(OVER_SOCKET):
+            t["over_inproc"] = t["dispatch_us"] / \
+                targets[name.removesuffix(OVER_SOCKET)]["dispatch_us"]
     return {"iterations": iterations, "remap_iterations": remap_iterations,
             "repeats": repeats, "raw_us": raw, "remap_us": remap, "remap_over_raw": remap / raw,
             "remap_exits": int(max(r["remap_exits"] for r in runs)), "targets": targets}
@@ -205,14 +264,20 @@ def print_exit_bench(r: dict) -> None:
     table.add_column("µs / access", justify="right")
     table.add_column("× raw", justify="right")
     table.add_column("exits counted", justify="right")
+    socket_rows = any("over_inproc" in t for t in r["targets"].values())
+    if socket_rows:
+        table.add_column("× in-process", justify="right")
     table.add_row("raw (re-enter only)", f"{r['iterations']:,}", f"{r['raw_us']:.3f}", "1.00",
-                  "not counted")
+                  "not counted", *([""] if socket_rows else []))
     for name, t in r["targets"].items():
         label = "mediated trap, " + name if name.startswith("VGpu") else "dispatch to " + name
+        extra = [f"{t['over_inproc']:.2f}" if "over_inproc" in t else "1.00"] \
+            if socket_rows else []
         table.add_row(label, f"{r['iterations']:,}", f"{t['dispatch_us']:.3f}",
-                      f"{t['over_raw']:.2f}", f"{t['exits']:,}")
+                      f"{t['over_raw']:.2f}", f"{t['exits']:,}", *extra)
     table.add_row("remap (memslot)", f"{r['remap_iterations']:,}", f"{r['remap_us']:.5f}",
-                  f"{r['remap_over_raw']:.6f}", f"{r['remap_exits']:,}")
+                  f"{r['remap_over_raw']:.6f}", f"{r['remap_exits']:,}",
+                  *([""] if socket_rows else []))
     Console().print(table)
 
 
@@ -224,6 +289,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=TARGETS, default="all",
                         help="dispatch target: all (the device and a mediated vGPU, side by "
                              "side), gpu, vgpu, or a dict-backed register file")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="inproc",
+                        help="vfio-user: also serve each target from another process over "
+                             "a vfio-user socket, as a ratio to raw and to in-process")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -237,7 +305,8 @@ def main_exits(args: argparse.Namespace) -> int:
         raise UserError(f"bench exits needs KVM: {why}")
     if args.iterations < 1 or args.repeats < 1:
         raise UserError("--iterations and --repeats must be at least 1")
-    result = run_exit_bench(args.iterations, args.repeats, target=args.target)
+    result = run_exit_bench(args.iterations, args.repeats, target=args.target,
+                            transport=args.transport)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

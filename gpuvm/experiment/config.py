@@ -13,6 +13,7 @@ the field, before anything runs.
     modes = ["native", "fv", "fv-opt", "pv"]
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
+    isolated = false          # each VM in its own VMM process over vfio-user (same rows)
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
@@ -99,6 +100,7 @@ class Experiment:
     modes: tuple[str, ...] = ("fv-opt",)
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
+    isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
     repetitions: int = 1
     time_scale: float = 1.0
     timeout_s: float = 600.0
@@ -250,6 +252,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                check=_names(sorted(POLICIES), "policy"))),
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
+        isolated=exp.get("isolated", bool, False),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),

@@ -204,7 +204,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             scenario = scenarios[key.scenario]
             label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
-                                 time_scale=exp.time_scale,
+                                 time_scale=exp.time_scale, isolated=exp.isolated,
                                  scheduler={**exp.scheduler, "policy": key.policy})
             t0 = time.monotonic()
             try:

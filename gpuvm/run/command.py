@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pv-batch", type=int, default=0,
                         help="PV: entries per hypercall (1 = pv-naive, 0 = the maximum)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per VM")
+    parser.add_argument("--isolated", action="store_true",
+                        help="each VM in its own VMM process, its device attached over "
+                             "vfio-user (same counts as in-process)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="device clock speed relative to wall time")
     parser.add_argument("--vram-mib", type=int, help="VRAM of the emulated GPU")
@@ -143,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
             specs = specs_from_args(args)
             options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
                                  time_scale=args.time_scale, gpus=args.gpus,
+                                 isolated=args.isolated,
                                  vram_size=args.vram_mib * regs.MiB if args.vram_mib else None)
             results = runs[mode] = run_vms(specs, options)
             backend = results[0].outcome.backend

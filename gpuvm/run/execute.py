@@ -95,6 +95,9 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
     except BuildError as exc:
         raise RunError(str(exc)) from None
     built = (machine or machine_for(options.mode))(options, specs)
+    if options.isolated:
+        from gpuvm.run.isolated import run_isolated
+        return run_isolated(built, boot, programs, backend, options)
     return _run_on(built, boot, programs, backend, options)
 
 

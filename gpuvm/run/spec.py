@@ -97,6 +97,7 @@ class RunOptions:
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
     gpus: int = 1  # emulated GPUs in a mediated machine, each with its own scheduler
+    isolated: bool = False  # each VM in its own VMM process, attached over vfio-user
 
 
 # ------------------------------------------------------------------------------ machines

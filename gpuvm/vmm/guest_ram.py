@@ -1,12 +1,13 @@
-"""Guest RAM: one anonymous shared mapping, viewed as numpy.
+"""Guest RAM: one shared mapping of a memfd, viewed as numpy.
 
-The same buffer is the KVM memslot at guest-physical 0, the in-process guest's "physical
-memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
+A memfd so that a device in another process (a vfio-user server) can map the same pages
+from `fd` when the VMM DMA-maps the RAM.  The same buffer is the KVM memslot at
+guest-physical 0, the in-process guest's "physical memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
 and a VMM read all see the same bytes without copies.
 
-`backing` says what host memory holds it, the way a hypervisor chooses (issue 16):
-"anon" (a shared anonymous mapping, as it always was), "4k" (the same, with huge pages
-refused) or "thp" (one memfd with shmem transparent huge pages asked for).  Whether huge
+`backing` says what host memory holds it, the way a hypervisor chooses: "anon" (the
+host's default policy for shared memory), "4k" (huge pages refused, MADV_NOHUGEPAGE) or
+"thp" (shmem transparent huge pages asked for, MADV_HUGEPAGE).  Whether huge
 pages really back it is read back from /proc/self/smaps (`huge_kib`): the host's
 shmem_enabled knob may refuse them.
 """
@@ -35,6 +36,7 @@ class GuestRam:
     size: int
     backing: str = "anon"
     _map: mmap.mmap = field(init=False, repr=False)
+    fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -43,20 +45,14 @@ class GuestRam:
         if self.backing not in BACKINGS:
             raise ValueError(f"guest RAM backing {self.backing!r} is not one of "
                              f"{', '.join(BACKINGS)}")
+        self.fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
         if self.backing == "thp":
-            fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(fd, self.size)
-                self._map = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED,
-                                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)  # the mapping keeps the memfd alive
             self._map.madvise(MADV_HUGEPAGE)
-        else:
-            self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
-                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            if self.backing == "4k":
-                self._map.madvise(MADV_NOHUGEPAGE)
+        elif self.backing == "4k":
+            self._map.madvise(MADV_NOHUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
 
     def huge_kib(self) -> int:
@@ -119,6 +115,9 @@ class GuestRam:
     def close(self) -> None:
         """Release the mapping; views handed out earlier must be gone first."""
         self.array = np.empty(0, dtype=np.uint8)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self._map.close()
         except BufferError:
