@@ -8,7 +8,7 @@ VENV   ?= .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install guest run test bench clean
+.PHONY: install guest run paper test bench clean
 
 $(STAMP): pyproject.toml
 	@command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc make)
@@ -32,6 +32,11 @@ guest: install
 
 run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
+
+# The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
+# paper's numbers (results/paper/latest/report.md); about 5 minutes on 2 cores.
+paper: guest
+	$(VPY) -m gpuvm experiment experiments/paper.toml
 
 test: guest
 	$(VPY) -m pytest -q -p no:cacheprovider tests

@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
     "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
-                                             "for pinned sysram (--pt-footprint)"),
+                                             "for pinned sysram (--pt-footprint); this emulator "
+                                             "(--emulator)"),
+    "model": ("gpuvm.sim.command", "the model of the whole system: an experiment file's "
+                                   "VMs replayed from cached traces, at any VM count"),
     "domain": ("gpuvm.libvirt.domain_cli", "VMs as libvirt domains with a vGPU hostdev"),
     "nodedev": ("gpuvm.libvirt.nodedev_cli", "the GPU and its vGPUs as libvirt node devices"),
     "serve": ("gpuvm.serve", "serve every defined vGPU over vfio-user (a daemon)"),

@@ -75,7 +75,7 @@ class BandPolicy(CreditPolicy):
         self._meters[vm].add(now - used, now)
 
     def _should_demote(self, vm: VmId, now: int) -> bool:
-        return self._credit[vm] < 0 and self.over_share(vm)
+        return self._settle(vm) < 0 and self.over_share(vm)
 
     def _after_charge(self, vm: VmId, now: int) -> None:
         self._last = vm

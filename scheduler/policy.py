@@ -51,6 +51,10 @@ class Policy(ABC):
         self.params = params if params is not None else SchedulerParams()
         self._order: list[VmId] = []  # run-queue order, head first
         self._weights: dict[VmId, float] = {}
+        # sum(self._weights.values()), recomputed (same order, so the same float) whenever
+        # a weight changes: share() is asked for every VM at every replenishment, and
+        # summing there made a period cost O(N^2) in the number of VMs
+        self._weight_sum = 0.0
         self._pending: dict[VmId, int] = {}
         self._running: object = NO_VM
         self._now: int | None = None
@@ -63,6 +67,7 @@ class Policy(ABC):
         if vm in self._weights:
             raise ValueError(f"vm {vm!r}: already added")
         self._weights[vm] = _check_share(vm, share)
+        self._weight_sum = sum(self._weights.values())
         self._order.append(vm)
         self._pending[vm] = 0
         self.counters[vm] = PolicyCounters()
@@ -73,6 +78,7 @@ class Policy(ABC):
         now = self._tick(now)
         self._require(vm)
         del self._weights[vm], self._pending[vm]
+        self._weight_sum = sum(self._weights.values())
         self._order.remove(vm)
         self._on_remove(vm)
 
@@ -81,11 +87,12 @@ class Policy(ABC):
         now = self._tick(now)
         self._require(vm)
         self._weights[vm] = _check_share(vm, share)
+        self._weight_sum = sum(self._weights.values())
 
     def share(self, vm: VmId) -> float:
         """The VM's weight normalised over all registered VMs (shares sum to 1)."""
         self._require(vm)
-        return self._weights[vm] / sum(self._weights.values())
+        return self._weights[vm] / self._weight_sum
 
     @property
     def vms(self) -> tuple[VmId, ...]:

@@ -80,4 +80,28 @@ def test_shipped_experiments_parse():
     files = sorted(Path(__file__).resolve().parents[1].glob("experiments/*.toml"))
     assert files
     for f in files:
-        assert load(f).scenarios
+        exp = load(f)
+        assert exp.scenarios or (exp.kind == "suite" and all(
+            load(i).scenarios for i in exp.includes))
+
+
+def test_paper_suite_includes_the_three_parts():
+    from pathlib import Path
+    paper = load(Path(__file__).resolve().parents[1] / "experiments" / "paper.toml")
+    kinds = [load(p).kind for p in paper.includes]
+    assert paper.kind == "suite" and kinds == ["benchmarks", "scaling", "isolation"]
+    scaling = load(paper.includes[1])
+    assert [len(s.vms) for s in scaling.scenarios] == [1, 2, 4, 8]
+    assert set(scaling.modes) == {"fv", "fv-opt", "pv"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[experiment]\nname = "s"\nkind = "suite"\n', "a suite needs at least one file"),
+    ('[experiment]\nname = "s"\nkind = "suite"\ninclude = ["nope.toml"]\n',
+     "include: nope.toml: no such file"),
+    ('[experiment]\nname = "s"\ninclude = ["x.toml"]\n', 'only a kind = "suite"'),
+])
+def test_bad_suites_are_one_line(text, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
+        parse(text, "s.toml")
+    assert "\n" not in str(info.value)

@@ -1,4 +1,4 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation}`: each prints ratios measured side by side in one run.
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim}`: each prints ratios measured side by side in one run.
 
 Each bench module defines its own options (`add_arguments`) and entry point.
 """
@@ -18,6 +18,7 @@ BENCHES = {
     "vms": ("gpuvm.bench.vms", "main_vms", "several VMs at once, a GPU each, vs one alone"),
     "isolation": ("gpuvm.bench.isolation", "main_isolation", "VMs as threads vs as VMM "
                                                              "processes over vfio-user"),
+    "sim": ("gpuvm.bench.sim", "main_sim", "the simpy model's events/s at 16 and 1,024 VMs"),
 }
 
 

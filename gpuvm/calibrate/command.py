@@ -1,4 +1,5 @@
-"""`gpuvm calibrate`: --gpu measures a real GPU; --pt-footprint computes page-table VRAM.
+"""`gpuvm calibrate`: --gpu measures a real GPU; --pt-footprint computes page-table VRAM;
+--emulator measures this emulator's per-event costs and validates the model against it.
 
 The GPU part needs an NVIDIA GPU and CuPy or PyTorch; without them it says so in one line
 and exits non-zero.  The footprint part runs anywhere.
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="measure host-memory transfer and pinning costs on a real NVIDIA GPU")
     what.add_argument("--pt-footprint", action="store_true",
                       help="VRAM used by GPU page tables mapping pinned sysram (no GPU needed)")
+    what.add_argument("--emulator", action="store_true",
+                      help="measure this emulator's per-event wall costs into a cost profile "
+                           "and validate the model's makespans against it")
     what.add_argument("--show", type=Path, metavar="PROFILE",
                       help="print a profile written by --gpu (no GPU needed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -72,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--reps", type=int, default=7, help=f"repetitions (>= {MIN_REPS}; default 7)")
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
+    e = parser.add_argument_group("--emulator")
+    e.add_argument("--rows", type=Path, metavar="RUN_DIR",
+                   help="fit from this run directory of experiments/calibrate-emulator.toml "
+                        "instead of running it")
+    e.add_argument("--validate", type=Path, metavar="RUN_DIR",
+                   help="multi-VM runs to validate on (default: a run of "
+                        "experiments/scaling.toml made now; with --rows: results/scaling/latest)")
+    e.add_argument("--profile-out", type=Path, default=COSTS_DIR / "emulator.toml",
+                   help="profile to write (default experiments/costs/emulator.toml)")
     f = parser.add_argument_group("--pt-footprint")
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
     f.add_argument("--vms", default="1,8", help="VM/process counts (default 1,8)")
@@ -82,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.gpu:
         return main_gpu(args)
+    if args.emulator:
+        return main_emulator(args)
     if args.show:
         return main_show(args)
     return main_footprint(args)
@@ -185,6 +200,98 @@ def print_profile(profile) -> None:
                   f" → {human(c.huge_kib_after * 1024) if c.huge_kib_after else '0'}",
                   escape(c.gib_s.text()))
     console.print(t)
+
+
+# ------------------------------------------------------------------ --emulator
+def _load_rows(path: Path, config: Path | None = None) -> tuple[Path, list[dict]]:
+    from gpuvm.experiment.rundir import RunDir, RunDirError
+
+    try:
+        run = RunDir.open(path)
+        if config is not None:
+            from gpuvm.experiment.config import load
+            run.check(load(config))
+        return run.path, run.read_rows().rows
+    except RunDirError as exc:
+        raise UserError(str(exc)) from None
+
+
+VALIDATION_REPS = 3
+
+
+def _run_experiment(config: Path, as_name: str | None = None, reps: int = VALIDATION_REPS
+                    ) -> Path:
+    """Run an experiment file the way `gpuvm experiment` does, `reps` times (the fastest
+    rep of each run is used: host load only adds time); its complete directory."""
+    from dataclasses import replace
+
+    from gpuvm.experiment.config import load
+    from gpuvm.experiment.execute import execute
+    from gpuvm.experiment.rundir import RunDir
+
+    exp = replace(load(config), repetitions=reps)
+    if as_name:
+        exp = replace(exp, name=as_name, output=Path("results") / as_name)
+    run = RunDir.create(exp)
+    print(f"… running {config.name} -> {run.path}", file=sys.stderr)
+    rows = execute(exp, run, progress=lambda line: print(f"… {line}", file=sys.stderr))
+    from gpuvm.experiment.report import write_report
+    write_report(exp, rows, run.path)
+    run.mark_complete(len(rows))
+    run.point_latest()
+    return run.path
+
+
+def main_emulator(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.calibrate import emulator
+    from gpuvm.experiment.config import REPO
+
+    config = REPO / "experiments" / "calibrate-emulator.toml"
+    if args.rows is None:
+        args.rows = _run_experiment(config)
+        if args.validate is None:  # validate on runs made now, under the same host load
+            args.validate = _run_experiment(REPO / "experiments" / "scaling.toml",
+                                            as_name="scaling-validation")
+    fit_dir, rows = _load_rows(args.rows)
+    single = [r for r in rows if r["passed"] and r["scenario"].endswith("-1vm")]
+    multi = [r for r in rows if r["passed"] and not r["scenario"].endswith("-1vm")]
+    if not single:
+        raise UserError(f"{fit_dir}: no passed single-VM runs to fit")
+    profile = emulator.profile_from(emulator.fit_event_costs(single))
+    profile = emulator.fit_serialised_share(multi, profile)
+    shown = fit_dir.relative_to(REPO) if fit_dir.is_relative_to(REPO) else fit_dir
+    command = f"gpuvm calibrate --emulator --rows {shown}"
+    args.profile_out.parent.mkdir(parents=True, exist_ok=True)
+    args.profile_out.write_text(emulator.to_toml(profile, command))
+    console = Console(width=120)
+    t = Table(title=f"this emulator's costs (ns), fitted from {fit_dir}")
+    t.add_column("event")
+    t.add_column("ns", justify="right")
+    for key in ("trap_ns", "trap_mediator_ns", "mmio_native_ns", "io_exit_ns", "hypercall_ns",
+                "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns", "pt_zero_word_ns",
+                "remap_ns", "host_cores"):
+        t.add_row(key, f"{getattr(profile, key):,.2f}")
+    console.print(t)
+    print(f"profile written to {args.profile_out}")
+    validate = args.validate or REPO / "results" / "scaling" / "latest"
+    if not validate.exists():
+        print(f"gpuvm: no runs to validate on ({validate}); run `gpuvm experiment "
+              f"experiments/scaling.toml` or give --validate RUN_DIR", file=sys.stderr)
+        return 0
+    vdir, vrows = _load_rows(validate)
+    points = emulator.validate(vrows, profile)
+    t = Table(title=f"model vs emulator makespan ({vdir})")
+    for col in ("mode", "VMs", "emulator ms", "model ms", "error %"):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(p.mode, str(p.vms), f"{p.measured_ms:,.1f}", f"{p.predicted_ms:,.1f}",
+                  f"{p.error_pct:+.1f}")
+    console.print(t)
+    print(emulator.summary(points))
+    return 0
 
 
 # ------------------------------------------------------------------ --pt-footprint

@@ -55,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     # `gpuvm run --config FILE` calls in here with only config, report and backend
     args.resume = getattr(args, "resume", None)
     try:
+        if exp.kind == "suite":
+            return _run_suite(exp, args)
         if args.report is not None:
             return _rebuild_report(exp, args)
         return _run(exp, args)
@@ -199,3 +201,52 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     print(report.read_text())
     console.print(f"report: {report}")
     return _failed(rows, report)
+
+
+def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
+    """Each included experiment in turn, into its own run directory (as if run alone),
+    then one report over them all in the suite's own directory.  `--report DIR` rebuilds
+    that report from the included experiments' latest complete runs."""
+    from gpuvm.errors import UserError
+    from gpuvm.experiment.config import ConfigError, load
+    from gpuvm.experiment.paper import SuitePart, write_paper_report
+    from gpuvm.experiment.rundir import RunDir, output_base
+
+    if args.resume is not None:
+        raise UserError(f"{args.config}: a suite is not resumed as a whole; resume the "
+                        "included experiment that was interrupted, then run "
+                        f"`gpuvm experiment {args.config} --report DIR`")
+    parts: list[SuitePart] = []
+    status = 0
+    for path in exp.includes:
+        try:
+            sub = load(path)
+        except ConfigError as exc:
+            raise UserError(str(exc)) from None
+        if args.backend:
+            sub = replace(sub, backend=args.backend)
+        if args.report is None:
+            sub_args = argparse.Namespace(config=path, report=None, resume=None,
+                                          backend=args.backend)
+            sub_status = _run(sub, sub_args)
+            if sub_status in (130, 143):  # interrupted: the suite stops there
+                return sub_status
+            status = max(status, sub_status)
+        latest = output_base(sub) / "latest"
+        if not latest.exists():
+            raise UserError(f"{latest}: no complete run of {path} to report")
+        run = RunDir.open(latest)
+        run.check(sub)
+        parts.append(SuitePart(sub, run.path, _rows(run, run.read_rows().rows)))
+    if args.report is not None:
+        run = RunDir.open(args.report)
+        run.check(exp)
+    else:
+        run = RunDir.create(exp)
+    report = write_paper_report(exp, parts, run.path)
+    if args.report is None:
+        run.mark_complete(0)
+        run.point_latest()
+    print(report.read_text())
+    print(f"report: {report}", file=sys.stderr)
+    return status

@@ -7,7 +7,9 @@ the field, before anything runs.
 
     [experiment]
     name = "modes"            # results go to results/<name>/ unless `output` says otherwise
-    kind = "benchmarks"       # or "isolation", "hostmem": which report to write
+    kind = "benchmarks"       # or "isolation", "hostmem", "scaling", "suite": the report
+    include = ["a.toml"]      # kind = "suite" only: the experiments it runs, in order
+                              # (relative to this file); a suite has no scenarios
     modes = ["native", "fv", "fv-opt", "pv"]
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
@@ -53,7 +55,7 @@ from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation", "hostmem")
+KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "suite")
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
 
@@ -107,6 +109,7 @@ class Experiment:
     description: str = ""
     output: Path = Path("results")
     source: str = ""
+    includes: tuple[Path, ...] = ()  # kind "suite": the experiment files it runs
     # host-memory cost profiles the hostmem report prices each row with (costs.py)
     hostmem_profiles: tuple[str, ...] = ("gpu-h100",)
 
@@ -236,7 +239,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         SchedulerParams.from_dict(sched)
     except ValueError as exc:
         raise ConfigError(f"{source}: scheduler: {exc}") from None
-    raw_scenarios = root.get("scenario", list)
+    raw_scenarios = root.get("scenario", list, [])
     root.done()
     name = exp.get("name", str, check=lambda n: None if n and "/" not in n
                    else "must be a non-empty name without '/'")
@@ -262,6 +265,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                        else "must be a non-empty list of profile names")),
         scheduler=sched, source=source,
     )
+    includes = exp.get("include", list, [], check=lambda fs: None if all(
+        isinstance(f, str) and f for f in fs) else "must be a list of experiment file paths")
     exp.done()
     if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
         from gpuvm.experiment.costs import load_hostmem_costs
@@ -271,6 +276,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                 load_hostmem_costs(profile)
             except ValueError as exc:
                 raise ConfigError(f"{source}: experiment.hostmem_profiles: {exc}") from None
+    if result["kind"] == "suite" or includes:
+        return _suite(result, includes, raw_scenarios, source)
     if not raw_scenarios:
         raise ConfigError(f"{source}: scenario: needs at least one [[scenario]]")
     scenarios = []
@@ -301,6 +308,25 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                   f"{vm.pin_hot_from!r} is not a reporting VM of an earlier "
                                   "scenario")
     return Experiment(scenarios=tuple(scenarios), **result)
+
+
+def _suite(result: dict[str, Any], includes: list[str], raw_scenarios: Any,
+           source: str) -> Experiment:
+    """A suite runs other experiment files one after another (each gets its own run
+    directory and report) and then writes one report over all of them."""
+    if result["kind"] != "suite":
+        raise ConfigError(f"{source}: experiment.include: only a kind = \"suite\" "
+                          "experiment includes others")
+    if not includes:
+        raise ConfigError(f"{source}: experiment.include: a suite needs at least one file")
+    if raw_scenarios:
+        raise ConfigError(f"{source}: scenario: a suite has none (its files have them)")
+    base = Path(source).parent if source != "<config>" else Path.cwd()
+    paths = tuple(base / f for f in includes)
+    for path, name in zip(paths, includes):
+        if not path.is_file():
+            raise ConfigError(f"{source}: experiment.include: {name}: no such file")
+    return Experiment(scenarios=(), includes=paths, **result)
 
 
 def load(path: str | Path) -> Experiment:

@@ -85,7 +85,7 @@ def _vm(env: simpy.Environment, engine: EngineModel, spec: WorkloadSpec,
 
 
 def simulate(scenario: Scenario, scheduler: SchedulerConfig | str = "band",
-             seed: int = 0) -> SimResult:
+             seed: int = 0, count_events: bool = False) -> SimResult:
     """Run `scenario` under one policy; deterministic for a given seed."""
     config = SchedulerConfig(scheduler) if isinstance(scheduler, str) else scheduler
     env = simpy.Environment()
@@ -93,8 +93,20 @@ def simulate(scenario: Scenario, scheduler: SchedulerConfig | str = "band",
     seeds = np.random.SeedSequence(seed).spawn(len(scenario.vms))
     for spec, child in zip(scenario.vms, seeds):
         env.process(_vm(env, engine, spec, np.random.default_rng(child)))
-    env.run(until=scenario.duration_ns)
+    events = _run_counting(env, scenario.duration_ns) if count_events else None
+    if events is None:
+        env.run(until=scenario.duration_ns)
     return SimResult(scenario=scenario, policy=config.policy, seed=seed,
                      end_ns=scenario.duration_ns,
                      metrics=dict(engine.dispatcher.metrics),
-                     counters=dict(engine.policy.counters))
+                     counters=dict(engine.policy.counters), events=events)
+
+
+def _run_counting(env: simpy.Environment, until: int) -> int:
+    """env.run(until) that also counts the events processed (for `gpuvm bench sim`)."""
+    events = 0
+    while env.peek() < until:
+        env.step()
+        events += 1
+    env.run(until=until)  # lands exactly on `until`, as env.run does
+    return events

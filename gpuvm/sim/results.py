@@ -44,6 +44,7 @@ class SimResult:
     end_ns: int
     metrics: dict[str, VmMetrics]
     counters: dict[str, PolicyCounters]
+    events: int | None = None  # simpy events processed, when counted
 
     def summary(self) -> list[VmSummary]:
         t0, t1 = self.scenario.measure_window

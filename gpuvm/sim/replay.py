@@ -1,0 +1,164 @@
+"""The model of the whole system: simulated VMs replay what a real VM did, competing for
+what is really shared.
+
+A VM's trace here is built from the exact per-phase counts of a run (runs.jsonl): each
+phase becomes a sequence of steps, and each step needs one shared resource:
+
+- `cpu`: work on the VM's own path -- a trap's exit and device-model round trip, a
+  hypercall, a native MMIO access -- which needs one of the N host cores;
+- `mediator`: work the mediator does for the VM while holding its lock -- a shadow sync
+  with the entries it scans, the mediator's share of a trap, PV table allocation -- so
+  other VMs' traps and doorbells wait (GPUvm: "page shadowing locks GPU resources");
+- `engine`: kernels and copies on the one non-preemptive engine, dispatched through the
+  real scheduler classes (scheduler.Dispatcher + the FIFO / CREDIT / BAND policy).
+
+The steps of a phase are interleaved in as many rounds as the phase has shadow syncs or
+doorbells (at most MAX_ROUNDS), which is how the guest really alternates between
+trapping, syncing and waiting on the engine.  The prices are a cost profile's: the
+paper-platform profile (xen-2014) predicts the paper's orderings; a profile measured on
+this emulator (`gpuvm calibrate --emulator`) predicts the emulator's own wall time.
+Everything is integer ns and deterministic: the same rows give the same makespan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator, Iterable, Mapping, Sequence
+
+import simpy
+
+from gpuvm.experiment.costs import CostProfile
+from gpuvm.sim.model import EngineModel, Kernel
+from scheduler.config import SchedulerConfig
+
+PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
+MAX_ROUNDS = 64
+CPU, MEDIATOR, ENGINE = "cpu", "mediator", "engine"
+
+
+@dataclass(frozen=True)
+class Step:
+    resource: str  # CPU | MEDIATOR | ENGINE
+    ns: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class VmTrace:
+    """What one VM did, as steps, and when it started (ns after the run's start)."""
+
+    name: str
+    steps: tuple[Step, ...]
+    start_ns: int = 0
+    share: float = 1.0
+
+    @property
+    def alone_ns(self) -> int:
+        """Its time with nothing to wait for: the sum of its steps."""
+        return sum(s.ns for s in self.steps)
+
+
+def phase_steps(phase: str, counts: Mapping[str, int], costs: CostProfile,
+                mediated: bool) -> list[Step]:
+    """One phase's counts as interleaved cpu / mediator / engine steps."""
+    engine = int(counts.get("engine.busy_ns", 0))
+    mediator = int(round(costs.mediator_ns(counts, mediated)))
+    cpu = max(0, int(round(costs.modelled_ns(counts, mediated))) - engine - mediator)
+    rounds = max(1, min(MAX_ROUNDS, counts.get("shadow.syncs", 0)
+                        + counts.get("shadow.bar_syncs", 0) + counts.get("pfifo.doorbells", 0)))
+    steps: list[Step] = []
+    for i in range(rounds):
+        for resource, total in ((CPU, cpu), (MEDIATOR, mediator), (ENGINE, engine)):
+            # integer split that sums exactly to the total
+            part = total * (i + 1) // rounds - total * i // rounds
+            if part:
+                steps.append(Step(resource, part, phase))
+    return steps
+
+
+def trace_from_row(row: Mapping, costs: CostProfile, mediated: bool) -> VmTrace:
+    """A VM's trace from one row of runs.jsonl (a dict or an execute.VmRow)."""
+    get = row.get if isinstance(row, Mapping) else lambda k, d=None: getattr(row, k, d)
+    phases = get("phase_counters") or {}
+    steps: list[Step] = []
+    for phase in PHASES:
+        if phase in phases:
+            steps.extend(phase_steps(phase, phases[phase], costs, mediated))
+    return VmTrace(str(get("vm")), tuple(steps), int(float(get("start_s", 0.0)) * 1e9),
+                   float(get("share", 1.0)))
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    makespan_ns: int
+    finish_ns: dict[str, int]  # per VM, from the run's start
+    alone_ns: dict[str, int]
+    events: int  # simpy events processed
+
+    @property
+    def mean_vm_ns(self) -> float:
+        """Mean time from the run's start to each VM's end."""
+        return sum(self.finish_ns.values()) / max(1, len(self.finish_ns))
+
+
+class _System:
+    def __init__(self, env: simpy.Environment, cores: int, policy: str) -> None:
+        self.env = env
+        self.cores = simpy.Resource(env, capacity=cores)
+        self.mediator = simpy.Resource(env, capacity=1)
+        self.engine = EngineModel(env, SchedulerConfig(policy))
+
+
+def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
+        finish: dict[str, int]) -> Generator[simpy.Event, None, None]:
+    if trace.start_ns:
+        yield env.timeout(trace.start_ns)
+    dispatcher = system.engine.dispatcher
+    dispatcher.add_vm(trace.name, trace.share, env.now)
+    for step in trace.steps:
+        if step.resource == ENGINE:
+            kernel = Kernel(trace.name, step.ns, env.event())
+            dispatcher.submit(trace.name, kernel, env.now)
+            yield kernel.done
+            continue
+        with system.cores.request() as core:
+            yield core
+            if step.resource == MEDIATOR:
+                with system.mediator.request() as lock:
+                    yield lock
+                    yield env.timeout(step.ns)
+            else:
+                yield env.timeout(step.ns)
+    dispatcher.remove_vm(trace.name, env.now)
+    finish[trace.name] = env.now
+
+
+def replay(traces: Sequence[VmTrace], cores: int = 2, policy: str = "fifo") -> ReplayResult:
+    """Run the traces together; the makespan is when the last VM finishes."""
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    env = simpy.Environment()
+    system = _System(env, cores, policy)
+    finish: dict[str, int] = {}
+    for trace in traces:
+        env.process(_vm(env, system, trace, finish))
+    events = 0
+    while True:
+        try:
+            env.step()
+        except simpy.core.EmptySchedule:
+            break
+        events += 1
+    return ReplayResult(max(finish.values(), default=0), finish,
+                        {t.name: t.alone_ns for t in traces}, events)
+
+
+def replicate(trace: VmTrace, count: int) -> list[VmTrace]:
+    """`count` VMs of one kind (a scenario may say "1,024 VMs of this kind")."""
+    return [VmTrace(f"{trace.name}{i}", trace.steps, trace.start_ns, trace.share)
+            for i in range(count)]
+
+
+def traces_for_run(rows: Iterable[Mapping], costs: CostProfile, mediated: bool
+                   ) -> list[VmTrace]:
+    return [trace_from_row(r, costs, mediated) for r in rows]

@@ -1,0 +1,128 @@
+"""The model of the whole system: traces from counts, contention for the mediator, the
+engine and host cores; the cost model's PV zeroing and bounce copies; the emulator fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuvm.calibrate import emulator
+from gpuvm.device import regs
+from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.execute import with_bounce_bytes
+from gpuvm.sim.replay import (CPU, ENGINE, MEDIATOR, Step, VmTrace, phase_steps, replay,
+                              replicate, trace_from_row)
+
+XEN = load_costs("xen-2014")
+FV_INIT = {"exits.mmio.bar3.write": 40000, "exits.mmio.bar0.write": 5000,
+           "shadow.syncs": 13, "shadow.bar_syncs": 13, "shadow.ptes_scanned": 400000,
+           "pfifo.doorbells": 2, "engine.busy_ns": 10000}
+
+
+def test_phase_steps_add_up_to_the_modelled_time():
+    steps = phase_steps("Init", FV_INIT, XEN, mediated=True)
+    assert sum(s.ns for s in steps) == pytest.approx(XEN.modelled_ns(FV_INIT, True), abs=3)
+    assert sum(s.ns for s in steps if s.resource == MEDIATOR) == \
+        pytest.approx(XEN.mediator_ns(FV_INIT, True), abs=2)
+    assert sum(s.ns for s in steps if s.resource == ENGINE) == 10000
+    assert {s.resource for s in steps} == {CPU, MEDIATOR, ENGINE}
+
+
+def test_one_vm_alone_takes_its_own_time_and_replay_is_deterministic():
+    row = {"vm": "a", "phase_counters": {"Init": FV_INIT}, "start_s": 0.0, "share": 1.0}
+    trace = trace_from_row(row, XEN, mediated=True)
+    alone = replay([trace], cores=8)
+    assert alone.makespan_ns == trace.alone_ns
+    assert replay(replicate(trace, 4), cores=8) == replay(replicate(trace, 4), cores=8)
+
+
+def test_mediator_work_serialises_and_private_work_does_not():
+    private = VmTrace("p", (Step(CPU, 1000, "Init"),))
+    locked = VmTrace("m", (Step(MEDIATOR, 1000, "Init"),))
+    assert replay(replicate(private, 8), cores=8).makespan_ns == 1000
+    assert replay(replicate(locked, 8), cores=8).makespan_ns == 8000
+    assert replay(replicate(private, 8), cores=2).makespan_ns == 4000  # cores bound it
+    engine = VmTrace("e", (Step(ENGINE, 1000, "Launch"),))
+    assert replay(replicate(engine, 4), cores=8).makespan_ns == 4000  # one engine
+
+
+def test_fv_degrades_with_vms_and_pv_does_not_on_the_paper_profile():
+    fv = trace_from_row({"vm": "fv", "phase_counters": {"Init": FV_INIT}}, XEN, True)
+    pv_counts = {"exits.mmio.bar0.write": 40, "hcall.calls": 56, "hcall.entries": 2400,
+                 "hcall.set_pgd": 3, "pv.pts_allocated": 3, "pfifo.doorbells": 2,
+                 "engine.busy_ns": 10000}
+    pv = trace_from_row({"vm": "pv", "phase_counters": {"Init": pv_counts}}, XEN, True)
+    slow = {t.name: replay(replicate(t, 8), cores=8).makespan_ns / t.alone_ns for t in (fv, pv)}
+    assert slow["fv"] > 1.5 and slow["pv"] < 1.3
+
+
+def test_pv_pays_for_zeroing_whole_tables_and_pageable_copies_for_their_bounce():
+    pv = {"hcall.set_pgd": 1, "pv.pts_allocated": 2}
+    words = regs.PDE_COUNT + 2 * regs.SMALL_PTES_PER_PT
+    assert XEN.modelled_ns(pv, True) == pytest.approx(
+        2 * XEN.pt_alloc_ns + words * XEN.pt_zero_word_ns)
+    pageable = with_bounce_bytes("HtoD", {"copy.bytes": 1 << 20}, {"pinned": "0"})
+    pinned = with_bounce_bytes("HtoD", {"copy.bytes": 1 << 20}, {"pinned": "1"})
+    assert pageable["copy.bounce_bytes"] == 1 << 20 and "copy.bounce_bytes" not in pinned
+    assert XEN.modelled_ns(pageable, False) - XEN.modelled_ns(pinned, False) == \
+        pytest.approx((1 << 20) * XEN.bounce_byte_ns)
+    assert "copy.bounce_bytes" not in with_bounce_bytes("Init", {"copy.bytes": 8},
+                                                        {"pinned": "0"})
+
+
+def test_the_emulator_fit_recovers_known_costs():
+    rng = np.random.default_rng(3)
+    truth = {"trap_ns": 30000.0, "io_exit_ns": 50000.0, "pte_scanned_ns": 20.0,
+             "mmio_native_ns": 25000.0}
+    rows = []
+    for i in range(12):
+        for mode in ("fv", "native"):
+            counts = {"exits.mmio.bar0.write": int(rng.integers(100, 5000)),
+                      "exits.io": int(rng.integers(1, 40)),
+                      "shadow.ptes_scanned": int(rng.integers(0, 400000)) if mode == "fv" else 0}
+            mediated = mode == "fv"
+            wall = (counts["exits.mmio.bar0.write"]
+                    * truth["trap_ns" if mediated else "mmio_native_ns"]
+                    + counts["exits.io"] * truth["io_exit_ns"]
+                    + counts["shadow.ptes_scanned"] * truth["pte_scanned_ns"])
+            rows.append({"scenario": f"s{i}", "mode": mode, "rep": 0, "vm": "vm",
+                         "passed": True, "start_s": 0.0, "phase_counters": {"Init": counts},
+                         "wall_ns": {"Init": int(wall)}})
+    fit = emulator.fit_event_costs(rows)
+    for key, value in truth.items():
+        assert fit[key] == pytest.approx(value, rel=1e-3), key
+    assert fit["hypercall_ns"] == 0.0  # nothing exercised it
+
+
+def test_traces_are_recorded_once_and_replayed_at_any_scale(tmp_path):
+    from gpuvm.sim.traces import TraceKey, load_trace
+
+    key = TraceKey("idle", (), "pv")
+    first = load_trace(key, cache=tmp_path)
+    path = tmp_path / key.file_name
+    stamp = path.stat().st_mtime_ns
+    again = load_trace(key, cache=tmp_path)
+    assert again == first and path.stat().st_mtime_ns == stamp  # from the cache
+    assert first["key"]["driver"] == "pv" and first["phase_counters"]["Init"]["hcall.calls"] > 0
+    trace = trace_from_row({"vm": "idle", **first}, XEN, mediated=True)
+    many = replay(replicate(trace, 64), cores=8)
+    assert len(many.finish_ns) == 64 and many.makespan_ns >= trace.alone_ns
+
+
+def test_a_sweep_on_a_local_dask_cluster_gives_the_serial_rows(tmp_path):
+    from gpuvm.experiment.config import parse
+    from gpuvm.sim.sweep import points_for, run_sweep
+    from gpuvm.sim.traces import TraceKey, load_trace
+
+    exp = parse('[experiment]\nname = "s"\nmodes = ["pv", "pv-naive"]\n'
+                'policies = ["fifo", "band"]\n[[scenario]]\nname = "idle"\n'
+                '[[scenario.vm]]\nname = "vm"\nbenchmark = "idle"\n', "s.toml")
+    traces = {TraceKey("idle", (), m).file_name: load_trace(TraceKey("idle", (), m),
+                                                            cache=tmp_path)
+              for m in exp.modes}
+    points = points_for(exp, (1, 3, 16), ("xen-2014",), cores=2)
+    serial = run_sweep(exp, points, traces)
+    assert len(serial) == 2 * 2 * 3
+    assert run_sweep(exp, points, traces, dask="local") == serial
+    slowdowns = {(r["mode"], r["vms"]): r["makespan_ns"] / r["alone_ns"] for r in serial}
+    assert slowdowns[("pv", 16)] > slowdowns[("pv", 1)] == 1.0
