@@ -11,7 +11,7 @@ from gpuvm.device import regs
 from gpuvm.device.channel import Channel, ChannelExecutor
 from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault, fault_flags
 from gpuvm.device.mmio_bus import RegisterBlock
-from gpuvm.device.mmu import FAULT_NAMES, DmaFault, VmFault
+from gpuvm.device.mmu import CONTEXT, FAULT_NAMES, DmaFault, VmFault
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
@@ -113,7 +113,8 @@ class Pfifo(RegisterBlock):
         self.runlist_intr |= regs.PFIFO_RUNLIST_EVENT_DONE
         self.gpu.signal()
         try:
-            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE)
+            self.gpu.mmu.actor = ("pfifo",)
+            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE, CONTEXT)
         except DmaFault:
             self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
@@ -129,17 +130,43 @@ class Pfifo(RegisterBlock):
 
     def _kick(self, value: int) -> None:
         # Work in this model is never preempted mid-method, so the kick completes at once.
+        # A kick preempts the channel: its context is saved and, when it next runs, loaded
+        # again from its instance block -- so a driver that rewrote or moved what RAMIN
+        # points at (its page directory, USERD) knows the device no longer uses the old.
         self.kick = value & 0xFFFF
         self.gpu.counts.inc("pfifo.kicks")
+        if self.kick < regs.NUM_CHANNELS:
+            self.channels[self.kick].ctx = None
+
+    def _preempt(self, inst: int) -> None:
+        """A channel taken off its instance while an engine works for it: the engine's
+        work is abandoned (its context scrubbed) and the engine is free from now on, as a
+        preempting unbind does on hardware -- otherwise a killed kernel would keep the
+        engine busy until its modelled end."""
+        now = self.gpu.clock.now_ns()
+        for engine in (self.gpu.engines.graph, self.gpu.engines.copy0, self.gpu.engines.copy1):
+            if engine.current_inst == inst and engine.busy_until > now:
+                engine.busy_ns -= engine.busy_until - now
+                engine.busy_until = now
+                engine.current_inst = None
+                self.gpu.counts.inc("pfifo.preempted")
 
     def _clear_fault_mask(self, value: int) -> None:
         self.fault_mask &= ~value
 
     def _set_table(self, ch: Channel, value: int) -> None:
         old = ch.table
+        old_inst = ch.inst if ch.valid else None
         ch.table = value
         if value != old:
+            if old_inst is not None and (ch.on_resume is not None or ch.busy_since is not None):
+                self._preempt(old_inst)
+            since = ch.busy_since
             ch.reset()
+            if since is not None:  # whoever waits for this channel to go idle: it has
+                now = self.gpu.clock.now_ns()
+                for listener in self.idle_listeners:
+                    listener(ch.chid, now - since)
             if ch.valid:
                 ch.poll = True
         self.gpu.kick_engines()

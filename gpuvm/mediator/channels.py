@@ -29,6 +29,7 @@ class VChannel:
     guest_inst: int | None = None  # bound: the guest RAMIN address
     guest_pd: int | None = None
     put: int = 0  # the guest's last GP_PUT
+    killed: str | None = None  # why the watchdog killed it (until the guest rebinds it)
 
     @property
     def bound(self) -> bool:
@@ -65,6 +66,8 @@ class Channels:
 
     def error_read(self, vchid: int) -> int:
         ch = self.by_vchid.get(vchid)
+        if ch is not None and ch.killed is not None:
+            return regs.PFIFO_CHAN_ERROR_FAULTED_EXT | regs.CHAN_ERR_TIMEOUT_EXT
         if ch is None or not ch.bound:
             return 0
         return self.vgpu.med.gpu.mmio_read(regs.BAR0, regs.PFIFO_CHAN_ERROR_EXT +
@@ -77,6 +80,7 @@ class Channels:
             v.count("trap.refused.channel_id", 1)
             return
         ch.table = value
+        ch.killed = None
         self._unbind(ch)
         if not value & regs.PFIFO_CHAN_VALID:
             v.shadowing.refresh_remap()
@@ -108,6 +112,8 @@ class Channels:
         v.count("shadow.channel_builds", 1)
 
     def _unbind(self, ch: VChannel) -> None:
+        """Take the channel off the device first (the table write preempts it and drops
+        its context), then free what only it used."""
         if not ch.bound:
             return
         v = self.vgpu
@@ -117,6 +123,27 @@ class Channels:
         ch.put = 0
         v.med.gpu.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
         v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
+
+    def kill(self, pchid: int, reason: str) -> None:
+        """The watchdog ends this channel: off the device (its engine work abandoned), its
+        error word says so, and its owner sees a fault with the reason."""
+        v = self.vgpu
+        ch = next((c for c in self.by_vchid.values() if c.pchid == pchid), None)
+        if ch is None:
+            v.med.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
+            return
+        self._unbind(ch)
+        ch.killed = reason
+        v.count("watchdog.kills", 1)
+        v.watchdog_fault(ch.vchid, reason)
+        v.shadowing.refresh_remap()
+
+    def rebuild(self, ch: VChannel) -> None:
+        """Rebuild a bound channel's shadow instance block and make the device use the new
+        one: a kick drops the context it cached from the old (its directory may be about
+        to be freed and its memory reused)."""
+        self._build_shadow(ch)
+        self.vgpu.med.kick(ch.pchid)
 
     def state_write(self, vchid: int, value: int) -> None:
         ch = self._channel(vchid)
@@ -144,7 +171,7 @@ class Channels:
         page = guest_addr & ~0xFFF
         for ch in self.by_vchid.values():
             if ch.guest_inst == page:
-                self._build_shadow(ch)
+                self.rebuild(ch)
                 self.vgpu.count("shadow.ramin_reflects", 1)
 
     # ------------------------------------------------------------------ runlist
@@ -191,6 +218,9 @@ class Channels:
         return None
 
     def userd_read(self, ch: VChannel | None, reg: int, size: int) -> int:
+        if reg + size > regs.USERD_STRIDE or size not in (1, 2, 4, 8):
+            self.vgpu.count("trap.refused.userd", 1)  # past the end of this channel's page
+            return (1 << (8 * size)) - 1
         if ch is None or not ch.bound:
             return 0
         if reg == regs.USERD_GP_PUT:
