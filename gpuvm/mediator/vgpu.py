@@ -348,6 +348,14 @@ class VGpu:
     def tlb_flush(self, trigger: int) -> None:
         self.shadowing.guest_flush(self.vregs["flush_pd"], trigger)
 
+    def pgraph_busy(self) -> int:
+        """PGRAPH_STATUS as this VM may see it: busy only while working for its channels."""
+        gpu = self.med.gpu
+        engine = gpu.engines.graph
+        inst = engine.current_inst
+        mine = any(ch.bound and ch.shadow_inst == inst for ch in self.channels.by_vchid.values())
+        return int(mine and engine.busy(gpu.clock.now_ns()))
+
     def pcopy_channel(self, engine: Engine) -> int:
         inst = engine.current_inst
         for ch in self.channels.by_vchid.values():
