@@ -246,5 +246,7 @@ class Gpu:
                     for listener in self.event_listeners:
                         listener()
                 timeout = None if wake is None else self.clock.wall_seconds_until(wake)
-                if timeout is None or timeout > 0:
+                if self.pfifo.cut_short:
+                    self._work.wait(0.0002)  # let whoever waits for the lock have it
+                elif timeout is None or timeout > 0:
                     self._work.wait(timeout)

@@ -3,6 +3,7 @@ service of runnable channels that the device's engine thread performs."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -15,6 +16,9 @@ from gpuvm.device.mmu import CONTEXT, FAULT_NAMES, DmaFault, VmFault
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
+
+SERVICE_SLICE_S = 0.005  # wall time one service call may hold the device lock
+ACQUIRE_POLL_WALL_S = 0.0002  # an unsatisfied acquire is polled at most this often
 
 UNIT_NAMES = {regs.FAULT_UNIT_PGRAPH: "PGRAPH", regs.FAULT_UNIT_BAR1: "BAR1",
               regs.FAULT_UNIT_BAR3: "BAR3", regs.FAULT_UNIT_PFIFO: "PFIFO",
@@ -41,6 +45,7 @@ class Pfifo(RegisterBlock):
         self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
         self.faults: list[ChannelFault] = []
+        self.cut_short = False  # the last service call stopped at its time slice
         # Called (under the device lock) with a chid when that channel runs out of work.
         self.idle_listeners: list[Callable[[int, int], None]] = []
         for ch in self.channels:
@@ -232,7 +237,14 @@ class Pfifo(RegisterBlock):
         if not self.ctrl & regs.PFIFO_CTRL_ENABLE:
             return None
         progress = True
+        started = time.perf_counter()
+        self.cut_short = False
         while progress:
+            if time.perf_counter() - started > SERVICE_SLICE_S:
+                # Long pushbuffers can keep channels busy for a long time: give the lock
+                # back (doorbells, the hypervisor, a watchdog) and come straight back.
+                self.cut_short = True
+                return now
             progress = False
             pass_now = now  # what this pass decided by: a channel it skipped as busy is
             for chid in self.runlist:  # woken for at its resume time, even one now past
@@ -257,5 +269,8 @@ class Pfifo(RegisterBlock):
                 wake = ch.resume_at if wake is None else min(wake, ch.resume_at)
             elif ch.runnable and ch.acquire is not None:
                 # an acquire is re-checked when anything is released; poll slowly meanwhile
-                wake = now + 1_000_000 if wake is None else min(wake, now + 1_000_000)
+                # (every device ms, and never more often than every 0.2 ms of wall time:
+                # with a fast clock the poll would otherwise spin on the device lock)
+                step = max(1_000_000, int(ACQUIRE_POLL_WALL_S * 1e9 * self.gpu.clock.time_scale))
+                wake = now + step if wake is None else min(wake, now + step)
         return wake

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
+from shadow.vram_pool import PoolExhausted
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -43,6 +44,10 @@ class Channels:
         self.runlist: list[int] = []
         self.userd_poll = 0  # the guest's PFIFO_USERD_POLL
         self.kick = 0
+        # Every channel's shadow instance block and USERD page are taken now, so a guest
+        # that fills its shadow reserve with page tables can still program its channels.
+        for vchid in range(vgpu.part.channels):
+            self._channel(vchid)
 
     def _channel(self, vchid: int) -> VChannel | None:
         ch = self.by_vchid.get(vchid)
@@ -51,8 +56,13 @@ class Channels:
             if pchid is None:
                 return None
             pool = self.vgpu.part.shadow_pool
-            ch = self.by_vchid[vchid] = VChannel(vchid, pchid, pool.alloc(regs.RAMIN_SIZE),
-                                                 pool.alloc(regs.USERD_STRIDE))
+            inst = pool.alloc(regs.RAMIN_SIZE)
+            try:
+                userd = pool.alloc(regs.USERD_STRIDE)
+            except PoolExhausted:
+                pool.free(inst)
+                raise
+            ch = self.by_vchid[vchid] = VChannel(vchid, pchid, inst, userd)
         return ch
 
     # ------------------------------------------------------------------ channel table
@@ -75,7 +85,11 @@ class Channels:
 
     def table_write(self, vchid: int, value: int) -> None:
         v = self.vgpu
-        ch = self._channel(vchid)
+        try:
+            ch = self._channel(vchid)
+        except PoolExhausted:
+            v.count("trap.refused.nomem", 1)
+            return
         if ch is None:
             v.count("trap.refused.channel_id", 1)
             return
@@ -91,7 +105,10 @@ class Channels:
             if target != regs.TARGET_VRAM:
                 raise ChannelRefused("instance block not in VRAM")
             ch.guest_inst = inst
-            self._build_shadow(ch)
+            try:
+                self._build_shadow(ch)
+            except PoolExhausted:
+                raise ChannelRefused("the shadow reserve is full") from None
         except ChannelRefused:
             ch.guest_inst = None
             v.count("trap.refused.channel_instance", 1)
@@ -105,8 +122,8 @@ class Channels:
         v = self.vgpu
         vram = v.med.gpu.vram
         guest = read_guest_ramin(vram, v.policy, ch.guest_inst)
-        ch.guest_pd = guest.pd
-        shadow_pd = v.shadowing.space_pd(guest.pd)
+        shadow_pd = v.shadowing.space_pd(guest.pd)  # may find the reserve full: then
+        ch.guest_pd = guest.pd  # nothing changed (the old directory stays in use)
         v.shadowing.ensure_fresh(guest.pd)  # channel programming is a first use
         write_shadow_ramin(vram, guest, ch.shadow_inst, shadow_pd, ch.shadow_userd, v.policy)
         v.count("shadow.channel_builds", 1)
@@ -142,7 +159,12 @@ class Channels:
         """Rebuild a bound channel's shadow instance block and make the device use the new
         one: a kick drops the context it cached from the old (its directory may be about
         to be freed and its memory reused)."""
-        self._build_shadow(ch)
+        try:
+            self._build_shadow(ch)
+        except PoolExhausted:  # no room for the new directory's shadow: off the device
+            self.vgpu.count("trap.refused.nomem", 1)
+            self._unbind(ch)
+            return
         self.vgpu.med.kick(ch.pchid)
 
     def state_write(self, vchid: int, value: int) -> None:
