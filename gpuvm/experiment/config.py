@@ -227,6 +227,9 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         scheduler=sched, source=source,
     )
     exp.done()
+    if result["kind"] == "isolation" and result["backend"] == "inproc":
+        raise ConfigError(f"{source}: experiment.backend: an isolation experiment needs "
+                          f"kvm (in-process guests are not confined from one another)")
     if not raw_scenarios:
         raise ConfigError(f"{source}: scenario: needs at least one [[scenario]]")
     scenarios = []

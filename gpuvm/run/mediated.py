@@ -18,6 +18,7 @@ from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
 from gpuvm.mediator.mediator import HYP_GLOBAL, Mediator
 from gpuvm.mediator.modes import MODES as MODE_TABLE
 from gpuvm.mediator.partition import PartitionError, PartitionSpec
+from gpuvm.mediator.submission import WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from scheduler import FifoPolicy, SchedulerConfig
@@ -83,8 +84,14 @@ class MediatedMachine:
                 raise RunError(f"{spec.name}: mode {mode.name} runs the "
                                f"{'PV' if mode.pv else 'unmodified'} driver")
             requested_vgpu(spec, self.types)
+        try:
+            watchdog = WatchdogLimits(
+                None if options.watchdog_s is None else int(options.watchdog_s * 1e9),
+                None if options.watchdog_vm_s is None else int(options.watchdog_vm_s * 1e9))
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
         self.gpu.start()
-        self.med = Mediator(self.gpu, policy)
+        self.med = Mediator(self.gpu, policy, watchdog)
         self.vgpus: dict[str, VGpu] = {}
 
     def attach(self, spec: VmSpec) -> VGpu:

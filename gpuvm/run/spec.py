@@ -75,6 +75,13 @@ class RunOptions:
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
+    # The watchdog (mediated modes): device seconds one submission may hold the GPU, and
+    # one VM in all (None: no limit).  Past it the channel is killed and the VM charged.
+    watchdog_s: float | None = 5.0
+    watchdog_vm_s: float | None = None
+    # Tenants must be confined from one another: refuses the in-process backend for more
+    # than one VM (its guests are native code inside the VMM process, with no isolation).
+    confined: bool = False
 
 
 # ------------------------------------------------------------------------------ machines
