@@ -228,3 +228,46 @@ def test_monitor_sees_an_escape():
         gpu.mmu.actor = None
         m.close()
         gpu.release_memory()
+
+
+def test_removed_vm_leaves_nothing_running(med):
+    """A VM removed while its kernel holds the GPU: its submission ends, the engine is
+    free, and the next VM's work runs at once."""
+    hog, other = Vm(med, "hog"), Vm(med, "other")
+    hog.drv.vram_write(hog.rig.code, kernel_object(regs.KERNEL_LOOP))
+    kernel_then_copy(hog, hog.rig.va(3), hog.rig.va(3) + 0x1000, hog.rig.va(2), hog.rig.va(0),
+                     hog.rig.sys_va(0))
+    assert wait_for(lambda: engine_busy_for(med, hog))
+    med.remove_vm(hog.vgpu)
+    assert med.submissions.dispatcher.running is None
+    assert not med.gpu.engines.graph.busy(med.gpu.clock.now_ns())
+    other.drv.vram_wr32(other.rig.a, PATTERN)
+    assert other.copy(other.rig.va(0), other.rig.sys_va(0), 4)
+    assert other.ram.read_u32(other.rig.sys_base) == PATTERN
+
+
+def test_watchdog_kills_a_hung_channel_and_hands_the_gpu_on():
+    gpu = Gpu(time_scale=1000, vram_size=3 * 1024 * regs.MiB).start()
+    m = Mediator(gpu, watchdog=WatchdogLimits(submission_ns=2_000_000_000, wall_floor_s=0.2))
+    try:
+        hung, good = Vm(m, "hung"), Vm(m, "good")
+        hung.drv.vram_write(hung.rig.code, kernel_object(regs.KERNEL_LOOP))
+        kernel_then_copy(hung, hung.rig.va(3), hung.rig.va(3) + 0x1000, hung.rig.va(2),
+                         hung.rig.va(0), hung.rig.sys_va(0))
+        assert wait_for(lambda: engine_busy_for(m, hung))
+        good.drv.vram_wr32(good.rig.a, PATTERN)
+        assert good.copy(good.rig.va(0), good.rig.sys_va(0), 4)  # queued behind, then runs
+        assert good.ram.read_u32(good.rig.sys_base) == PATTERN
+        assert hung.attached.wait_event(lambda: len(hung.vgpu.faults()) > 0, 10)
+        fault = hung.vgpu.faults()[-1]
+        assert fault.reason.startswith("watchdog: submission held the GPU")
+        assert hung.vgpu.counters()["watchdog.kills"] == 1 and m.counts["watchdog.kills"] == 1
+        assert hung.drv.rd(regs.PFIFO_CHAN_ERROR_EXT) == \
+            regs.PFIFO_CHAN_ERROR_FAULTED_EXT | regs.CHAN_ERR_TIMEOUT_EXT
+        assert m.submissions.dispatcher.running is None or \
+            m.submissions.dispatcher.running.vm is not hung.vgpu
+        assert not gpu.engines.graph.busy(gpu.clock.now_ns())
+        assert good.vgpu.faults() == []
+    finally:
+        m.close()
+        gpu.release_memory()

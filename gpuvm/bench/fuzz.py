@@ -302,7 +302,7 @@ def run_ops(world: World, ops, result: FuzzResult, history: list[Op] | None = No
             result.escapes.append(f"{e} (after {history[-30:] if history else op!r})")
 
 
-def fuzz(operations: int, seed: int = 0, world_ops: int = 20_000) -> FuzzResult:
+def fuzz(operations: int, seed: int = 0, world_ops: int = 1000) -> FuzzResult:
     """`operations` random operations, a fresh world every `world_ops`."""
     rng = random.Random(seed)
     result = FuzzResult()
@@ -324,8 +324,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--operations", type=int, default=1_000_000,
                         help="guest operations to run (default 1,000,000)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--world-ops", type=int, default=20_000,
-                        help="operations per fresh GPU + two VMs (default 20,000)")
+    parser.add_argument("--world-ops", type=int, default=1000,
+                        help="operations per fresh GPU + two VMs (default 1,000)")
 
 
 def main_fuzz(args: argparse.Namespace) -> int:
