@@ -24,7 +24,7 @@ import numpy as np
 
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
-from gpuvm.device.host_driver import HostDriver, method, pte
+from gpuvm.device.host_driver import HostChannel, HostDriver, method, pte
 from gpuvm.device.kernels import kernel_object
 from gpuvm.mediator import monitor
 from gpuvm.mediator.bar0_traps import PASSTHROUGH
@@ -78,8 +78,7 @@ class Tenant:
     ram: GuestRam
     drv: HostDriver
     hot: list[int]  # guest VRAM pages worth corrupting: tables, RAMIN, USERD, GPFIFO
-    inst: int
-    pd: int
+    channel: HostChannel
     keys: list[int] = field(default_factory=list)  # PV keys
 
     @property
@@ -106,9 +105,7 @@ def _tenant(med: Mediator, name: str, mode: str) -> Tenant:
     drv.submit_runlist([0])
     hot = [space.pd, *space.pts.values(), ch.inst, ch.userd, ch.ring, drv.bar1_inst,
            drv.bar1_space.pd, *drv.bar1_space.pts.values(), data]
-    t = Tenant(vgpu, ram, drv, hot, ch.inst, space.pd)
-    t.channel = ch  # type: ignore[attr-defined]
-    return t
+    return Tenant(vgpu, ram, drv, hot, ch)
 
 
 class World:
@@ -116,7 +113,7 @@ class World:
 
     MODES = ("fv-opt", "pv")
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self) -> None:
         monitor.enable()
         self.gpu = Gpu(time_scale=1e6, vram_size=VRAM).start()
         self.med = Mediator(self.gpu)
@@ -178,7 +175,7 @@ class World:
             v.write(regs.BAR0, regs.PFFB_FLUSH_TRIGGER, 4,
                     regs.PFFB_TRIGGER_BAR_VM if op.c & 2 else trig)
         elif kind == "bind":
-            inst = t.inst if op.b % 3 else self._address(t, op.b) & ~0xFFF
+            inst = t.channel.inst if op.b % 3 else self._address(t, op.b) & ~0xFFF
             v.write(regs.BAR0, regs.PFIFO_CHAN_TABLE + (op.a % 6) * regs.PFIFO_CHAN_STRIDE, 4,
                     regs.PFIFO_CHAN_VALID | (inst >> 12) |
                     ((op.c % 4) << regs.PFIFO_CHAN_TARGET_SHIFT if op.c % 5 == 0 else 0))
@@ -205,9 +202,9 @@ class World:
         elif kind == "hypercall":
             self._hypercall(t, op)
         elif kind == "revive":  # the driver rebinds its channel and resubmits its runlist
-            ch = t.channel  # type: ignore[attr-defined]
+            ch = t.channel
             drv.wr(regs.PFIFO_CHAN_TABLE, 0)
-            drv.wr(regs.PFIFO_CHAN_TABLE, regs.PFIFO_CHAN_VALID | (t.inst >> 12))
+            drv.wr(regs.PFIFO_CHAN_TABLE, regs.PFIFO_CHAN_VALID | (ch.inst >> 12))
             drv.wr(regs.PFIFO_CHAN_STATE, regs.PFIFO_CHAN_STATE_CREATE)
             ch.put = 0
             if op.a & 1:
@@ -222,7 +219,7 @@ class World:
             raise ValueError(f"unknown operation {kind!r}")
 
     def _submit(self, t: Tenant, op: Op) -> None:
-        ch = t.channel  # type: ignore[attr-defined]
+        ch = t.channel
         which = (0, 0, 0, 1, 2, 3)[op.a % 6]
         src = VA_DATA + (op.b % 0x10000) if op.b & 1 else VA_SYS + (op.b % 0x10000)
         dst = VA_SYS + (op.c % 0x10000) if op.c % 4 else (op.c << 12) & 0xFFFFFFFFFF
@@ -253,7 +250,6 @@ class World:
         n = (op.c % 40) if hc_op in (abi.HC_MAP_BATCH, abi.HC_UNMAP_BATCH) else 0
         if op.c % 97 == 0:
             n = abi.HC_MAX_ENTRIES + 1
-        hdr = np.zeros(abi.HCALL_HEADER_BYTES // 8, dtype=np.uint64)
         view = t.ram.array[HCALL_GPA:HCALL_GPA + abi.HCALL_HEADER_BYTES + 16 * min(n, 64)]
         hc = abi.HcallHeader.from_buffer(view)
         hc.op, hc.count, hc.args[0] = hc_op, n, key
@@ -262,7 +258,7 @@ class World:
             entries[2 * i] = ((op.c * (i + 1) * 0x1003) << 12) & ((1 << 40) - 1) \
                 if i % 3 else (op.c * (i + 1)) << regs.PDE_SPAN_SHIFT & ((1 << 40) - 1)
             entries[2 * i + 1] = self._value(t, op.c + i)
-        del hc, hdr
+        del hc
         if hc_op == abi.HC_SET_PGD and key not in t.keys:
             t.keys.append(key)
         port_gpa = HCALL_GPA if op.c % 13 else RAM + 0x1000  # sometimes a record it lacks
@@ -309,7 +305,7 @@ def fuzz(operations: int, seed: int = 0, world_ops: int = 1000) -> FuzzResult:
     t0 = time.perf_counter()
     history: list[Op] = []
     while result.operations < operations:
-        world = World(seed)
+        world = World()
         try:
             n = min(world_ops, operations - result.operations)
             run_ops(world, (random_op(rng) for _ in range(n)), result, history)

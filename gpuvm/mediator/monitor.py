@@ -135,7 +135,7 @@ class ReferenceMonitor:
             return None if self._vm_data(v, target, lo, hi) else f"outside {v.name}'s memory"
         if actor[0] == "pfifo":
             return None if self._hyp(target, lo, hi) else "runlist outside hypervisor VRAM"
-        return f"unknown actor"
+        return "unknown actor"
 
     def __call__(self, actor: Hashable, kind: str, target: int, lo: int, hi: int,
                  write: bool) -> None:
