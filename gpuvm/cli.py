@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                              "for pinned sysram (--pt-footprint)"),
     "domain": ("gpuvm.libvirt.domain_cli", "VMs as libvirt domains with a vGPU hostdev"),
     "nodedev": ("gpuvm.libvirt.nodedev_cli", "the GPU and its vGPUs as libvirt node devices"),
+    "serve": ("gpuvm.serve", "serve every defined vGPU over vfio-user (a daemon)"),
+    "vm": ("gpuvm.vm_command", "a VM in its own process on a served vGPU (vm start)"),
 }
 
 

@@ -1,4 +1,5 @@
-"""Fair-share scheduling of non-preemptive GPU command submission (FIFO, CREDIT, BAND).
+"""Scheduling of non-preemptive GPU command submission: fair share (FIFO, CREDIT, BAND)
+and exclusive time quanta (QUANTUM, for oversubscribed memory).
 
 Clock-agnostic: policies and the Dispatcher take `now` (integer ns) on every call, so
 the emulator's mediator drives them from the device clock and the simpy model from
@@ -15,9 +16,11 @@ from scheduler.meter import SlidingWindowMeter
 from scheduler.metrics import VmMetrics
 from scheduler.params import SchedulerParams
 from scheduler.policy import Policy, PolicyCounters
+from scheduler.quantum import QuantumPolicy
 
 __all__ = [
     "BandPolicy", "CreditPolicy", "Decision", "Dispatch", "Dispatcher", "FifoPolicy",
-    "IDLE", "Idle", "POLICIES", "Policy", "PolicyCounters", "Running", "SchedulerConfig",
+    "IDLE", "Idle", "POLICIES", "Policy", "PolicyCounters", "QuantumPolicy", "Running",
+    "SchedulerConfig",
     "SchedulerParams", "SlidingWindowMeter", "VmId", "VmMetrics", "Wait", "make_policy",
 ]

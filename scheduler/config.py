@@ -15,9 +15,11 @@ from scheduler.band import BandPolicy
 from scheduler.credit import CreditPolicy
 from scheduler.fifo import FifoPolicy
 from scheduler.params import SchedulerParams
+from scheduler.quantum import QuantumPolicy
 from scheduler.policy import Policy
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FifoPolicy, CreditPolicy, BandPolicy)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FifoPolicy, CreditPolicy, BandPolicy,
+                                                           QuantumPolicy)}
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,15 @@ _UNITS: dict[str, int] = {"_ns": 1, "_us": US, "_ms": MS, "_s": 1_000_000_000}
 
 @dataclass(frozen=True)
 class SchedulerParams:
-    """Tunables shared by the credit-based policies (FIFO ignores them)."""
+    """Tunables of the policies (FIFO ignores them; QUANTUM uses only quantum_*)."""
 
     period_ns: int = 30 * MS
     credit_bound_ns: int | None = None  # None: same as period_ns
     band_wait_ns: int = 500 * US
     util_window_ns: int = 1000 * MS
     util_sample_ns: int = 0  # 0: measured afresh at every decision
+    quantum_ns: int = 30_000 * MS  # QUANTUM: exclusive use per turn (nvshare's 30 s)
+    quantum_idle_ns: int = 500 * US  # QUANTUM: idle this long with others waiting: let go
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,7 +55,8 @@ class SchedulerParams:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{f.name}: must be an integer number of ns, got {value!r}")
-            minimum = 0 if f.name in ("band_wait_ns", "util_sample_ns") else 1
+            minimum = 0 if f.name in ("band_wait_ns", "util_sample_ns", "quantum_idle_ns") \
+                else 1
             if value < minimum:
                 raise ValueError(f"{f.name}: must be >= {minimum}, got {value}")
 

@@ -112,4 +112,4 @@ def test_cli_bad_config_is_one_line(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"gpuvm: error: {bad}: experiment.kind: must be one of benchmarks, isolation"]
+        f"gpuvm: error: {bad}: experiment.kind: must be one of benchmarks, isolation, hostmem"]

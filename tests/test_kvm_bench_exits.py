@@ -37,3 +37,15 @@ def test_cli_helpers_print_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["iterations"] == 100 and list(out["targets"]) == ["RegisterFile"]
     assert out["remap_exits"] == 0
+
+
+def test_exit_bench_over_vfio_user_counts_every_store_and_compares() -> None:
+    """Served from another process, every trapped store still reaches the device (the
+    exit count), and the row carries its ratio to the same target in-process."""
+    r = exits.run_exit_bench(iterations=300, repeats=1, remap_iterations=5000,
+                             target="vgpu", transport="vfio-user")
+    served = r["targets"]["VGpu (fv)" + exits.OVER_SOCKET]
+    assert served["exits"] == 300 and r["targets"]["VGpu (fv)"]["exits"] == 300
+    assert served["over_inproc"] == pytest.approx(
+        served["dispatch_us"] / r["targets"]["VGpu (fv)"]["dispatch_us"])
+    assert served["over_raw"] > 1.0

@@ -21,17 +21,20 @@ class Engine:
         self.sub: Submissions | None = None
         self.t0 = time.monotonic_ns()
 
-    def now(self) -> int:
+    def now_ns(self) -> int:
         return time.monotonic_ns() - self.t0
 
     def ring(self, pchid: int, put: int) -> None:
         self.rung.append((pchid, put))
         threading.Timer(self.busy_s, lambda: self.sub.on_idle(pchid, 0)).start()
 
+    def runnable(self, pchid: int) -> bool:
+        return True
+
 
 def make(policy, busy_s: float = 0.002) -> tuple[Submissions, Engine]:
     engine = Engine(busy_s)
-    sub = Submissions(engine.now, policy, engine.ring, lambda pchid: True)
+    sub = Submissions(engine, policy)
     engine.sub = sub
     return sub, engine
 
@@ -114,26 +117,26 @@ def test_watchdog_cuts_off_a_submission_that_never_ends():
     and the next VM's submission runs; a per-VM total limit kills on its own too."""
     from gpuvm.mediator.submission import WatchdogLimits
 
+    class Hanging(Engine):
+        def ring(self, pchid: int, put: int) -> None:
+            if pchid == 7:  # never completes
+                self.rung.append((pchid, put))
+            else:
+                super().ring(pchid, put)
+
     for limits, why in ((WatchdogLimits(submission_ns=20_000_000, wall_floor_s=0.0),
                          "submission held the GPU"),
                         (WatchdogLimits(submission_ns=None, vm_ns=20_000_000, wall_floor_s=0.0),
                          "VM used")):
-        engine = Engine()
+        engine = Hanging()
         killed: list[tuple[int, str]] = []
-        hang = {7}
-
-        def ring(pchid, put, engine=engine):
-            engine.rung.append((pchid, put))
-            if pchid not in hang:
-                threading.Timer(engine.busy_s, lambda: engine.sub.on_idle(pchid, 0)).start()
-
-        sub = Submissions(engine.now, FifoPolicy(), ring, lambda pchid: True,
+        sub = Submissions(engine, FifoPolicy(),
                           lambda pchid, reason: killed.append((pchid, reason)), limits)
         engine.sub = sub
         a, b = object(), object()
         sub.add_vm(a, 1.0)
         sub.add_vm(b, 1.0)
-        sub.submit(a, 7, 1)  # never completes
+        sub.submit(a, 7, 1)
         sub.submit(b, 8, 1)
         try:
             assert wait_for(lambda: sub.dispatcher.metrics[b].completions == 1)
@@ -145,14 +148,17 @@ def test_watchdog_cuts_off_a_submission_that_never_ends():
 
 
 def test_removing_the_vm_on_the_gpu_frees_it():
-    engine = Engine()
-    sub = Submissions(engine.now, FifoPolicy(), lambda pchid, put: engine.rung.append(pchid),
-                      lambda pchid: True)
+    class Silent(Engine):
+        def ring(self, pchid: int, put: int) -> None:
+            self.rung.append(pchid)  # never reported idle
+
+    engine = Silent()
+    sub = Submissions(engine, FifoPolicy())
     engine.sub = sub
     a, b = object(), object()
     sub.add_vm(a, 1.0)
     sub.add_vm(b, 1.0)
-    sub.submit(a, 0, 1)  # rung, never reported idle
+    sub.submit(a, 0, 1)
     assert wait_for(lambda: engine.rung == [0])
     sub.remove_vm(a, {0})
     assert sub.dispatcher.running is None

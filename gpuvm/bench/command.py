@@ -1,4 +1,4 @@
-"""`gpuvm bench {device,exits,shadow,vms,fuzz}`: each prints ratios measured side by side in one run.
+"""`gpuvm bench {device,exits,shadow,vms,isolation,fuzz}`: each prints ratios measured side by side in one run.
 
 Each bench module defines its own options (`add_arguments`) and entry point.
 """
@@ -16,6 +16,8 @@ BENCHES = {
     "shadow": ("gpuvm.bench.shadow", "main_shadow", "shadow page-table resync: full vs "
                                                     "incremental"),
     "vms": ("gpuvm.bench.vms", "main_vms", "several VMs at once, a GPU each, vs one alone"),
+    "isolation": ("gpuvm.bench.isolation", "main_isolation", "VMs as threads vs as VMM "
+                                                             "processes over vfio-user"),
     "fuzz": ("gpuvm.bench.fuzz", "main_fuzz", "hostile guest operations against two vGPUs, "
                                               "the reference monitor on"),
 }

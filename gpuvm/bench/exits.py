@@ -14,6 +14,11 @@ The guest brackets the loops with phase marks (HtoD = raw, Launch = dispatch,
 DtoH = remap), so the session's per-phase wall time and exit counts delimit them; the
 counts double as a check (N BAR0 write exits while dispatching, none while remapped).
 Host noise is 20-40 %, so each figure is the minimum over several VM runs.
+
+With ``--transport vfio-user`` each dispatch target is also measured served from another
+process over a vfio-user socket (gpuvm/vfio/user/): every trapped store becomes a
+REGION_WRITE message and its reply, the path a VM in its own VMM process takes.  Those
+rows are given as ratios both to the raw exit and to the same target in-process.
 """
 
 from __future__ import annotations
@@ -33,13 +38,9 @@ from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm.vcpu import ExitLoop
-from gpuvm.device.faults import ChannelFault
 from gpuvm.run.spec import GpuDevice
-from gpuvm.vfio import abi as vfio
-from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, RegionInfo, absent_region,
-                               bar_region_info)
-from gpuvm.vfio.pci_config import PciConfig
 from gpuvm.vfio.passthrough import PassthroughGpu
+from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vmm.vfio_attach import attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
@@ -51,74 +52,6 @@ PHASE_RAW, PHASE_DISPATCH, PHASE_REMAP = "HtoD", "Launch", "DtoH"
 DEFAULT_ITERATIONS = 10_000
 DEFAULT_REPEATS = 3
 REMAP_FACTOR = 1000  # remapped stores are ~1e5x cheaper: run more so one exit is noise
-
-
-class RegisterFile:
-    """A dict-backed register file behind the VFIO interface: the floor of the dispatch
-    path (a store and a count) with no device model behind it."""
-
-    def __init__(self) -> None:
-        self.registers: dict[tuple[int, int], int] = {}
-        self.writes = 0
-        self.reads = 0
-        self.config = PciConfig(regs.PCI_DEVICE_QUADRO_6000,
-                                {bar: (size, False) for bar, size in BAR_SIZES.items()})
-        self.irqs = IrqTriggers({vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
-
-    def get_info(self) -> DeviceInfo:
-        return DeviceInfo(vfio.VFIO_DEVICE_FLAGS_PCI, vfio.VFIO_PCI_NUM_REGIONS,
-                          vfio.VFIO_PCI_NUM_IRQS)
-
-    def get_region_info(self, index: int) -> RegionInfo:
-        if index in BAR_SIZES:
-            return bar_region_info(index, BAR_SIZES[index])
-        if index == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            return RegionInfo(index, regs.PCI_CONFIG_SIZE, vfio.VFIO_REGION_INFO_FLAG_READ |
-                              vfio.VFIO_REGION_INFO_FLAG_WRITE)
-        return absent_region(index)
-
-    def read(self, region: int, offset: int, size: int) -> int:
-        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            return self.config.read(offset, size)
-        self.reads += 1
-        return self.registers.get((region, offset), 0)
-
-    def write(self, region: int, offset: int, size: int, value: int) -> None:
-        if region == vfio.VFIO_PCI_CONFIG_REGION_INDEX:
-            self.config.write(offset, size, value)
-            return
-        self.writes += 1
-        self.registers[(region, offset)] = value
-
-    def set_mapping_listener(self, listener) -> None:
-        pass
-
-    def dma_map(self, iova, memory, flags) -> None:
-        pass
-
-    def dma_unmap(self, iova, size) -> None:
-        pass
-
-    def get_irq_info(self, index: int) -> IrqInfo:
-        return self.irqs.info(index)
-
-    def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:
-        self.irqs.set(index, start, eventfds)
-
-    def reset(self) -> None:
-        self.registers.clear()
-
-    def close(self) -> None:
-        self.irqs.clear()
-
-    def faults(self) -> list[ChannelFault]:
-        return []
-
-    def counters(self) -> dict[str, int]:
-        return {"regs.reads": self.reads, "regs.writes": self.writes}
-
-    def device_time_ns(self) -> int:
-        return 0
 
 
 TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
@@ -134,7 +67,7 @@ def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
     if kind not in TARGETS:
         raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
     if kind == "registers":
-        return RegisterFile(), "RegisterFile", lambda: None
+        return RegisterFileDevice(BAR_SIZES), "RegisterFile", lambda: None
     from gpuvm.device.gpu import Gpu
     gpu = Gpu(vram_size=1 * regs.GiB)
     if kind == "gpu":
@@ -172,21 +105,61 @@ class RawThenDispatchLoop(ExitLoop):
         ioctl, fd, KVM_RUN = fcntl.ioctl, self.vm.vcpu_fd, api.KVM_RUN
         EXIT_MMIO = api.KVM_EXIT_MMIO
         u32 = self._u32
+        reason_at = api.RUN_EXIT_REASON // 4
         while True:
             ioctl(fd, KVM_RUN)
-            if u32[2] == EXIT_MMIO:
+            if u32[reason_at] == EXIT_MMIO:
                 continue
-            if u32[2] != api.KVM_EXIT_IO or not self._u8[32]:
-                return self._unexpected(u32[2])
-            port, value = self._u16[17], u32[self._u64[5] >> 2]
+            if u32[reason_at] != api.KVM_EXIT_IO or not self._u8[api.RUN_IO_DIRECTION]:
+                return self._unexpected(u32[reason_at])
+            port = self._u16[api.RUN_IO_PORT // 2]
+            value = u32[self._u64[api.RUN_IO_DATA_OFFSET // 8] >> 2]
             if self.session.port_out(port, value):
                 return None
             if port == abi.PORT_PHASE and abi.PHASE_NAMES[value] == PHASE_DISPATCH:
                 return True
 
 
+TRANSPORTS = ("inproc", "vfio-user")
+OVER_SOCKET = " over vfio-user"
+
+
+def serve_target(kind: str, fd: int) -> None:
+    """Serve one bench target on the connected socket `fd` until the client hangs up
+    (run in a process of its own by `_served_target`)."""
+    import socket
+
+    from gpuvm.vfio.user.server import DeviceServer
+    device, _, release = bench_target(kind)
+    try:
+        DeviceServer(socket.socket(fileno=fd), device, device, None, kind).serve()
+    finally:
+        release()
+
+
+def _served_target(kind: str):
+    """(client device, name, release) for `kind` served by a child process."""
+    import socket
+    import subprocess
+    import sys
+
+    from gpuvm.vfio.user.client import VfioUserDevice
+    ours, theirs = socket.socketpair()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "from gpuvm.bench.exits import serve_target; "
+                              f"serve_target({kind!r}, {theirs.fileno()})"],
+                             pass_fds=[theirs.fileno()])
+    theirs.close()
+    device = VfioUserDevice(ours, f"bench {kind}")
+
+    def release() -> None:
+        device.close()
+        child.wait(30)
+    return device, release
+
+
 def _one_run(image: Path, iterations: int, remap_iterations: int,
-             kind: str) -> dict[str, float | int | str]:
+             kind: str, transport: str = "inproc") -> dict[str, float | int | str]:
     from gpuvm.vmm.kvm.runner import KvmRunner
 
     class BenchRunner(KvmRunner):
@@ -195,7 +168,12 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
     ram = GuestRam(RAM_SIZE)
     page = mmap.mmap(-1, mmap.PAGESIZE)  # stands in for a page of VRAM
     host = ctypes.c_uint32.from_buffer(page)
-    device, name, release = bench_target(kind)
+    if transport == "vfio-user":
+        device, release = _served_target(kind)
+        name = _target_name(kind) + OVER_SOCKET
+        device.share(ram.host_address, ram.size, ram.fd)
+    else:
+        device, name, release = bench_target(kind)
     attached = None
     try:
         attached = attach(device, device, ram, "bench-exits")
@@ -232,9 +210,13 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
         page.close()
 
 
+def _target_name(kind: str) -> str:
+    return {"registers": "RegisterFile", "gpu": "Gpu", "vgpu": "VGpu (fv)"}[kind]
+
+
 def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_REPEATS,
                    remap_iterations: int | None = None,
-                   target: str = "all") -> dict:
+                   target: str = "all", transport: str = "inproc") -> dict:
     """Measure raw / dispatched / remapped cost per BAR store (µs, min over `repeats` VM
     runs per target).  target "all" measures the device and the mediated vGPU in one run.
 
@@ -245,9 +227,12 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
         raise ValueError("iterations and repeats must be at least 1")
     remap_iterations = remap_iterations or iterations * REMAP_FACTOR
     image = build_flat(GUEST)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     kinds = ["gpu", "vgpu"] if target in ("all", "auto") else [target]
-    runs = [_one_run(image, iterations, remap_iterations, kind)
-            for _ in range(repeats) for kind in kinds]
+    transports = ["inproc"] if transport == "inproc" else ["inproc", transport]
+    runs = [_one_run(image, iterations, remap_iterations, kind, way)
+            for _ in range(repeats) for kind in kinds for way in transports]
     raw = min(r["raw_us"] for r in runs)
     remap = min(r["remap_us"] for r in runs)
     targets = {}
@@ -257,6 +242,10 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
         targets[name] = {"dispatch_us": dispatch,
                          "over_raw": dispatch / min(r["raw_us"] for r in mine),
                          "exits": int(min(r["dispatch_exits"] for r in mine))}
+    for name, t in targets.items():  # a served target against the same one in-process
+        if name.endswith(OVER_SOCKET):
+            t["over_inproc"] = t["dispatch_us"] / \
+                targets[name.removesuffix(OVER_SOCKET)]["dispatch_us"]
     return {"iterations": iterations, "remap_iterations": remap_iterations,
             "repeats": repeats, "raw_us": raw, "remap_us": remap, "remap_over_raw": remap / raw,
             "remap_exits": int(max(r["remap_exits"] for r in runs)), "targets": targets}
@@ -275,14 +264,20 @@ def print_exit_bench(r: dict) -> None:
     table.add_column("µs / access", justify="right")
     table.add_column("× raw", justify="right")
     table.add_column("exits counted", justify="right")
+    socket_rows = any("over_inproc" in t for t in r["targets"].values())
+    if socket_rows:
+        table.add_column("× in-process", justify="right")
     table.add_row("raw (re-enter only)", f"{r['iterations']:,}", f"{r['raw_us']:.3f}", "1.00",
-                  "not counted")
+                  "not counted", *([""] if socket_rows else []))
     for name, t in r["targets"].items():
         label = "mediated trap, " + name if name.startswith("VGpu") else "dispatch to " + name
+        extra = [f"{t['over_inproc']:.2f}" if "over_inproc" in t else "1.00"] \
+            if socket_rows else []
         table.add_row(label, f"{r['iterations']:,}", f"{t['dispatch_us']:.3f}",
-                      f"{t['over_raw']:.2f}", f"{t['exits']:,}")
+                      f"{t['over_raw']:.2f}", f"{t['exits']:,}", *extra)
     table.add_row("remap (memslot)", f"{r['remap_iterations']:,}", f"{r['remap_us']:.5f}",
-                  f"{r['remap_over_raw']:.6f}", f"{r['remap_exits']:,}")
+                  f"{r['remap_over_raw']:.6f}", f"{r['remap_exits']:,}",
+                  *([""] if socket_rows else []))
     Console().print(table)
 
 
@@ -294,6 +289,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=TARGETS, default="all",
                         help="dispatch target: all (the device and a mediated vGPU, side by "
                              "side), gpu, vgpu, or a dict-backed register file")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="inproc",
+                        help="vfio-user: also serve each target from another process over "
+                             "a vfio-user socket, as a ratio to raw and to in-process")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -307,7 +305,8 @@ def main_exits(args: argparse.Namespace) -> int:
         raise UserError(f"bench exits needs KVM: {why}")
     if args.iterations < 1 or args.repeats < 1:
         raise UserError("--iterations and --repeats must be at least 1")
-    result = run_exit_bench(args.iterations, args.repeats, target=args.target)
+    result = run_exit_bench(args.iterations, args.repeats, target=args.target,
+                            transport=args.transport)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

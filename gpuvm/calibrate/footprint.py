@@ -85,6 +85,27 @@ def footprint_table(nbytes: int, vm_counts: list[int]) -> list[Footprint]:
     return rows
 
 
+def vm_pt_footprint(pinned_bytes: int, processes: int = 1, vms: int = 1,
+                    shared: bool = False) -> dict[str, dict[str, int]]:
+    """VRAM of the GPU page tables that map `pinned_bytes` of a guest's pinned sysram,
+    in 4 KiB and in 128 KiB pages, when `vms` x `processes` address spaces map the same
+    memory each in their own tables (or, `shared`, through one owner's tables).
+
+    The range is rounded up to whole 128 KiB pages so both page sizes map the same bytes;
+    0 bytes map nothing.  Per page size: ptes, pdes, pts, pt_bytes (whole tables as
+    allocated) and entry_bytes ((PTEs + PDEs) x 8); `gpuvm smi` and experiment rows use it."""
+    out: dict[str, dict[str, int]] = {}
+    nbytes = -(-max(0, pinned_bytes) // regs.LARGE_PAGE) * regs.LARGE_PAGE
+    for page in PAGE_SIZES:
+        if nbytes == 0:
+            out[page] = {"ptes": 0, "pdes": 0, "pts": 0, "pt_bytes": 0, "entry_bytes": 0}
+            continue
+        f = footprint(nbytes, page, spaces=vms * processes, shared=shared)
+        out[page] = {"ptes": f.ptes, "pdes": f.pdes, "pts": f.pts, "pt_bytes": f.pt_bytes,
+                     "entry_bytes": f.entry_bytes}
+    return out
+
+
 # ------------------------------------------------------------------ cross-check
 @dataclass(frozen=True)
 class Built:

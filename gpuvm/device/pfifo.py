@@ -185,13 +185,7 @@ class Pfifo(RegisterBlock):
     # ------------------------------------------------------------------ doorbells
     def userd_channel(self, bar1_offset: int) -> tuple[int, int] | None:
         """(chid, register) if a BAR1 offset falls in the USERD poll area."""
-        if not self.userd_poll & regs.PFIFO_USERD_POLL_ENABLE:
-            return None
-        base = (self.userd_poll & regs.PFIFO_USERD_POLL_ADDR_MASK) << 12
-        rel = bar1_offset - base
-        if 0 <= rel < regs.NUM_CHANNELS * regs.USERD_STRIDE:
-            return rel // regs.USERD_STRIDE, rel % regs.USERD_STRIDE
-        return None
+        return regs.userd_poll_slot(self.userd_poll, bar1_offset, regs.NUM_CHANNELS)
 
     def doorbell(self, chid: int) -> None:
         ch = self.channels[chid]

@@ -1,14 +1,17 @@
-"""VRAM: one anonymous shared mapping viewed as numpy.
+"""VRAM: one shared mapping of a memfd, viewed as numpy.
 
 A shared mapping (not a numpy allocation) so that a slice of VRAM can also be a KVM
-memslot -- BAR remap maps guest pages straight onto it.  Pages are only backed when
-touched, so a 6 GiB card costs what the guests actually use.
+memslot -- BAR remap maps guest pages straight onto it.  It is a memfd rather than an
+anonymous mapping so that another process (a VMM attached over vfio-user) can map the
+same pages from the file descriptor: BAR remap keeps working across processes.  Pages are
+only backed when touched, so a 6 GiB card costs what the guests actually use.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 
 import numpy as np
 
@@ -22,7 +25,9 @@ class Vram:
         if size <= 0 or size % regs.SMALL_PAGE:
             raise ValueError(f"VRAM size {size:#x} is not a positive multiple of 4 KiB")
         self.size = size
-        self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+        self.fd = os.memfd_create("gpuvm-vram", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | _MAP_NORESERVE,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.u8 = np.frombuffer(self._map, dtype=np.uint8)
         self.u32 = self.u8.view(np.uint32)
@@ -76,6 +81,9 @@ class Vram:
 
     def close(self) -> None:
         self.u8 = self.u32 = self.u64 = self.pages = np.empty(0, dtype=np.uint8)
+        if self.fd >= 0:
+            os.close(self.fd)  # the mapping (and any other process's) keeps the pages
+            self.fd = -1
         try:
             self._map.close()
         except BufferError:

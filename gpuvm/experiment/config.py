@@ -7,13 +7,15 @@ the field, before anything runs.
 
     [experiment]
     name = "modes"            # results go to results/<name>/ unless `output` says otherwise
-    kind = "benchmarks"       # or "isolation": which report to write
+    kind = "benchmarks"       # or "isolation", "hostmem": which report to write
     modes = ["native", "fv", "fv-opt", "pv"]
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
+    isolated = false          # each VM in its own VMM process over vfio-user (same rows)
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
+    hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
 
     [scheduler]               # parameters shared by every policy (scheduler.SchedulerParams)
     period_ms = 30
@@ -28,6 +30,9 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
+    ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
+                              # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
+                              # hot_threshold (experiments/hostmem.toml uses them)
 
     [[scenario]]              # VMs may also be libvirt domain files (gpuvm.libvirt):
     name = "from-domains"     # each gets its vGPU type's partition and weight
@@ -48,7 +53,7 @@ from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation")
+KINDS = ("benchmarks", "isolation", "hostmem")
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
 
@@ -67,6 +72,16 @@ class VmConfig:
     ram_mib: int = abi.GUEST_RAM_DEFAULT // regs.MiB
     partition: dict[str, int] = field(default_factory=dict)  # PartitionSpec fields, bytes
     inject: str | None = None
+    # host memory (issue 16; gpuvm/run/spec.py VmSpec says what each does)
+    ram_backing: str = "anon"
+    hostmem_report: bool = False
+    pin_chunks: bool = False
+    pin_chunk_kib: int = 4096
+    nohugepage_pinned: bool = False
+    # smart pinning: "scenario/vm" whose history (same mode, policy, rep) picks this VM's
+    # hot mask (params[3]): the allocations transferred more than hot_threshold times
+    pin_hot_from: str = ""
+    hot_threshold: int = 1
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class Experiment:
     modes: tuple[str, ...] = ("fv-opt",)
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
+    isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
     repetitions: int = 1
     time_scale: float = 1.0
     timeout_s: float = 600.0
@@ -91,6 +107,8 @@ class Experiment:
     description: str = ""
     output: Path = Path("results")
     source: str = ""
+    # host-memory cost profiles the hostmem report prices each row with (costs.py)
+    hostmem_profiles: tuple[str, ...] = ("gpu-h100",)
 
 
 class _Table:
@@ -165,10 +183,23 @@ def _vm(t: _Table) -> list[VmConfig]:
         if value is not None:
             partition[field_name] = value if key == "channels" else value * regs.MiB
     part_table.done()
+    hostmem = dict(
+        ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
+                          if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
+        hostmem_report=t.get("hostmem_report", bool, False),
+        pin_chunks=t.get("pin_chunks", bool, False),
+        pin_chunk_kib=t.get("pin_chunk_kib", int, 4096, check=lambda k: None
+                            if k >= 4 and not k & (k - 1) else "must be a power of two >= 4"),
+        nohugepage_pinned=t.get("nohugepage_pinned", bool, False),
+        pin_hot_from=t.get("pin_hot_from", str, "", check=lambda f: None if f.count("/") == 1
+                           else "must be \"scenario/vm\""),
+        hot_threshold=t.get("hot_threshold", int, 1, check=lambda h: None if h >= 0
+                            else "must be >= 0"),
+    )
     t.done()
     names = [name] if count == 1 else [f"{name}{i}" for i in range(count)]
-    return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject)
-            for n in names]
+    return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject,
+                     **hostmem) for n in names]
 
 
 def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
@@ -218,18 +249,32 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                check=_names(sorted(POLICIES), "policy"))),
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
+        isolated=exp.get("isolated", bool, False),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
         cost_profile=exp.get("cost_profile", str, "xen-2014"),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),
+        hostmem_profiles=tuple(exp.get("hostmem_profiles", list, ["gpu-h100"],
+                                       check=lambda ps: None if ps and all(
+                                           isinstance(p, str) for p in ps)
+                                       else "must be a non-empty list of profile names")),
         scheduler=sched, source=source,
     )
     exp.done()
-    if result["kind"] == "isolation" and result["backend"] == "inproc":
+    if result["kind"] == "isolation" and result["backend"] == "inproc" \
+            and not result["isolated"]:
         raise ConfigError(f"{source}: experiment.backend: an isolation experiment needs "
                           f"kvm (in-process guests are not confined from one another)")
+    if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
+        from gpuvm.experiment.costs import load_hostmem_costs
+
+        for profile in result["hostmem_profiles"]:
+            try:
+                load_hostmem_costs(profile)
+            except ValueError as exc:
+                raise ConfigError(f"{source}: experiment.hostmem_profiles: {exc}") from None
     if not raw_scenarios:
         raise ConfigError(f"{source}: scenario: needs at least one [[scenario]]")
     scenarios = []
@@ -251,6 +296,14 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         scenarios.append(Scenario(sname, tuple(vms)))
     if len({s.name for s in scenarios}) != len(scenarios):
         raise ConfigError(f"{source}: scenario: names repeat")
+    for i, scenario in enumerate(scenarios):
+        earlier = {f"{s.name}/{v.name}": v for s in scenarios[:i] for v in s.vms}
+        for vm in scenario.vms:
+            src = earlier.get(vm.pin_hot_from)
+            if vm.pin_hot_from and (src is None or not src.hostmem_report):
+                raise ConfigError(f"{source}: scenario[{i}] VM {vm.name}: pin_hot_from "
+                                  f"{vm.pin_hot_from!r} is not a reporting VM of an earlier "
+                                  "scenario")
     return Experiment(scenarios=tuple(scenarios), **result)
 
 

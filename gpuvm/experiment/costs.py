@@ -64,3 +64,105 @@ def load_costs(name_or_path: str) -> CostProfile:
         raise ValueError(f"cost profile {path}: "
                          + (f"missing {missing[0]!r}" if missing else f"unknown {extra[0]!r}"))
     return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
+
+
+# ------------------------------------------------------------------ host memory (issue 16)
+@dataclass(frozen=True)
+class HostMemCosts:
+    """Prices of the host-memory events a guest reports (gpuvm/vmm/hostmem.py counters).
+
+    Every value but the split cost is a median measured by `gpuvm calibrate --gpu`
+    (experiments/costs/gpu-*.toml): copy bandwidths at the largest size measured, and
+    cudaHostRegister/Unregister per chunk of a memfd in 4 KiB pages or on shmem THP.
+    `thp_split_us` (per 2 MiB huge page a pin cuts) is 0 unless a profile says otherwise:
+    on the H100 measured, pinning never split a huge page (smaps showed the memfd still
+    huge-page mapped after pinning) and pageable D2H was not slower on THP memory.  The
+    only non-zero value comes from the field report (experiments/costs/hostmem-field-split.toml
+    says how it is derived) -- not from our measurement."""
+
+    name: str
+    h2d_pinned_gib_s: float
+    d2h_pinned_gib_s: float
+    h2d_pageable_gib_s: float
+    d2h_pageable_gib_s: float
+    chunk_bytes: int
+    pin_chunk_4k_us: float
+    unpin_chunk_4k_us: float
+    pin_chunk_thp_us: float
+    unpin_chunk_thp_us: float
+    thp_split_us: float = 0.0
+
+    def breakdown_ns(self, counters: dict[str, int]) -> dict[str, float]:
+        """Modelled ns per kind of event: DMA of pinned and chunk-pinned bytes at the
+        pinned bandwidth, staged (bounce-buffer) bytes at the pageable bandwidth, pins and
+        unpins per chunk-sized piece by backing, and huge-page splits."""
+        def c(key: str) -> int:
+            return counters.get(f"hostmem.{key}", 0)
+
+        def at(nbytes: int, gib_s: float) -> float:
+            return nbytes / (gib_s * (1 << 30)) * 1e9
+
+        per_byte = 1e3 / self.chunk_bytes  # us per chunk -> ns per byte
+        return {
+            "pinned_dma": at(c("xfer.htod.pinned.bytes") + c("xfer.htod.chunks.bytes"),
+                             self.h2d_pinned_gib_s)
+            + at(c("xfer.dtoh.pinned.bytes") + c("xfer.dtoh.chunks.bytes"), self.d2h_pinned_gib_s),
+            "staged": at(c("xfer.htod.staged.bytes"), self.h2d_pageable_gib_s)
+            + at(c("xfer.dtoh.staged.bytes"), self.d2h_pageable_gib_s),
+            "pin": (c("pin_bytes_4k") * self.pin_chunk_4k_us
+                    + c("pin_bytes_thp") * self.pin_chunk_thp_us) * per_byte,
+            "unpin": (c("unpin_bytes_4k") * self.unpin_chunk_4k_us
+                      + c("unpin_bytes_thp") * self.unpin_chunk_thp_us) * per_byte,
+            "split": c("huge_splits") * self.thp_split_us * 1e3,
+        }
+
+    def modelled_ns(self, counters: dict[str, int]) -> float:
+        return sum(self.breakdown_ns(counters).values())
+
+
+def hostmem_costs_from_gpu_profile(name: str, costs: dict[str, float], chunk_bytes: int,
+                                   thp_split_us: float = 0.0) -> HostMemCosts:
+    """The prices from a measured profile's [costs] table (gpuvm/calibrate/profile.py)."""
+    try:
+        return HostMemCosts(
+            name, costs["h2d_pinned_gib_s"], costs["d2h_pinned_gib_s"],
+            costs["h2d_pageable_gib_s"], costs["d2h_pageable_gib_s"], chunk_bytes,
+            costs["pin_chunk_memfd_4k_us"], costs["unpin_chunk_memfd_4k_us"],
+            costs["pin_chunk_memfd_thp_us"], costs["unpin_chunk_memfd_thp_us"], thp_split_us)
+    except KeyError as exc:
+        raise ValueError(f"host-memory profile {name!r}: the measured profile has no "
+                         f"{exc.args[0]!r}") from None
+
+
+def load_hostmem_costs(name_or_path: str) -> HostMemCosts:
+    """A measured GPU profile (gpu-*.toml: [costs] + [device]) or a file with a [hostmem]
+    table naming its `base` measured profile and the values it overrides."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = COSTS_DIR / f"{name_or_path}.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"host-memory profile {name_or_path!r} not found ({path})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"host-memory profile {path}: not valid TOML ({exc})") from None
+    if "hostmem" in data:
+        table = dict(data["hostmem"])
+        base = table.pop("base", None)
+        if not isinstance(base, str):
+            raise ValueError(f"host-memory profile {path}: [hostmem] needs base = "
+                             "\"<measured profile>\"")
+        costs = load_hostmem_costs(base)
+        names = {f.name for f in fields(HostMemCosts)} - {"name"}
+        extra = sorted(set(table) - names)
+        if extra:
+            raise ValueError(f"host-memory profile {path}: unknown {extra[0]!r}")
+        values = {f.name: getattr(costs, f.name) for f in fields(HostMemCosts)}
+        values.update({k: type(values[k])(v) for k, v in table.items()})
+        values["name"] = path.stem
+        return HostMemCosts(**values)
+    if "costs" not in data or "device" not in data:
+        raise ValueError(f"host-memory profile {path}: needs [costs] and [device] (a "
+                         "measured profile) or a [hostmem] table")
+    return hostmem_costs_from_gpu_profile(path.stem, data["costs"],
+                                          int(data["device"]["chunk_bytes"]))

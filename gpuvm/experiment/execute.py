@@ -7,14 +7,17 @@ makes only the runs that have no rows yet (rundir.py keeps the directory's state
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Collection
 
 from gpuvm.experiment.config import Experiment, Scenario
-from gpuvm.experiment.costs import CostProfile, load_costs
-from gpuvm.experiment.rundir import RunDir, RunKey, plan
+from gpuvm.calibrate.footprint import vm_pt_footprint
+from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
+from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
 from gpuvm.device.profile import load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.modes import MODES
@@ -22,6 +25,7 @@ from gpuvm.run.mediated import gpu_types
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.run import VmResult, run_vms
 from gpuvm.device import regs
+from gpuvm.vmm.hostmem import hot_mask
 
 
 @dataclass
@@ -48,6 +52,9 @@ class VmRow:
     record: dict[str, str]
     sched: dict[str, int | float] = field(default_factory=dict)
     busy: list[tuple[int, int]] = field(default_factory=list)  # device-time engine intervals
+    # host memory (issue 16): the VMM's summary of the guest's reports, the modelled ns
+    # per host-memory profile and the GPU page-table footprint of its peak pinned memory
+    hostmem: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_wall_ns(self) -> int:
@@ -61,17 +68,62 @@ class VmRow:
 DEFAULT_TYPE = mdev_types.default_type_id(gpu_types(load_profile()))
 
 
-def specs_for(scenario: Scenario) -> list[VmSpec]:
+def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> list[VmSpec]:
     """The scenario's VMs; one that names no partition gets the GPU's default vGPU type
-    (so native VMs see that type's GPU and ×native compares like with like)."""
-    return [VmSpec(vm.name, vm.benchmark, list(vm.params), vm.inject, share=vm.share,
-                   start_delay=vm.start_s, partition=dict(vm.partition),
-                   mdev_type=None if vm.partition else DEFAULT_TYPE,
-                   ram_size=vm.ram_mib * regs.MiB) for vm in scenario.vms]
+    (so native VMs see that type's GPU and ×native compares like with like).  A VM in
+    `hot_masks` gets that mask as params[3] (smart pinning's use run)."""
+    specs = []
+    for vm in scenario.vms:
+        params = list(vm.params)
+        if hot_masks and vm.name in hot_masks:
+            params += [0] * (4 - len(params))
+            params[3] = hot_masks[vm.name]
+        specs.append(VmSpec(vm.name, vm.benchmark, params, vm.inject, share=vm.share,
+                            start_delay=vm.start_s, partition=dict(vm.partition),
+                            mdev_type=None if vm.partition else DEFAULT_TYPE,
+                            ram_size=vm.ram_mib * regs.MiB, ram_backing=vm.ram_backing,
+                            hostmem_report=vm.hostmem_report, pin_chunks=vm.pin_chunks,
+                            pin_chunk_bytes=vm.pin_chunk_kib * 1024,
+                            nohugepage_pinned=vm.nohugepage_pinned))
+    return specs
+
+
+def hot_masks_for(scenario: Scenario, key: RunKey, rows: list[dict[str, Any]]
+                  ) -> dict[str, int]:
+    """Smart pinning: each VM with pin_hot_from gets the hot mask of that VM's history in
+    the same mode, policy and repetition (allocations transferred > hot_threshold times)."""
+    masks = {}
+    for vm in scenario.vms:
+        if not vm.pin_hot_from:
+            continue
+        src_scenario, src_vm = vm.pin_hot_from.split("/")
+        found = [r for r in rows if r.get("scenario") == src_scenario and r.get("vm") == src_vm
+                 and r.get("mode") == key.mode and r.get("policy") == key.policy
+                 and r.get("rep") == key.rep and r.get("hostmem")]
+        if not found:
+            raise RunError(f"{vm.name}: pin_hot_from {vm.pin_hot_from!r}: no history of that "
+                           f"VM in this run (it must be an earlier scenario that reports)")
+        transfers = {int(k): v for k, v in
+                     found[-1]["hostmem"].get("transfers_per_alloc", {}).items()}
+        masks[vm.name] = hot_mask(transfers, vm.hot_threshold)
+    return masks
+
+
+def hostmem_of(result: VmResult, profiles: list[HostMemCosts], counters: dict[str, int]
+               ) -> dict[str, Any]:
+    """The row's host-memory part: empty when the guest reported nothing."""
+    tracker = result.session.hostmem
+    if not tracker.events:
+        return {}
+    out = tracker.summary()
+    out["modelled_ns"] = {p.name: p.breakdown_ns(counters) for p in profiles}
+    out["pt_footprint"] = vm_pt_footprint(tracker.pinned_peak_bytes)
+    return out
 
 
 def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: int,
-             results: list[VmResult], costs: CostProfile) -> list[VmRow]:
+             results: list[VmResult], costs: CostProfile,
+             hostmem_costs: list[HostMemCosts] = ()) -> list[VmRow]:
     total_share = sum(vm.share for vm in scenario.vms)
     mediated = MODES[mode].mediated
     rows = []
@@ -96,7 +148,8 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
             r.outcome.backend, r.passed, r.error(), vm.share / total_share, vm.start_s,
             {p.name: p.wall_ns for p in phases}, {p.name: p.device_ns for p in phases},
             {p.name: costs.modelled_ns(p.counters, mediated) for p in phases},
-            totals, {p.name: dict(p.counters) for p in phases}, dict(r.record), sched, busy))
+            totals, {p.name: dict(p.counters) for p in phases}, dict(r.record), sched, busy,
+            hostmem_of(r, list(hostmem_costs), totals)))
     return rows
 
 
@@ -123,6 +176,8 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
     in the middle of them.  A KeyboardInterrupt leaves runs.jsonl holding whole runs only.
     """
     costs = load_costs(exp.cost_profile)
+    hostmem_costs = [load_hostmem_costs(p) for p in exp.hostmem_profiles]
+    earlier = run.read_rows().rows if skip else []  # histories of runs already recorded
     scenarios = {s.name: s for s in exp.scenarios}
     keys = plan(exp)
     rows: list[VmRow] = []
@@ -133,17 +188,20 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             scenario = scenarios[key.scenario]
             label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
-                                 time_scale=exp.time_scale,
+                                 time_scale=exp.time_scale, isolated=exp.isolated,
                                  scheduler={**exp.scheduler, "policy": key.policy},
                                  confined=exp.kind == "isolation")
             t0 = time.monotonic()
             try:
-                results = run_vms(specs_for(scenario), options)
+                masks = hot_masks_for(scenario, key, earlier + [asdict(r) for r in rows])
+                results = run_vms(specs_for(scenario, masks), options)
             except RunError as exc:
                 new = not_run_rows(exp, scenario, key, str(exc))
                 verdict = f"NOT RUN: {exc}"
             else:
-                new = rows_for(exp, scenario, key.mode, key.policy, key.rep, results, costs)
+                new = rows_for(exp, scenario, key.mode, key.policy, key.rep, results, costs,
+                               hostmem_costs)
+                write_histories(run.path, key, results)
                 verdict = "PASS" if all(r.passed for r in new) else \
                     "FAIL: " + "; ".join(r.error or "failed" for r in new if not r.passed)
             with deferred():
@@ -152,6 +210,18 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
                 rows.extend(new)
             progress(f"{label}: {verdict} ({time.monotonic() - t0:.1f} s)")
     return rows
+
+
+def write_histories(out: Path, key: RunKey, results: list[VmResult]) -> None:
+    """Each reporting VM's transfer history as JSON: history/<scenario>-<mode>-<policy>-
+    <rep>-<vm>.json (the profile a smart-pinning run is planned from)."""
+    for r in results:
+        tracker = r.session.hostmem
+        if tracker.events:
+            path = out / "history" / f"{key.scenario}-{key.mode}-{key.policy}-{key.rep}-" \
+                f"{r.spec.name}.json"
+            path.parent.mkdir(exist_ok=True)
+            write_atomically(path, json.dumps(tracker.history(), indent=1) + "\n")
 
 
 def row_from_dict(d: dict[str, Any]) -> VmRow:

@@ -291,7 +291,12 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     if failed:
         md += ["Failed VMs:", ""] + [f"- {r.scenario}/{r.mode}/{r.policy}/{r.vm}: {r.error}"
                                      for r in failed] + [""]
-    md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows, out)
+    if exp.kind == "hostmem":
+        from gpuvm.experiment.hostmem_report import hostmem_report
+        md += hostmem_report(exp, rows, out)
+    else:
+        md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows,
+                                                                                   out)
     path = out / REPORT
     write_atomically(path, "\n".join(md) + "\n")
     write_atomically(out / REPORT_RECORD, json.dumps(

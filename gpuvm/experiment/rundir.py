@@ -64,8 +64,9 @@ def planned_vm_runs(exp: Experiment) -> int:
 
 def fingerprint(exp: Experiment) -> dict[str, Any]:
     """What decides an experiment's rows.  Left out on purpose: the description and output
-    path (words and places), the cost profile (a report may be re-priced later) and the
-    backend (recorded on its own: `--backend` may override the file)."""
+    path (words and places), the cost profile (a report may be re-priced later), the
+    backend (recorded on its own: `--backend` may override the file) and `isolated`
+    (VMs in processes count exactly what VM threads count)."""
     return {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
             "policies": list(exp.policies), "repetitions": exp.repetitions,
             "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,

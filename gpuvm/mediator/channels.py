@@ -220,9 +220,7 @@ class Channels:
 
     # ------------------------------------------------------------------ USERD / doorbells
     def poll_base(self) -> int | None:
-        if not self.userd_poll & regs.PFIFO_USERD_POLL_ENABLE:
-            return None
-        return (self.userd_poll & regs.PFIFO_USERD_POLL_ADDR_MASK) << 12
+        return regs.userd_poll_base(self.userd_poll)
 
     def poll_offsets(self) -> set[int]:
         base = self.poll_base()
@@ -231,13 +229,10 @@ class Channels:
         return {base + c * regs.USERD_STRIDE for c in range(self.vgpu.part.channels)}
 
     def userd_slot(self, bar1_offset: int) -> tuple[VChannel | None, int] | None:
-        base = self.poll_base()
-        if base is None:
+        slot = regs.userd_poll_slot(self.userd_poll, bar1_offset, self.vgpu.part.channels)
+        if slot is None:
             return None
-        rel = bar1_offset - base
-        if 0 <= rel < self.vgpu.part.channels * regs.USERD_STRIDE:
-            return self.by_vchid.get(rel // regs.USERD_STRIDE), rel % regs.USERD_STRIDE
-        return None
+        return self.by_vchid.get(slot[0]), slot[1]
 
     def userd_read(self, ch: VChannel | None, reg: int, size: int) -> int:
         if reg + size > regs.USERD_STRIDE or size not in (1, 2, 4, 8):

@@ -14,7 +14,7 @@ import numpy as np
 
 from gpuvm.device import regs
 from gpuvm.vfio.device import VfioError
-from gpuvm.vmm import abi
+from gpuvm import pv_abi as abi
 from shadow.pv_space import PvSpace
 from shadow.vram_pool import PoolExhausted
 

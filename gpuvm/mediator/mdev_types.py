@@ -84,6 +84,15 @@ def lookup(types: dict[str, MdevType], type_id: str) -> MdevType:
         raise MdevTypeError(f"no mdev type {type_id!r} (have {', '.join(types)})") from None
 
 
+def fits(table: PartitionTable, partition: PartitionSpec) -> bool:
+    """Whether one more partition of this shape can be placed now (tried on a copy)."""
+    try:
+        copy.deepcopy(table).allocate(partition)
+    except PartitionError:
+        return False
+    return True
+
+
 def available_instances(table: PartitionTable, mdev_type: MdevType) -> int:
     """How many more instances of this type fit now, beside what is already placed
     (placed on a copy of the table, so fragmentation counts as it would)."""

@@ -51,8 +51,7 @@ class Mediator:
             with gpu.lock:
                 gpu.mmu.monitor = self.monitor
         self._bring_up()
-        self.submissions = Submissions(gpu.device_time_ns, policy or FifoPolicy(),
-                                       self._ring, self._runnable, self._kill,
+        self.submissions = Submissions(self, policy or FifoPolicy(), self._kill,
                                        watchdog or WatchdogLimits())
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
@@ -125,10 +124,15 @@ class Mediator:
             else:  # nobody owns it any more: make sure the device holds nothing for it
                 self.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
 
-    def _ring(self, pchid: int, put: int) -> None:
+
+    # ------------------------------------------------------------------ the submission port
+    def now_ns(self) -> int:
+        return self.gpu.device_time_ns()
+
+    def ring(self, pchid: int, put: int) -> None:
         self.gpu.mmio_write(regs.BAR1, pchid * regs.USERD_STRIDE + regs.USERD_GP_PUT, 4, put)
 
-    def _runnable(self, pchid: int) -> bool:
+    def runnable(self, pchid: int) -> bool:
         with self.gpu.lock:
             return pchid in self.gpu.pfifo.runlist and self.gpu.pfifo.channels[pchid].runnable
 

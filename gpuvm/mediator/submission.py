@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from scheduler import Dispatcher
 from scheduler.policy import Policy
@@ -62,14 +62,29 @@ class Doorbell:
     put: int
 
 
+class GpuPort(Protocol):
+    """What the submission path needs of the physical GPU (the mediator provides it)."""
+
+    def now_ns(self) -> int:
+        """The device clock."""
+        ...
+
+    def ring(self, pchid: int, put: int) -> None:
+        """The real GP_PUT write of physical channel pchid."""
+        ...
+
+    def runnable(self, pchid: int) -> bool:
+        """Whether that channel is on the runlist and runnable now."""
+        ...
+
+
 class Submissions:
-    def __init__(self, now: Callable[[], int], policy: Policy,
-                 ring: Callable[[int, int], None], runnable: Callable[[int], bool],
+    def __init__(self, gpu: GpuPort, policy: Policy,
                  kill: Callable[[int, str], None] | None = None,
                  limits: WatchdogLimits | None = None) -> None:
-        self._now = now
-        self._ring = ring
-        self._runnable = runnable
+        self._now = gpu.now_ns
+        self._ring = gpu.ring
+        self._runnable = gpu.runnable
         self._kill = kill
         self.limits = limits or WatchdogLimits()
         self.kills: list[tuple[object, int, str]] = []  # (vm, pchid, reason)

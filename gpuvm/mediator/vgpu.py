@@ -32,6 +32,7 @@ from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.shadowing import Shadowing
 from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
+                               config_region_info, pci_device_info,
                                SparseArea, VfioError, absent_region, bar_region_info)
 from gpuvm.vfio.pci_config import PciConfig
 from shadow.bar_window import NOT_VRAM
@@ -147,8 +148,7 @@ class VGpu:
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:
-        return DeviceInfo(vfio.VFIO_DEVICE_FLAGS_PCI | vfio.VFIO_DEVICE_FLAGS_RESET,
-                          vfio.VFIO_PCI_NUM_REGIONS, vfio.VFIO_PCI_NUM_IRQS)
+        return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
         if index in (regs.BAR1, regs.BAR3):
@@ -162,8 +162,7 @@ class VGpu:
         if index == regs.BAR4 and self.mode.pv:
             return RegionInfo(index, regs.BAR4_SIZE, vfio.VFIO_REGION_INFO_FLAG_WRITE)
         if index == _CONFIG:
-            return RegionInfo(index, regs.PCI_CONFIG_SIZE, vfio.VFIO_REGION_INFO_FLAG_READ |
-                              vfio.VFIO_REGION_INFO_FLAG_WRITE)
+            return config_region_info()
         if 0 <= index < vfio.VFIO_PCI_NUM_REGIONS:
             return absent_region(index)
         raise VfioError(f"{self.name}: no region {index}")

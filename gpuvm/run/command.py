@@ -47,9 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pv-batch", type=int, default=0,
                         help="PV: entries per hypercall (1 = pv-naive, 0 = the maximum)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per VM")
+    parser.add_argument("--isolated", action="store_true",
+                        help="each VM in its own VMM process, its device attached over "
+                             "vfio-user (same counts as in-process)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="device clock speed relative to wall time")
     parser.add_argument("--vram-mib", type=int, help="VRAM of the emulated GPU")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="emulated GPUs in the host (mediated modes): each VM's vGPU "
+                             "goes on the first with an instance of its type left")
     parser.add_argument("--type", dest="mdev_type", type=_names, metavar="TYPE[,TYPE...]",
                         help="the vGPU (mdev) type of each VM, the i-th for VM i (default: "
                              "the GPU's default type; see `gpuvm mdev types`); native VMs "
@@ -139,7 +145,8 @@ def main(args: argparse.Namespace) -> int:
         for mode in modes:
             specs = specs_from_args(args)
             options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
-                                 time_scale=args.time_scale,
+                                 time_scale=args.time_scale, gpus=args.gpus,
+                                 isolated=args.isolated,
                                  vram_size=args.vram_mib * regs.MiB if args.vram_mib else None)
             results = runs[mode] = run_vms(specs, options)
             backend = results[0].outcome.backend

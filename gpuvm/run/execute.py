@@ -26,6 +26,7 @@ from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
+from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
 from scheduler.metrics import VmMetrics
 
@@ -86,10 +87,10 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
         backend = resolve_backend(options.backend)
     except (ValueError, RuntimeError) as exc:
         raise RunError(str(exc)) from None
-    if options.confined and backend == "inproc" and len(specs) > 1:
+    if options.confined and backend == "inproc" and len(specs) > 1 and not options.isolated:
         raise RunError("in-process guests are not confined (native code in the VMM process "
                        "can reach every VM's memory): a multi-tenant isolation run needs "
-                       "the kvm backend")
+                       "the kvm backend (or isolated VMM processes)")
     specs = [guest_for_mode(s, options.mode) for s in specs]
     boot = [(s, s.boot_params(), s.flags()) for s in specs]  # validate before building
     try:
@@ -98,6 +99,9 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
     except BuildError as exc:
         raise RunError(str(exc)) from None
     built = (machine or machine_for(options.mode))(options, specs)
+    if options.isolated:
+        from gpuvm.run.isolated import run_isolated
+        return run_isolated(built, boot, programs, backend, options)
     return _run_on(built, boot, programs, backend, options)
 
 
@@ -121,7 +125,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
         machine.detach(spec)
         raise RunError(f"{spec.name}: {exc}") from None
     session = GuestSession(spec.name, ram, attached,
-                           wait_timeout=min(options.wait_slice, options.timeout))
+                           wait_timeout=min(options.wait_slice, options.timeout),
+                           hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
@@ -146,7 +151,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             due: list[_Running] = []  # attached together, then started together
             while pending and now - t0 >= pending[0][0].start_delay:
                 spec, params, flags = pending.pop(0)
-                ram = GuestRam(spec.ram_size)
+                ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
                 rams.append(ram)
                 attached, runner = _start(machine, spec, params, flags, ram, programs,
                                           backend, options)

@@ -1,4 +1,4 @@
-"""The machine of every mediated mode: one emulated GPU shared by VMs through a mediator.
+"""The machine of every mediated mode: emulated GPUs shared by VMs through mediators.
 
 Each VM gets a vGPU -- an mdev instance of a type the GPU advertises, with its own
 virtualization mode -- when it starts, and gives it back when it stops.  VMs of different
@@ -66,15 +66,22 @@ def requested_vgpu(spec: VmSpec, types: dict[str, MdevType]) -> tuple[PartitionS
 
 
 class MediatedMachine:
+    """One or more emulated GPUs (`options.gpus`), each with its own mediator and
+    scheduler; a VM's vGPU goes on the GPU it names, else on the first GPU where its type
+    still has an instance available (as a management layer places mdevs by the parents'
+    available_instances)."""
+
     def __init__(self, options: RunOptions, specs: list[VmSpec]) -> None:
         self.options = options
+        if options.gpus < 1:
+            raise RunError(f"gpus: a machine needs at least one GPU, got {options.gpus}")
         try:
-            policy = SchedulerConfig.from_dict(options.scheduler).build() \
-                if options.scheduler else FifoPolicy()
+            config = SchedulerConfig.from_dict(options.scheduler) if options.scheduler \
+                else None
         except ValueError as exc:
             raise RunError(f"scheduler: {exc}") from None
-        self.gpu = Gpu(machine_profile(options), time_scale=options.time_scale)
-        self.types = gpu_types(self.gpu.profile)
+        profile = machine_profile(options)
+        self.types = gpu_types(profile)
         for spec in specs:  # every VM's request is checked before anything runs
             mode = MODE_TABLE.get(vm_mode(spec, options))
             if mode is None or not mode.mediated:
@@ -83,6 +90,9 @@ class MediatedMachine:
             if spec.paravirtual != mode.pv:
                 raise RunError(f"{spec.name}: mode {mode.name} runs the "
                                f"{'PV' if mode.pv else 'unmodified'} driver")
+            if spec.gpu is not None and not 0 <= spec.gpu < options.gpus:
+                raise RunError(f"{spec.name}: no GPU {spec.gpu} (the machine has "
+                               f"{options.gpus})")
             requested_vgpu(spec, self.types)
         try:
             watchdog = WatchdogLimits(
@@ -90,37 +100,63 @@ class MediatedMachine:
                 None if options.watchdog_vm_s is None else int(options.watchdog_vm_s * 1e9))
         except ValueError as exc:
             raise RunError(str(exc)) from None
-        self.gpu.start()
-        self.med = Mediator(self.gpu, policy, watchdog)
+        self.gpus = [Gpu(profile, time_scale=options.time_scale).start()
+                     for _ in range(options.gpus)]
+        self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy(), watchdog)
+                          for gpu in self.gpus]
         self.vgpus: dict[str, VGpu] = {}
+        self.placement: dict[str, int] = {}  # VM -> index of the GPU its vGPU is on
+
+    @property
+    def gpu(self) -> Gpu:
+        """GPU 0 (the only one, unless the run asked for more)."""
+        return self.gpus[0]
+
+    @property
+    def med(self) -> Mediator:
+        return self.mediators[0]
+
+    def _place(self, spec: VmSpec, part: PartitionSpec) -> int:
+        if spec.gpu is not None:
+            return spec.gpu
+        for i, med in enumerate(self.mediators):
+            if mdev_types.fits(med.table, part):
+                return i
+        raise RunError(f"{spec.name}: no GPU has room for its vGPU "
+                       f"({part.vram_size >> 20} MiB, {part.channels} channels) "
+                       f"on any of {len(self.gpus)} GPU(s)")
 
     def attach(self, spec: VmSpec) -> VGpu:
         part, share, type_id = requested_vgpu(spec, self.types)
         mode = MODE_TABLE[vm_mode(spec, self.options)]
         uuid = spec.mdev_uuid or str(uuidlib.uuid4())
+        index = self._place(spec, part)
         try:
-            vgpu = self.med.add_vm(spec.name, mode, part, share, uuid, type_id)
+            vgpu = self.mediators[index].add_vm(spec.name, mode, part, share, uuid, type_id)
         except PartitionError as exc:
             raise RunError(f"{spec.name}: {exc}") from None
         self.vgpus[spec.name] = vgpu
+        self.placement[spec.name] = index
         return vgpu
 
     def detach(self, spec: VmSpec) -> None:
         vgpu = self.vgpus.pop(spec.name, None)
         if vgpu is not None:
-            self.med.remove_vm(vgpu)
+            self.mediators[self.placement.pop(spec.name)].remove_vm(vgpu)
 
     def metrics(self, spec: VmSpec) -> VmMetrics | None:
         """The scheduler's record of this VM (read before it is detached)."""
         vgpu = self.vgpus.get(spec.name)
         if vgpu is None:
             return None
-        self.med.submissions.wait_idle(vgpu)
-        return self.med.submissions.metrics(vgpu)
+        submissions = self.mediators[self.placement[spec.name]].submissions
+        submissions.wait_idle(vgpu)
+        return submissions.metrics(vgpu)
 
     def close(self) -> None:
-        self.med.close()
-        self.gpu.release_memory()
+        for med, gpu in zip(self.mediators, self.gpus):
+            med.close()
+            gpu.release_memory()
 
 
 def guest_for_mode(spec: VmSpec, mode_name: str) -> VmSpec:

@@ -35,6 +35,15 @@ class VmSpec:
     mdev_type: str | None = None  # the vGPU's mdev type (None: the GPU's default type)
     mode: str | None = None  # this VM's mode, when it differs from the run's
     mdev_uuid: str = ""  # the vGPU's UUID (mediated modes; "" = a new one)
+    gpu: int | None = None  # which of the machine's GPUs (None: the first with room)
+    # host memory: guest RAM backing (guest_ram.BACKINGS), whether the runtime
+    # reports its host-memory events, whether pageable copies pin chunk by chunk (and the
+    # chunk size), and whether the VMM advises MADV_NOHUGEPAGE on the ranges it pins
+    ram_backing: str = "anon"
+    hostmem_report: bool = False
+    pin_chunks: bool = False
+    pin_chunk_bytes: int = 4 * 1024 * 1024
+    nohugepage_pinned: bool = False
 
     @property
     def program(self) -> str:
@@ -42,6 +51,18 @@ class VmSpec:
 
     def flags(self) -> int:
         flags = abi.BOOT_FLAG_PV if self.paravirtual else 0
+        if self.hostmem_report:
+            flags |= abi.BOOT_FLAG_HOSTMEM_REPORT
+        if self.pin_chunks:
+            size = self.pin_chunk_bytes
+            if size < 4096 or size & (size - 1) or size.bit_length() - 1 > abi.BOOT_PIN_CHUNK_MASK:
+                raise RunError(f"{self.name}: pin chunk of {size} bytes is not a power of two "
+                               f">= 4096")
+            flags |= abi.BOOT_FLAG_PIN_CHUNKS | \
+                (size.bit_length() - 1) << abi.BOOT_PIN_CHUNK_SHIFT
+        if self.ram_backing not in ("anon", "4k", "thp"):
+            raise RunError(f"{self.name}: unknown guest RAM backing {self.ram_backing!r} "
+                           f"(have anon, 4k, thp)")
         if self.inject is not None:
             if self.inject not in abi.FI_NAMES:
                 raise RunError(f"{self.name}: unknown fault injection {self.inject!r} "
@@ -75,6 +96,8 @@ class RunOptions:
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
+    gpus: int = 1  # emulated GPUs in a mediated machine, each with its own scheduler
+    isolated: bool = False  # each VM in its own VMM process, attached over vfio-user
     # The watchdog (mediated modes): device seconds one submission may hold the GPU, and
     # one VM in all (None: no limit).  Past it the channel is killed and the VM charged.
     watchdog_s: float | None = 5.0

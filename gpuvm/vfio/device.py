@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from gpuvm.device import regs
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio import abi
 
@@ -155,6 +156,18 @@ def bar_region_info(index: int, size: int, sparse: tuple[SparseArea, ...] = ()) 
     if sparse:
         flags |= abi.VFIO_REGION_INFO_FLAG_MMAP | abi.VFIO_REGION_INFO_FLAG_CAPS
     return RegionInfo(index, size, flags, sparse)
+
+
+def pci_device_info(reset: bool = True) -> DeviceInfo:
+    """A vfio-pci device: nine regions (BAR0-5, ROM, config, VGA), five IRQ indices."""
+    flags = abi.VFIO_DEVICE_FLAGS_PCI | (abi.VFIO_DEVICE_FLAGS_RESET if reset else 0)
+    return DeviceInfo(flags, abi.VFIO_PCI_NUM_REGIONS, abi.VFIO_PCI_NUM_IRQS)
+
+
+def config_region_info() -> RegionInfo:
+    """PCI configuration space: 256 bytes, read and written (never mapped)."""
+    return RegionInfo(abi.VFIO_PCI_CONFIG_REGION_INDEX, regs.PCI_CONFIG_SIZE,
+                      abi.VFIO_REGION_INFO_FLAG_READ | abi.VFIO_REGION_INFO_FLAG_WRITE)
 
 
 def absent_region(index: int) -> RegionInfo:

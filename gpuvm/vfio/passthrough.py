@@ -17,6 +17,7 @@ from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
 from gpuvm.vfio import abi
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
+                               config_region_info, pci_device_info,
                                VfioError, absent_region, bar_region_info)
 from gpuvm.vfio.pci_config import PciConfig
 
@@ -39,15 +40,13 @@ class PassthroughGpu:
 
     # ------------------------------------------------------------------ VfioDevice
     def get_info(self) -> DeviceInfo:
-        return DeviceInfo(abi.VFIO_DEVICE_FLAGS_PCI | abi.VFIO_DEVICE_FLAGS_RESET,
-                          abi.VFIO_PCI_NUM_REGIONS, abi.VFIO_PCI_NUM_IRQS)
+        return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
         if index in self.bar_sizes:
             return bar_region_info(index, self.bar_sizes[index])
         if index == _CONFIG:
-            return RegionInfo(index, regs.PCI_CONFIG_SIZE, abi.VFIO_REGION_INFO_FLAG_READ |
-                              abi.VFIO_REGION_INFO_FLAG_WRITE)
+            return config_region_info()
         if 0 <= index < abi.VFIO_PCI_NUM_REGIONS:
             return absent_region(index)
         raise VfioError(f"no region {index} (a vfio-pci device has "

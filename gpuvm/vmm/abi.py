@@ -44,8 +44,11 @@ PORT_WAIT = 0x508  # out: address of a struct gpuvm_wait; returns when it is sat
 PORT_HYPERCALL = 0x50C  # out: address of a struct gpuvm_hcall (paravirtual build only)
 PORT_EXIT = 0x510  # out: exit code; the guest is finished
 PORT_PHASE = 0x514  # out: phase id (below); counters and clocks are cut at each mark
+# out: address of a struct gpuvm_hostmem_event: the runtime tells the VMM about host-memory
+# allocations, pins/unpins of guest pages and transfers (only with BOOT_FLAG_HOSTMEM_REPORT)
+PORT_HOSTMEM = 0x518
 PORT_FIRST = PORT_CONSOLE
-PORT_LAST = PORT_PHASE
+PORT_LAST = PORT_HOSTMEM
 
 PHASE_INIT = 0
 PHASE_HTOD = 1
@@ -65,6 +68,15 @@ BOOT_NUM_BARS = 6
 
 # flags
 BOOT_FLAG_PV = 1 << 0  # set by the VMM when it runs the PV build (informational)
+# Host memory (issue 16): the runtime reports its host-memory events on PORT_HOSTMEM, and
+# with PIN_CHUNKS copies pageable memory by pinning it chunk by chunk (the guest pages of a
+# chunk are mapped into the GPU for the copy, then unmapped) instead of staging it through
+# its pinned bounce buffer.  Chunk size: 1 << field, 0 = HM_DEFAULT_CHUNK_SHIFT (4 MiB).
+BOOT_FLAG_HOSTMEM_REPORT = 1 << 1
+BOOT_FLAG_PIN_CHUNKS = 1 << 2
+BOOT_PIN_CHUNK_SHIFT = 16
+BOOT_PIN_CHUNK_MASK = 0x3F
+HM_DEFAULT_CHUNK_SHIFT = 22
 # Fault injection: the driver deliberately programs garbage (tests, `--inject`)
 BOOT_FI_SHIFT = 8
 BOOT_FI_MASK = 0xFF
@@ -126,39 +138,40 @@ class WaitRecord(ctypes.Structure):
 
 
 # --------------------------------------------------------------------------------------
-# Hypercalls (PORT_HYPERCALL), paravirtual build.  Page tables of a PV guest live in
-# hypervisor VRAM; the guest names an address space by the VRAM address of the page
-# directory it would have used (its "pd key") and sends {va, pte} entries in its own
-# guest-physical terms.  The hypervisor validates and translates each entry.
+# Hypercalls (PORT_HYPERCALL, the PV vGPU's BAR4 port), paravirtual build: defined in
+# gpuvm/pv_abi.py, which the vGPU shares; re-exported here for the guest header.
 # --------------------------------------------------------------------------------------
-HC_SET_PGD = 1  # args[0] = pd key: create the address space
-HC_MAP_BATCH = 2  # args[0] = pd key; entries[0:count] = {va, pte} (4 KiB pages)
-HC_UNMAP_BATCH = 3  # args[0] = pd key; entries[0:count].va
-HC_VM_FLUSH = 4  # args[0] = pd key: TLB flush of that address space
-HC_FREE_PGD = 5  # args[0] = pd key
-HC_OK = 0
-HC_EINVAL = -22  # a bad op or argument; args[3] = number of entries refused
-HC_ENOMEM = -12  # the VM's shadow reserve cannot hold the tables this call needs
-HC_MAX_ENTRIES = 2048  # one hypercall carries at most this many entries
+from gpuvm.pv_abi import (HC_EINVAL, HC_ENOMEM, HC_FREE_PGD, HC_MAP_BATCH,  # noqa: E402
+                          HC_MAX_ENTRIES,
+                          HC_OK, HC_SET_PGD, HC_UNMAP_BATCH, HC_VM_FLUSH, HCALL_HEADER_BYTES,
+                          HcallEntry, HcallHeader)
+
+# --------------------------------------------------------------------------------------
+# Host-memory events (PORT_HOSTMEM)
+# --------------------------------------------------------------------------------------
+HM_ALLOC = 1  # alloc = new id, arg = 1 when the allocation is pinned
+HM_FREE = 2
+HM_PIN = 3  # [gpa, gpa+bytes) pinned for DMA; arg = 1 when the device will write it
+HM_UNPIN = 4
+HM_HTOD = 5  # one memcpy call; arg = HM_HOW_*
+HM_DTOH = 6
+HM_OPS = {HM_ALLOC: "alloc", HM_FREE: "free", HM_PIN: "pin", HM_UNPIN: "unpin",
+          HM_HTOD: "htod", HM_DTOH: "dtoh"}
+HM_HOW_PINNED = 0  # straight from/to pinned memory
+HM_HOW_STAGED = 1  # staged through the pinned bounce buffer (pageable)
+HM_HOW_CHUNKS = 2  # pageable, pinned chunk by chunk for the copy
+HM_HOW_NAMES = ("pinned", "staged", "chunks")
 
 
-class HcallEntry(ctypes.Structure):
-    _fields_ = [("va", ctypes.c_uint64), ("pte", ctypes.c_uint64)]
-
-
-class HcallHeader(ctypes.Structure):
-    """Followed in guest memory by `count` HcallEntry records."""
-
+class HostmemEvent(ctypes.Structure):
     _fields_ = [
         ("op", ctypes.c_uint32),
-        ("count", ctypes.c_uint32),
-        ("status", ctypes.c_int32),  # written by the hypervisor
+        ("arg", ctypes.c_uint32),
+        ("alloc", ctypes.c_uint32),  # the runtime's allocation id (0 = none)
         ("pad", ctypes.c_uint32),
-        ("args", ctypes.c_uint64 * 4),
+        ("gpa", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
     ]
-
-
-HCALL_HEADER_BYTES = ctypes.sizeof(HcallHeader)
 
 _C_TYPES = {
     ctypes.c_uint32: "uint32_t",
@@ -201,6 +214,7 @@ def c_header() -> str:
     out.append(_c_struct("gpuvm_wait", WaitRecord))
     out.append(_c_struct("gpuvm_hcall_entry", HcallEntry))
     out.append(_c_struct("gpuvm_hcall", HcallHeader))
+    out.append(_c_struct("gpuvm_hostmem_event", HostmemEvent))
     out.append("typedef uint64_t (*gpuvm_host_mmio_read_fn)(uint32_t bar, uint64_t offset,"
                " uint32_t size);")
     out.append("typedef void (*gpuvm_host_mmio_write_fn)(uint32_t bar, uint64_t offset,"

@@ -20,7 +20,7 @@ from gpuvm.vmm.guest_build import BuildError, GuestTarget, build_flat, build_sha
 PARAM_PV_BATCH = 7
 BENCH_NUM_PARAMS = 7
 
-BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy", "loop", "idle", "probe")
+BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy", "loop", "idle", "probe", "hostmem")
 
 # Probe vectors (guest_tools/include/probe.h)
 PROBE_VECTORS = {"channel_pt": 1, "bar1": 2, "bar3": 3, "pramin": 4, "ramin": 5,
@@ -33,6 +33,7 @@ _COMMON = [
     "driver/pushbuf.c", "driver/channel.c",
     "runtime/runtime.c",
     "bench/main.c", "bench/common.c", "bench/kernels.c", "bench/misc.c", "bench/probe.c",
+    "bench/hostmem.c",
 ]
 
 DRIVER = GuestTarget("driver", [*_COMMON, "driver/pt_direct.c"])

@@ -1,14 +1,22 @@
-"""Guest RAM: one anonymous shared mapping, viewed as numpy.
+"""Guest RAM: one shared mapping of a memfd, viewed as numpy.
 
-The same buffer is the KVM memslot at guest-physical 0, the in-process guest's "physical
-memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
+A memfd so that a device in another process (a vfio-user server) can map the same pages
+from `fd` when the VMM DMA-maps the RAM.  The same buffer is the KVM memslot at
+guest-physical 0, the in-process guest's "physical memory", and the sysram the GPU reaches through its DMA port -- so a DMA, a guest store
 and a VMM read all see the same bytes without copies.
+
+`backing` says what host memory holds it, the way a hypervisor chooses: "anon" (the
+host's default policy for shared memory), "4k" (huge pages refused, MADV_NOHUGEPAGE) or
+"thp" (shmem transparent huge pages asked for, MADV_HUGEPAGE).  Whether huge
+pages really back it is read back from /proc/self/smaps (`huge_kib`): the host's
+shmem_enabled knob may refuse them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,18 +26,52 @@ class GuestMemoryError(Exception):
     """A guest-supplied address or length falls outside its RAM."""
 
 
+BACKINGS = ("anon", "4k", "thp")
+MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
+
+
 @dataclass
 class GuestRam:
     size: int
+    backing: str = "anon"
     _map: mmap.mmap = field(init=False, repr=False)
+    fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size <= 0 or self.size % mmap.PAGESIZE:
             raise ValueError(f"guest RAM size {self.size:#x} is not a positive page multiple")
-        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS,
+        if self.backing not in BACKINGS:
+            raise ValueError(f"guest RAM backing {self.backing!r} is not one of "
+                             f"{', '.join(BACKINGS)}")
+        self.fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if self.backing == "thp":
+            self._map.madvise(MADV_HUGEPAGE)
+        elif self.backing == "4k":
+            self._map.madvise(MADV_NOHUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def huge_kib(self) -> int:
+        """kB of guest RAM the host maps with huge pages now (smaps, as calibrate reads it)."""
+        from pathlib import Path
+
+        from gpuvm.calibrate.hostmem import huge_kib, smaps_kib
+
+        start = self.host_address
+        return huge_kib(smaps_kib(Path("/proc/self/smaps").read_text(), start,
+                                  start + self.size))
+
+    def advise_nohugepage(self, gpa: int, length: int) -> None:
+        """MADV_NOHUGEPAGE on the host pages behind [gpa, gpa+length) (page-rounded)."""
+        self.check(gpa, length)
+        lo = gpa - gpa % mmap.PAGESIZE
+        hi = min(self.size, -(-(gpa + length) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if hi > lo:
+            self._map.madvise(MADV_NOHUGEPAGE, lo, hi - lo)
 
     @property
     def host_address(self) -> int:
@@ -73,6 +115,9 @@ class GuestRam:
     def close(self) -> None:
         """Release the mapping; views handed out earlier must be gone first."""
         self.array = np.empty(0, dtype=np.uint8)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self._map.close()
         except BufferError:

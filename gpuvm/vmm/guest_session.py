@@ -18,6 +18,7 @@ from typing import Callable
 from gpuvm.vmm import abi
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm.guest_ram import GuestMemoryError, GuestRam
+from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import AttachedDevice
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,11 @@ class GuestSession:
 
     def __init__(self, name: str, ram: GuestRam, attached: AttachedDevice,
                  wait_timeout: float = 120.0,
-                 extra_counters: Callable[[], dict[str, int]] | None = None) -> None:
+                 extra_counters: Callable[[], dict[str, int]] | None = None,
+                 hostmem: HostMemTracker | None = None) -> None:
         self.name = name
+        # host-memory reports (PORT_HOSTMEM): counted only when the guest sends them
+        self.hostmem = hostmem if hostmem is not None else HostMemTracker(ram)
         self.ram = ram
         self.attached = attached
         self.device = attached.device  # where the backends send trapped BAR accesses
@@ -87,6 +91,7 @@ class GuestSession:
             counts.update(self._extra_counters())
         for key, value in self.port_counts.items():
             counts[f"port.{key}"] = value
+        counts.update(self.hostmem.counters)
         return counts
 
     def _cut_phase(self, next_phase: str | None) -> None:
@@ -106,6 +111,7 @@ class GuestSession:
 
     def finish(self) -> None:
         self._cut_phase(None)
+        self.hostmem.finish()
 
     # ---------------------------------------------------------------- ports
     def _count(self, name: str) -> None:
@@ -134,6 +140,15 @@ class GuestSession:
                 self._count("hypercall")
                 if not self.attached.port_write(port, value):
                     raise GuestFailed("hypercall from a guest that is not paravirtualized")
+            elif port == abi.PORT_HOSTMEM:
+                self._count("hostmem")
+                rec = self.ram.struct_at(value, abi.HostmemEvent)
+                event = abi.HostmemEvent.from_buffer_copy(rec)
+                del rec  # release the view on guest memory
+                try:
+                    self.hostmem.handle(event)
+                except ValueError as exc:
+                    raise GuestFailed(str(exc)) from exc
             elif port == abi.PORT_EXIT:
                 self._count("exit")
                 self.exit_code = value

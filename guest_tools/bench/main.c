@@ -13,6 +13,7 @@ static const struct bench benches[] = {
     {"loop", {1u << 20}, bench_loop},
     {"idle", {0}, bench_idle},
     {"probe", {0, 0, 16}, bench_probe},
+    {"hostmem", {1u << 20, 8, 0, 0}, bench_hostmem},
 };
 
 static struct bench_run run;

@@ -65,6 +65,7 @@ int bench_memcpy(struct bench_run *r);
 int bench_loop(struct bench_run *r);
 int bench_idle(struct bench_run *r);
 int bench_probe(struct bench_run *r);
+int bench_hostmem(struct bench_run *r);
 
 #define FLT_EPS 1.1920929e-7
 

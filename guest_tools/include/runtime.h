@@ -16,6 +16,11 @@
 #define RT_CB_BYTES 0x1000        /* constant buffer for kernel parameters */
 #define RT_MAX_DEV 64
 #define RT_MAX_PINNED 16
+#define RT_MAX_TRACKED 64
+/* rt_host_alloc's pin policies: never, always, only the allocations in the hot mask */
+#define RT_PIN_NONE 0
+#define RT_PIN_ALL 1
+#define RT_PIN_HOT 2
 /* Where FI_UNMAPPED_COPY points the source of a copy: below CHANNEL_VA_BASE, never mapped. */
 #define RT_UNMAPPED_VA 0x1000
 
@@ -35,6 +40,12 @@ int rt_mem_alloc(uint64_t *dptr, uint64_t bytes);   /* cuMemAlloc (VRAM) */
 int rt_mem_free(uint64_t dptr);
 int rt_mem_alloc_host(void **p, uint64_t bytes);    /* cuMemAllocHost (pinned) */
 int rt_mem_free_host(void *p);
+/* Host allocations by id for smart pinning (issue 16): pinned or pageable by the policy;
+ * bit i of hot_mask names allocation id i + 1 (ids count rt_host_alloc and
+ * rt_mem_alloc_host calls from 1). */
+void rt_pin_policy(unsigned policy, uint64_t hot_mask);
+int rt_host_alloc(void **p, uint64_t bytes);
+int rt_host_free(void *p);
 /* Synchronous copies; the host side may be pinned (direct) or pageable (staged). */
 int rt_memcpy_htod(uint64_t dst, const void *src, uint64_t bytes);
 int rt_memcpy_dtoh(void *dst, uint64_t src, uint64_t bytes);

@@ -1,6 +1,7 @@
 /* The runtime: context, memory, copies, modules, launches, synchronization. */
 #include "runtime.h"
 #include "lib.h"
+#include "platform.h"
 #include "pushbuf.h"
 
 #define FI_BAD_HEADER 0xC0000000u    /* method header of type 6, which does not exist */
@@ -11,6 +12,15 @@ struct devmem {
     uint64_t va, vram, size;
 };
 
+/* A host allocation the runtime knows by id (issue 16): pageable ones from rt_host_alloc,
+ * pinned ones point at their slot in rt.pinned. */
+struct tracked {
+    void *virt;
+    uint64_t size;
+    uint32_t id;
+    int slot;  /* index in rt.pinned, or -1 when pageable */
+};
+
 static struct {
     int up;
     struct gpu gpu;
@@ -19,6 +29,15 @@ static struct {
     uint64_t cb;
     struct devmem dev[RT_MAX_DEV];
     struct hostmem pinned[RT_MAX_PINNED];
+    uint32_t pinned_id[RT_MAX_PINNED];
+    /* host memory (issue 16): events for the VMM, chunked pinning, the pin policy */
+    int report, pin_chunks;
+    uint64_t chunk_bytes, window;
+    struct gpuvm_hostmem_event *event;  /* in guest RAM: the VMM reads it there */
+    struct tracked tracked[RT_MAX_TRACKED];
+    uint32_t next_id;
+    unsigned pin_policy;
+    uint64_t hot_mask;
     uint64_t ram_before;
     uint64_t vram_left, ram_left;
     char fault[256];
@@ -29,6 +48,61 @@ struct channel *rt_channel(void) { return &rt.ch; }
 const char *rt_fault_text(void) { return rt.fault; }
 uint64_t rt_vram_leak(void) { return rt.vram_left; }
 uint64_t rt_ram_leak(void) { return rt.ram_left; }
+
+/* Tells the VMM about one host-memory event (nothing unless reporting is on). */
+static void hm_event(uint32_t op, uint32_t arg, uint32_t id, uint64_t gpa, uint64_t bytes)
+{
+    if (!rt.event)
+        return;
+    rt.event->op = op;
+    rt.event->arg = arg;
+    rt.event->alloc = id;
+    rt.event->pad = 0;
+    rt.event->gpa = gpa;
+    rt.event->bytes = bytes;
+    plat_out(PORT_HOSTMEM, (uint32_t)plat_virt_to_phys(rt.event));
+}
+
+/* The id of the allocation holding [p, p+bytes), 0 when the runtime did not hand it out. */
+static uint32_t alloc_id(const void *p, uint64_t bytes)
+{
+    for (unsigned i = 0; i < RT_MAX_TRACKED; i++) {
+        const char *base = rt.tracked[i].virt;
+        if (base && (const char *)p >= base && (const char *)p + bytes <= base + rt.tracked[i].size)
+            return rt.tracked[i].id;
+    }
+    for (unsigned i = 0; i < RT_MAX_PINNED; i++) {
+        const char *base = rt.pinned[i].virt;
+        if (base && (const char *)p >= base && (const char *)p + bytes <= base + rt.pinned[i].size)
+            return rt.pinned_id[i];
+    }
+    return 0;
+}
+
+/* Remembers an allocation under `id` (a pinned one already got its id from
+ * rt_mem_alloc_host). */
+static struct tracked *track(void *p, uint64_t size, int slot, uint32_t id)
+{
+    for (unsigned i = 0; i < RT_MAX_TRACKED; i++) {
+        struct tracked *t = &rt.tracked[i];
+        if (!t->virt) {
+            t->virt = p;
+            t->size = size;
+            t->id = id;
+            t->slot = slot;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static struct tracked *tracked_at(const void *p)
+{
+    for (unsigned i = 0; i < RT_MAX_TRACKED; i++)
+        if (p && rt.tracked[i].virt == p)
+            return &rt.tracked[i];
+    return NULL;
+}
 
 /* Remembers the first fault's description (the registers are read once). */
 static int check(int err)
@@ -127,6 +201,14 @@ int rt_init(const struct gpuvm_boot_params *bp)
     memset(&rt, 0, sizeof(rt));
     rt.ram_before = ram_used();
     rt.up = 1;
+    rt.report = (bp->flags & BOOT_FLAG_HOSTMEM_REPORT) != 0;
+    rt.pin_chunks = (bp->flags & BOOT_FLAG_PIN_CHUNKS) != 0;
+    unsigned shift = (unsigned)(bp->flags >> BOOT_PIN_CHUNK_SHIFT) & BOOT_PIN_CHUNK_MASK;
+    rt.chunk_bytes = 1ull << (shift ? shift : HM_DEFAULT_CHUNK_SHIFT);
+    if (rt.chunk_bytes < PAGE_SIZE)
+        rt.chunk_bytes = PAGE_SIZE;
+    if (rt.report && !(rt.event = ram_alloc(sizeof(*rt.event))))
+        return -E_NOMEM;
     int err = gpu_init(&rt.gpu, bp);
     if (!err)
         err = channel_create(&rt.ch, &rt.gpu, 0, 0);
@@ -140,6 +222,9 @@ int rt_init(const struct gpuvm_boot_params *bp)
         err = hostmem_alloc(&rt.ch.vm, RT_BOUNCE_BYTES, &rt.bounce);
     if (!err)
         err = rt_mem_alloc(&rt.cb, RT_CB_BYTES);
+    /* chunked pinning maps each chunk (page-rounded) at one reserved VA window */
+    if (!err && rt.pin_chunks)
+        err = vm_va_alloc(&rt.ch.vm, rt.chunk_bytes + PAGE_SIZE, &rt.window);
     if (!err)
         err = wait_idle();
     return err;
@@ -152,14 +237,22 @@ int rt_close(void)
     for (unsigned i = 0; i < RT_MAX_DEV; i++)
         if (rt.dev[i].size)
             rt_mem_free(rt.dev[i].va);
+    for (unsigned i = 0; i < RT_MAX_TRACKED; i++)
+        if (rt.tracked[i].virt)
+            rt_host_free(rt.tracked[i].virt);
     for (unsigned i = 0; i < RT_MAX_PINNED; i++)
         if (rt.pinned[i].virt)
             hostmem_free(&rt.ch.vm, &rt.pinned[i]);
+    if (rt.window)
+        vm_va_free(&rt.ch.vm, rt.window);
     if (rt.ch.gpu) {
         hostmem_free(&rt.ch.vm, &rt.bounce);
         channel_destroy(&rt.ch);
     }
     gpu_fini(&rt.gpu);
+    if (rt.event)
+        ram_free(rt.event);
+    rt.event = NULL;
     rt.vram_left = rt.gpu.vram.end ? range_used(&rt.gpu.vram) : 0;
     rt.ram_left = ram_used() - rt.ram_before;
     rt.up = 0;
@@ -215,8 +308,12 @@ int rt_mem_alloc_host(void **p, uint64_t bytes)
     for (unsigned i = 0; i < RT_MAX_PINNED; i++) {
         if (!rt.pinned[i].virt) {
             int err = hostmem_alloc(&rt.ch.vm, bytes, &rt.pinned[i]);
-            if (!err)
+            if (!err) {
                 *p = rt.pinned[i].virt;
+                rt.pinned_id[i] = ++rt.next_id;
+                hm_event(HM_ALLOC, 1, rt.pinned_id[i], rt.pinned[i].phys, rt.pinned[i].size);
+                hm_event(HM_PIN, 1, rt.pinned_id[i], rt.pinned[i].phys, rt.pinned[i].size);
+            }
             return err;
         }
     }
@@ -227,11 +324,96 @@ int rt_mem_free_host(void *p)
 {
     for (unsigned i = 0; i < RT_MAX_PINNED; i++) {
         if (p && rt.pinned[i].virt == p) {
+            hm_event(HM_UNPIN, 1, rt.pinned_id[i], rt.pinned[i].phys, rt.pinned[i].size);
+            hm_event(HM_FREE, 1, rt.pinned_id[i], rt.pinned[i].phys, rt.pinned[i].size);
             hostmem_free(&rt.ch.vm, &rt.pinned[i]);
+            rt.pinned_id[i] = 0;
             return 0;
         }
     }
     return -E_INVAL;
+}
+
+void rt_pin_policy(unsigned policy, uint64_t hot_mask)
+{
+    rt.pin_policy = policy;
+    rt.hot_mask = hot_mask;
+}
+
+/* The smart-pinning allocator: allocation ids are handed out in call order (the same
+ * program makes the same calls in the same order, so the ids of a profile run name the
+ * same allocations in the next run); RT_PIN_HOT pins the ids set in the hot mask. */
+int rt_host_alloc(void **p, uint64_t bytes)
+{
+    uint32_t next = rt.next_id + 1;
+    int pin = rt.pin_policy == RT_PIN_ALL ||
+              (rt.pin_policy == RT_PIN_HOT && next <= 64 && (rt.hot_mask >> (next - 1) & 1));
+    if (pin) {
+        int err = rt_mem_alloc_host(p, bytes);
+        if (err)
+            return err;
+        for (unsigned i = 0; i < RT_MAX_PINNED; i++)
+            if (rt.pinned[i].virt == *p &&
+                !track(*p, rt.pinned[i].size, (int)i, rt.pinned_id[i])) {
+                rt_mem_free_host(*p);
+                return -E_NOMEM;
+            }
+        return 0;
+    }
+    void *m = ram_alloc(bytes);
+    if (!m)
+        return -E_NOMEM;
+    struct tracked *t = track(m, ALIGN_UP(bytes, PAGE_SIZE), -1, next);
+    if (!t) {
+        ram_free(m);
+        return -E_NOMEM;
+    }
+    rt.next_id = next;
+    hm_event(HM_ALLOC, 0, t->id, plat_virt_to_phys(m), t->size);
+    *p = m;
+    return 0;
+}
+
+int rt_host_free(void *p)
+{
+    struct tracked *t = tracked_at(p);
+    if (!t)
+        return -E_INVAL;
+    int err = 0;
+    if (t->slot >= 0)
+        err = rt_mem_free_host(p);
+    else {
+        hm_event(HM_FREE, 0, t->id, plat_virt_to_phys(p), t->size);
+        ram_free(p);
+    }
+    t->virt = NULL;
+    return err;
+}
+
+/* Pageable memory copied the way a hypervisor or proxy pins it: per chunk, the chunk's
+ * guest pages are pinned (reported to the VMM), mapped into the GPU at the window, copied
+ * and unmapped again.  The chunk grid starts at the user's pointer. */
+static int copy_chunks(uint64_t dev, char *host, uint64_t bytes, int to_host)
+{
+    for (uint64_t off = 0; off < bytes; off += rt.chunk_bytes) {
+        uint64_t n = bytes - off < rt.chunk_bytes ? bytes - off : rt.chunk_bytes;
+        uint64_t pa = plat_virt_to_phys(host + off);
+        uint64_t pa0 = pa & ~(uint64_t)(PAGE_SIZE - 1);
+        uint64_t len = ALIGN_UP(pa + n, PAGE_SIZE) - pa0;
+        hm_event(HM_PIN, (uint32_t)to_host, 0, pa0, len);
+        int err = vm_map(&rt.ch.vm, rt.window, pa0, len, TARGET_SYSRAM, 0);
+        if (!err)
+            err = vm_flush(&rt.ch.vm);
+        uint64_t va = rt.window + (pa - pa0);
+        if (!err)
+            err = to_host ? rt_copy_va(va, dev + off, n) : rt_copy_va(dev + off, va, n);
+        int uerr = vm_unmap(&rt.ch.vm, rt.window, len);
+        int ferr = vm_flush(&rt.ch.vm);
+        hm_event(HM_UNPIN, (uint32_t)to_host, 0, pa0, len);
+        if (err || (err = uerr) || (err = ferr))
+            return err;
+    }
+    return 0;
 }
 
 /* The GPU VA of a pinned host range, or 0 when it is (partly) pageable. */
@@ -253,8 +435,12 @@ int rt_memcpy_htod(uint64_t dst, const void *src, uint64_t bytes)
         con_printf("fault injection: copying from unmapped GPU VA %#x", RT_UNMAPPED_VA);
         return rt_copy_va(dst, RT_UNMAPPED_VA, bytes);
     }
+    uint32_t how = va ? HM_HOW_PINNED : rt.pin_chunks ? HM_HOW_CHUNKS : HM_HOW_STAGED;
+    hm_event(HM_HTOD, how, alloc_id(src, bytes), plat_virt_to_phys(src), bytes);
     if (va)
         return rt_copy_va(dst, va, bytes);
+    if (rt.pin_chunks)
+        return copy_chunks(dst, (char *)src, bytes, 0);
     for (uint64_t off = 0; off < bytes; off += RT_BOUNCE_BYTES) {
         uint64_t n = bytes - off < RT_BOUNCE_BYTES ? bytes - off : RT_BOUNCE_BYTES;
         memcpy(rt.bounce.virt, (const char *)src + off, n);
@@ -268,8 +454,12 @@ int rt_memcpy_htod(uint64_t dst, const void *src, uint64_t bytes)
 int rt_memcpy_dtoh(void *dst, uint64_t src, uint64_t bytes)
 {
     uint64_t va = rt_host_va(dst, bytes);
+    uint32_t how = va ? HM_HOW_PINNED : rt.pin_chunks ? HM_HOW_CHUNKS : HM_HOW_STAGED;
+    hm_event(HM_DTOH, how, alloc_id(dst, bytes), plat_virt_to_phys(dst), bytes);
     if (va)
         return rt_copy_va(va, src, bytes);
+    if (rt.pin_chunks)
+        return copy_chunks(src, dst, bytes, 1);
     for (uint64_t off = 0; off < bytes; off += RT_BOUNCE_BYTES) {
         uint64_t n = bytes - off < RT_BOUNCE_BYTES ? bytes - off : RT_BOUNCE_BYTES;
         int err = rt_copy_va(rt.bounce.va, src + off, n);

@@ -18,6 +18,7 @@ from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession
 from gpuvm.vmm.guest_thread import GuestThread
+from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm import long_mode
 from gpuvm.vmm.kvm.kick import ensure_kick_handler, kick
 from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
@@ -105,7 +106,7 @@ class KvmRunner(GuestThread):
                 self._stop = reason
             vm = self._vm
             if vm is not None and vm.run is not None:
-                vm.run[1] = 1  # kvm_run.immediate_exit: every KVM_RUN now returns EINTR
+                vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # every KVM_RUN now returns EINTR
                 if self._thread is not None and self._thread.ident is not None:
                     kick(self._thread.ident)
 
@@ -147,7 +148,7 @@ class KvmRunner(GuestThread):
             with self._lock:
                 self._vm = vm
                 if self._stop is not None:
-                    vm.run[1] = 1  # stopped before it began
+                    vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # stopped before it began
             loop = self.loop_class(vm, self.session, self.windows, self.counters,
                             self._stop_reason)
             self.session.start()

@@ -94,6 +94,14 @@ class ExitLoop:
         EXIT_MMIO = api.KVM_EXIT_MMIO
         EXIT_IO = api.KVM_EXIT_IO
         u8, u16, u32, u64 = self._u8, self._u16, self._u32, self._u64
+        # kvm_run fields by name, as indices into the typed views (locals: as cheap as
+        # literals on the exit path)
+        reason_at = api.RUN_EXIT_REASON // 4
+        addr_at, data_at = api.RUN_MMIO_PHYS_ADDR // 8, api.RUN_MMIO_DATA // 8
+        len_at, is_write_at = api.RUN_MMIO_LEN // 4, api.RUN_MMIO_IS_WRITE
+        dir_at, io_size_at = api.RUN_IO_DIRECTION, api.RUN_IO_SIZE
+        port_at, count_at = api.RUN_IO_PORT // 2, api.RUN_IO_COUNT // 4
+        data_offset_at = api.RUN_IO_DATA_OFFSET // 8
         masks = MASKS
         counts = self.counters.slots
         # The first window (BAR0: registers, the hot one) is tested inline; the others
@@ -109,42 +117,42 @@ class ExitLoop:
         port_in = self.session.port_in
         while True:
             ioctl(fd, KVM_RUN)
-            reason = u32[2]
+            reason = u32[reason_at]
             if reason == EXIT_MMIO:
-                offset = u64[4] - base0
+                offset = u64[addr_at] - base0
                 if 0 <= offset < size0:
-                    size = u32[12]
-                    if u8[52]:
+                    size = u32[len_at]
+                    if u8[is_write_at]:
                         counts[2] += 1
-                        mmio_write(bar0, offset, size, u64[5] & masks[size])
+                        mmio_write(bar0, offset, size, u64[data_at] & masks[size])
                     else:
                         counts[1] += 1
-                        u64[5] = mmio_read(bar0, offset, size) & masks[size]
+                        u64[data_at] = mmio_read(bar0, offset, size) & masks[size]
                     continue
-                addr = u64[4]
+                addr = u64[addr_at]
                 for base, end, bar, rslot, wslot in others:
                     if base <= addr < end:
                         break
                 else:
                     return self._outside_bars(addr)
-                size = u32[12]
-                if u8[52]:
+                size = u32[len_at]
+                if u8[is_write_at]:
                     counts[wslot] += 1
-                    mmio_write(bar, addr - base, size, u64[5] & masks[size])
+                    mmio_write(bar, addr - base, size, u64[data_at] & masks[size])
                 else:
                     counts[rslot] += 1
-                    u64[5] = mmio_read(bar, addr - base, size) & masks[size]
+                    u64[data_at] = mmio_read(bar, addr - base, size) & masks[size]
             elif reason == EXIT_IO:
                 counts[0] += 1
-                size = u8[33]
-                data = u64[5] >> 2  # data_offset (4-aligned: it is a page offset)
-                if u32[9] != 1:
-                    return f"string I/O (rep ins/outs) on port {u16[17]:#x} is not supported"
-                if u8[32]:
-                    if port_out(u16[17], u32[data] & masks[size]):
+                size = u8[io_size_at]
+                data = u64[data_offset_at] >> 2  # a page offset: 4-aligned, a u32 index
+                if u32[count_at] != 1:
+                    return f"string I/O (rep ins/outs) on port {u16[port_at]:#x} is not supported"
+                if u8[dir_at]:
+                    if port_out(u16[port_at], u32[data] & masks[size]):
                         return None
                 else:
-                    value = port_in(u16[17]) & masks[size]
+                    value = port_in(u16[port_at]) & masks[size]
                     offset = data << 2
                     u8[offset:offset + size] = value.to_bytes(size, "little")
             else:
@@ -152,8 +160,8 @@ class ExitLoop:
 
     # ---------------------------------------------------------------- failures
     def _outside_bars(self, addr: int) -> str:
-        kind = "write" if self._u8[52] else "read"
-        return (f"MMIO {kind} of {self._u32[12]} bytes at guest-physical {addr:#x}, "
+        kind = "write" if self._u8[api.RUN_MMIO_IS_WRITE] else "read"
+        return (f"MMIO {kind} of {self._u32[api.RUN_MMIO_LEN // 4]} bytes at guest-physical {addr:#x}, "
                 f"outside guest RAM and every BAR window")
 
     def _unexpected(self, reason: int) -> str:
@@ -161,11 +169,11 @@ class ExitLoop:
             return "guest crashed: triple fault (KVM_EXIT_SHUTDOWN; an exception such " \
                    "as #UD, #GP or #PF with no handler)"
         if reason == api.KVM_EXIT_INTERNAL_ERROR:
-            sub = self._u32[8]
+            sub = self._u32[api.RUN_UNION // 4]  # internal.suberror
             name = api.INTERNAL_ERROR_NAMES.get(sub, "unknown")
             return f"KVM internal error: {name} (suberror {sub})"
         if reason == api.KVM_EXIT_FAIL_ENTRY:
-            return f"KVM entry failed: hardware reason {self._u64[4]:#x}"
+            return f"KVM entry failed: hardware reason {self._u64[api.RUN_UNION // 8]:#x}"
         if reason == api.KVM_EXIT_HLT:
             return "guest executed hlt (guests end with an `out` to PORT_EXIT)"
         return f"unexpected KVM exit {api.exit_name(reason)}"

@@ -1,0 +1,133 @@
+"""An isolated run: every VM in its own VMM process, its device served over vfio-user.
+
+This process keeps the machine (the GPU and the mediator) and serves each VM's device on
+one end of a socket pair (gpuvm/vfio/user/server.py); the other end goes to a child
+process (gpuvm/vmm/vm_process.py) that creates the guest's RAM, attaches the device over
+the socket, runs the guest and reports what its session recorded.  VMs start at their
+start_delay and are collected as they end, as in an in-process run; a VM whose process
+dies (killed, crashed) is reported failed, its device is torn down by the server
+(interrupts, mappings and DMA dropped) and its vGPU removed, and the others run on.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpuvm.run.spec import Machine, RunOptions, VmSpec
+from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
+from gpuvm.vmm import vm_process
+
+POLL_S = 0.01
+
+
+def device_memory(device: Any) -> SharedMemory | None:
+    """The VRAM memfd behind a device's mappable regions (vGPU or whole GPU)."""
+    gpu = getattr(getattr(device, "med", None), "gpu", None) or getattr(device, "gpu", None)
+    vram = getattr(gpu, "vram", None)
+    if vram is None or getattr(vram, "fd", -1) < 0:
+        return None
+    return SharedMemory(vram.host_address, vram.size, vram.fd)
+
+
+@dataclass
+class VmProcess:
+    spec: VmSpec
+    process: subprocess.Popen
+    server: DeviceServer
+    deadline: float
+
+
+def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
+             program: Any, backend: str, options: RunOptions,
+             loop: ServerLoop | None = None) -> VmProcess:
+    """Create the VM's device, serve it (on `loop`, else on a thread of its own), and
+    start the VMM process that attaches it."""
+    device = machine.attach(spec)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    server = DeviceServer(ours, device, device, device_memory(device), spec.name)
+    if loop is not None:
+        loop.add(server)
+    else:
+        server.start()
+    job = {"fd": theirs.fileno(), "name": spec.name, "benchmark": spec.benchmark,
+           "params": params, "flags": flags, "ram_size": spec.ram_size,
+           "flat": str(program.flat) if program.flat else None,
+           "shared": str(program.shared) if program.shared else None,
+           "backend": backend, "timeout": options.timeout,
+           "wait_timeout": min(options.wait_slice, options.timeout)}
+    process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               pass_fds=[theirs.fileno()], text=True)
+    theirs.close()
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(job))
+    process.stdin.close()
+    return VmProcess(spec, process, server, time.monotonic() + options.timeout + 30)
+
+
+def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any]:
+    """The finished (or dead) VM's record and scheduler metrics; its device detached."""
+    assert vm.process.stdout is not None
+    out = vm.process.stdout.read()
+    rc = vm.process.wait()
+    vm.server.closed.wait(10)
+    try:
+        record = json.loads(out) if rc == 0 and out else None
+    except ValueError:
+        record = None
+    if record is None:
+        why = f"VMM process exited with status {rc}" if rc >= 0 else \
+            f"VMM process killed by {signal.Signals(-rc).name}"
+        record = vm_process.failed_outcome(vm.spec.name, why)
+    metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
+    machine.detach(vm.spec)
+    return record, metrics
+
+
+def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
+                 programs: dict, backend: str, options: RunOptions,
+                 on_spawn: Callable[[VmProcess], None] | None = None) -> list:
+    """Run each VM of `boot` in its own process against `machine` (see the docstring);
+    `on_spawn` sees each VM process as it starts (tests kill one)."""
+    from gpuvm.run.execute import VmResult
+
+    pending = sorted(boot, key=lambda b: b[0].start_delay)
+    running: list[VmProcess] = []
+    results: dict[str, VmResult] = {}
+    loop = ServerLoop()  # one thread answers every VM's socket
+    t0 = time.monotonic()
+    try:
+        while pending or running:
+            now = time.monotonic()
+            while pending and now - t0 >= pending[0][0].start_delay:
+                spec, params, flags = pending.pop(0)
+                vm = spawn_vm(machine, spec, params, flags, programs[spec.program], backend,
+                              options, loop)
+                running.append(vm)
+                if on_spawn is not None:
+                    on_spawn(vm)
+            for vm in [v for v in running if v.process.poll() is not None
+                       or time.monotonic() >= v.deadline]:
+                if vm.process.poll() is None:
+                    vm.process.kill()
+                record, metrics = collect_vm(machine, vm)
+                outcome, faults = vm_process.recorded_outcome(record)
+                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics)
+                running.remove(vm)
+            if pending or running:
+                time.sleep(POLL_S)
+        return [results[spec.name] for spec, _, _ in boot]
+    finally:
+        for vm in running:
+            vm.process.kill()
+            vm.process.wait()
+            vm.server.closed.wait(10)
+        loop.close()
+        machine.close()

@@ -1,0 +1,273 @@
+"""`VfioUserDevice`: the VfioDevice (and DeviceStats) protocol spoken over a vfio-user
+socket, so `gpuvm/vmm/vfio_attach.attach` attaches a device in another process unchanged.
+
+Each call is one command and its reply (a lock keeps a VM's vCPU thread and its run loop
+from interleaving).  While it waits for a reply the client applies any GPUVM_MAPPING_EVENT
+the server sent first: the device grants BAR pages while it handles the access that made
+them safe, so the grant reaches the VM's memslots before the access returns -- exactly
+when an in-process listener would have run.
+
+DMA_MAP needs the fd behind the memory it maps: `share(address, size, fd)` names memory
+the client may hand over (the VMM shares its guest RAM memfd before attaching); mapping
+anything else is refused, as QEMU refuses to DMA-map RAM it cannot pass by fd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import mmap
+import os
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from gpuvm.device.faults import ChannelFault
+from gpuvm.vfio import abi, caps
+from gpuvm.vfio.device import DeviceInfo, IrqInfo, MappingListener, RegionInfo, VfioError
+from gpuvm.vfio.user import protocol as p
+from gpuvm.vfio.user.server import SharedMemory
+
+CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
+                       "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
+                       "gpuvm": ["mapping", "stats"]}
+
+
+class VfioUserDevice:
+    """A device served over `sock` (connected); see the module docstring."""
+
+    def __init__(self, sock: socket.socket, name: str = "vfio-user") -> None:
+        self.sock = sock
+        self.name = name
+        self._lock = threading.RLock()
+        self._channel = p.Channel(sock, spin_s=p.SPIN_S)
+        self._msg_id = 0
+        self._shared: list[SharedMemory] = []
+        self._listener: MappingListener | None = None
+        self._grants: dict[tuple[int, int], tuple[int, int]] = {}  # (region, off) -> fd
+        self._region_fds: dict[int, int] = {}  # region -> its mmap fd
+        self._region_maps: dict[int, tuple[mmap.mmap, int]] = {}  # fd -> (map, address)
+        self._closed = False
+        self.server_capabilities = self._negotiate()
+
+    @classmethod
+    def connect(cls, path: str, name: str = "") -> "VfioUserDevice":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise VfioError(f"cannot connect to vfio-user socket {path}: "
+                            f"{exc.strerror}") from None
+        return cls(sock, name or path)
+
+    # ---------------------------------------------------------------- transport
+    def _call(self, command: int, payload: bytes = b"",
+              fds: list[int] | tuple[int, ...] = ()) -> p.Message:
+        with self._lock:
+            if self._closed:
+                raise VfioError(f"{self.name}: the device is closed")
+            self._msg_id = (self._msg_id + 1) & 0xFFFF
+            msg_id = self._msg_id
+            try:
+                p.send(self.sock, p.encode(msg_id, command, payload), fds)
+                while True:
+                    msg = self._channel.receive()
+                    if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
+                        self._mapping_event(msg)
+                        continue
+                    if not msg.is_reply or msg.header.msg_id != msg_id or \
+                            msg.command != command:
+                        raise p.ProtocolError(
+                            f"{self.name}: expected the reply to {msg_id} "
+                            f"({p.COMMAND_NAMES.get(command)}), got message "
+                            f"{msg.header.msg_id} command {msg.command}")
+                    break
+            except EOFError:
+                raise VfioError(f"{self.name}: the vfio-user server hung up") from None
+            except OSError as exc:
+                raise VfioError(f"{self.name}: vfio-user socket: {exc}") from None
+            if msg.header.flags & p.FLAG_ERROR:
+                for fd in msg.fds:
+                    os.close(fd)
+                err = msg.header.error
+                raise VfioError(f"{self.name}: {p.COMMAND_NAMES.get(command, command)} "
+                                f"refused by the server ({errno.errorcode.get(err, err)})")
+            return msg
+
+    def _negotiate(self) -> dict[str, Any]:
+        body = json.dumps({"capabilities": CLIENT_CAPABILITIES}).encode() + b"\0"
+        reply = self._call(p.VERSION, bytes(p.VersionPayload(p.VERSION_MAJOR,
+                                                            p.VERSION_MINOR)) + body)
+        v = p.unpack(p.VersionPayload, reply.payload, "VERSION reply")
+        if v.major != p.VERSION_MAJOR or v.minor > p.VERSION_MINOR:
+            raise p.ProtocolError(f"{self.name}: server speaks {v.major}.{v.minor}")
+        text = reply.payload[4:].split(b"\0", 1)[0]
+        return json.loads(text.decode()).get("capabilities", {}) if text else {}
+
+    # ---------------------------------------------------------------- VfioDevice
+    def get_info(self) -> DeviceInfo:
+        size = ctypes.sizeof(p.DeviceInfo)
+        reply = self._call(p.DEVICE_GET_INFO, bytes(p.DeviceInfo(argsz=size)))
+        info = p.unpack(p.DeviceInfo, reply.payload, "DEVICE_GET_INFO reply")
+        return DeviceInfo(info.flags, info.num_regions, info.num_irqs)
+
+    def get_region_info(self, index: int) -> RegionInfo:
+        argsz = caps.REGION_INFO_SIZE
+        for _ in range(2):  # ask again when the chain did not fit
+            reply = self._call(p.DEVICE_GET_REGION_INFO,
+                               bytes(p.RegionInfo(argsz=argsz, index=index)))
+            fixed = p.unpack(p.RegionInfo, reply.payload, "DEVICE_GET_REGION_INFO reply")
+            if fixed.flags & abi.VFIO_REGION_INFO_FLAG_CAPS and fixed.argsz > argsz:
+                argsz = fixed.argsz
+                for fd in reply.fds:
+                    os.close(fd)
+                continue
+            info = caps.decode_region_info(reply.payload)
+            for fd in reply.fds[1:]:
+                os.close(fd)
+            if reply.fds:
+                old = self._region_fds.pop(index, None)
+                if old is not None and old not in self._region_fds.values():
+                    self._drop_region_fd(old)
+                self._region_fds[index] = reply.fds[0]
+            return info
+        raise p.ProtocolError(f"{self.name}: region {index} info keeps growing")
+
+    def read(self, region: int, offset: int, size: int) -> int:
+        reply = self._call(p.REGION_READ, bytes(p.RegionAccess(offset, region, size)))
+        head = p.unpack(p.RegionAccess, reply.payload, "REGION_READ reply")
+        data = reply.payload[ctypes.sizeof(p.RegionAccess):]
+        if head.count != size or len(data) != size:
+            raise p.ProtocolError(f"{self.name}: REGION_READ of {size} returned "
+                                  f"{len(data)} bytes")
+        return int.from_bytes(data, "little")
+
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        data = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+        self._call(p.REGION_WRITE, bytes(p.RegionAccess(offset, region, size)) + data)
+
+    def set_mapping_listener(self, listener: MappingListener | None) -> None:
+        with self._lock:
+            if listener is None and self._listener is not None:
+                self._call(p.GPUVM_MAPPING_LISTEN, bytes(p.MappingListen(0)))
+                self._listener = None
+            elif listener is not None:
+                self._listener = listener
+                self._call(p.GPUVM_MAPPING_LISTEN, bytes(p.MappingListen(1)))
+
+    def share(self, address: int, size: int, fd: int) -> None:
+        """Memory this client may DMA-map by handing over `fd` (see the docstring)."""
+        self._shared.append(SharedMemory(address, size, fd))
+
+    def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
+        address, size = memory.ctypes.data, memory.nbytes
+        for shared in self._shared:
+            offset = shared.offset_of(address, size)
+            if offset is not None:
+                break
+        else:
+            raise VfioError(f"{self.name}: DMA map of memory at {address:#x} that has no "
+                            f"fd to pass (share() it first)")
+        wire = (p.DMA_FLAG_READ if flags & abi.VFIO_DMA_MAP_FLAG_READ else 0) | \
+            (p.DMA_FLAG_WRITE if flags & abi.VFIO_DMA_MAP_FLAG_WRITE else 0)
+        self._call(p.DMA_MAP, bytes(p.DmaMap(ctypes.sizeof(p.DmaMap), wire, offset, iova,
+                                             size)), [shared.fd])
+
+    def dma_unmap(self, iova: int, size: int) -> None:
+        self._call(p.DMA_UNMAP, bytes(p.DmaUnmap(ctypes.sizeof(p.DmaUnmap), 0, iova,
+                                                 min(size, (1 << 64) - 1))))
+
+    def get_irq_info(self, index: int) -> IrqInfo:
+        reply = self._call(p.DEVICE_GET_IRQ_INFO,
+                           bytes(p.IrqInfo(argsz=ctypes.sizeof(p.IrqInfo), index=index)))
+        info = p.unpack(p.IrqInfo, reply.payload, "DEVICE_GET_IRQ_INFO reply")
+        return IrqInfo(info.index, info.count, info.flags)
+
+    def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:
+        if eventfds:
+            flags = abi.VFIO_IRQ_SET_DATA_EVENTFD | abi.VFIO_IRQ_SET_ACTION_TRIGGER
+            count = len(eventfds)
+        else:
+            flags, start, count = abi.VFIO_IRQ_SET_DATA_NONE | \
+                abi.VFIO_IRQ_SET_ACTION_TRIGGER, 0, 0
+        self._call(p.DEVICE_SET_IRQS, bytes(p.IrqSet(ctypes.sizeof(p.IrqSet), flags, index,
+                                                     start, count)), eventfds)
+
+    def reset(self) -> None:
+        self._call(p.DEVICE_RESET)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.sock.close()
+            finally:
+                for fd in set(self._region_fds.values()):
+                    self._drop_region_fd(fd)
+                self._region_fds.clear()
+
+    # ---------------------------------------------------------------- DeviceStats
+    def _stats(self, what: int) -> dict[str, Any]:
+        reply = self._call(p.GPUVM_DEVICE_STATS, bytes(p.DeviceStatsRequest(what)))
+        return json.loads(reply.payload.decode())
+
+    def counters(self) -> dict[str, int]:
+        out = dict(self._stats(p.STATS_COUNTERS)["counters"])
+        slots = getattr(self._listener, "slots_in_use", None)
+        if slots is not None:  # the VMM's memslots, as the in-process vGPU reports them
+            out["remap.memslots"] = slots()
+        return out
+
+    def faults(self) -> list[ChannelFault]:
+        return [ChannelFault(**f) for f in self._stats(p.STATS_FAULTS)["faults"]]
+
+    def device_time_ns(self) -> int:
+        return int(self._stats(p.STATS_DEVICE_TIME)["device_time_ns"])
+
+    # ---------------------------------------------------------------- BAR remap
+    def _region_address(self, region: int) -> int:
+        """Where this process sees byte 0 of `region`'s mmap fd (mapped once, whole)."""
+        fd = self._region_fds.get(region)
+        if fd is None:
+            raise p.ProtocolError(f"{self.name}: a grant in region {region}, which came "
+                                  f"with no fd")
+        if fd not in self._region_maps:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(
+                mmap, "MAP_NORESERVE", 0x4000), prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            self._region_maps[fd] = (mapping, ctypes.addressof(
+                ctypes.c_char.from_buffer(mapping)))
+        return self._region_maps[fd][1]
+
+    def _drop_region_fd(self, fd: int) -> None:
+        entry = self._region_maps.pop(fd, None)
+        if entry is not None:
+            try:
+                entry[0].close()
+            except BufferError:
+                pass
+        os.close(fd)
+
+    def _mapping_event(self, msg: p.Message) -> None:
+        for fd in msg.fds:
+            os.close(fd)
+        ev = p.unpack(p.MappingEvent, msg.payload, "GPUVM_MAPPING_EVENT")
+        if ev.kind == p.MAPPING_MAP:
+            address = self._region_address(ev.region)
+            limit = len(self._region_maps[self._region_fds[ev.region]][0])
+            if ev.fd_offset + ev.size > limit or not ev.size:
+                raise p.ProtocolError(f"{self.name}: grant of [{ev.fd_offset:#x}, "
+                                      f"+{ev.size:#x}) outside the region's {limit:#x}-byte fd")
+            self._grants[(ev.region, ev.offset)] = (ev.fd_offset, ev.size)
+            if self._listener is not None:
+                self._listener.map(ev.region, ev.offset, address + ev.fd_offset, ev.size)
+        else:
+            self._grants.pop((ev.region, ev.offset), None)
+            if self._listener is not None:
+                self._listener.unmap(ev.region, ev.offset, ev.size)

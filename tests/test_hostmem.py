@@ -1,0 +1,335 @@
+"""Host memory (issue 16): guest RAM backing, the VMM's count of the guest's pins and
+huge-page splits, the prices from the measured profile, the page-table footprint per VM,
+and smart pinning driven by a profile run's history."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from gpuvm.calibrate.footprint import vm_pt_footprint
+from gpuvm.device import regs
+from gpuvm.experiment.config import ConfigError, parse
+from gpuvm.experiment.costs import COSTS_DIR, load_hostmem_costs
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run.spec import RunError
+from gpuvm.vmm import abi
+from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.hostmem import HUGE_PAGE, HostMemTracker, hot_mask
+
+MiB = regs.MiB
+
+
+def _event(op: int, gpa: int, nbytes: int, arg: int = 0, alloc: int = 0) -> abi.HostmemEvent:
+    return abi.HostmemEvent(op=op, arg=arg, alloc=alloc, gpa=gpa, bytes=nbytes)
+
+
+@pytest.fixture
+def thp_ram():
+    ram = GuestRam(16 * MiB, backing="thp")
+    yield ram
+    ram.close()
+
+
+def test_guest_ram_backings_and_smaps():
+    for backing in ("anon", "4k", "thp"):
+        ram = GuestRam(4 * MiB, backing=backing)
+        ram.array[::4096] = 1
+        assert 0 <= ram.huge_kib() <= 4096  # smaps answers; the host decides how much
+        ram.close()
+    with pytest.raises(ValueError, match="backing"):
+        GuestRam(4 * MiB, backing="1g")
+
+
+def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
+    from gpuvm.calibrate import hostmem as knobs
+
+    mode = knobs.read_knob(knobs.SHMEM_THP_KNOB)
+    if mode not in ("advise", "always", "within_size"):
+        pytest.skip(f"shmem THP is {mode!r} here")
+    ram = GuestRam(8 * MiB, backing="thp")
+    ram.array[::4096] = 1
+    assert ram.huge_kib() > 0
+    ram.close()
+    ram = GuestRam(8 * MiB, backing="4k")
+    ram.array[::4096] = 1
+    assert ram.huge_kib() == 0  # MADV_NOHUGEPAGE is always honoured
+    ram.close()
+
+
+def test_write_pin_that_cuts_huge_pages_splits_them(thp_ram):
+    t = HostMemTracker(thp_ram)
+    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))  # cuts pages 0 and 2
+    t.handle(_event(abi.HM_PIN, 2 * MiB, 4 * MiB, arg=1))  # aligned: cuts nothing
+    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=0))  # read pin: no split charged
+    t.handle(_event(abi.HM_PIN, 4096, 8192, arg=1))  # inside one page: one split
+    assert t.counters["hostmem.huge_splits"] == 3
+    assert t.counters["hostmem.pins"] == 4
+    assert t.counters["hostmem.pin_bytes_thp"] == 12 * MiB + 8192
+    assert t.pinned_peak_bytes == 12 * MiB + 8192
+
+
+def test_4k_backing_never_splits():
+    ram = GuestRam(16 * MiB, backing="4k")
+    t = HostMemTracker(ram)
+    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))
+    assert t.counters.get("hostmem.huge_splits", 0) == 0
+    assert t.counters["hostmem.pin_bytes_4k"] == 4 * MiB
+    ram.close()
+
+
+def test_nohugepage_on_pinned_ranges_removes_splits(thp_ram):
+    t = HostMemTracker(thp_ram, nohugepage_pinned=True)
+    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))
+    t.handle(_event(abi.HM_UNPIN, 1 * MiB, 4 * MiB, arg=1))
+    assert t.counters.get("hostmem.huge_splits", 0) == 0
+    assert t.counters["hostmem.pin_bytes_4k"] == 4 * MiB
+    assert t.counters["hostmem.unpin_bytes_4k"] == 4 * MiB
+    assert t.pinned_bytes == 0
+    # pages the advice did not reach are still huge
+    assert t.thp_bytes(6 * MiB, HUGE_PAGE) == HUGE_PAGE
+
+
+def test_bad_reports_are_refused(thp_ram):
+    t = HostMemTracker(thp_ram)
+    with pytest.raises(ValueError, match="unknown op"):
+        t.handle(_event(99, 0, 4096))
+    with pytest.raises(ValueError, match="unknown kind"):
+        t.handle(_event(abi.HM_HTOD, 0, 4096, arg=7))
+    with pytest.raises(Exception, match="outside RAM"):
+        t.handle(_event(abi.HM_PIN, 15 * MiB, 2 * MiB))
+
+
+def test_hot_mask_picks_allocations_over_the_threshold():
+    assert hot_mask({1: 16, 2: 2, 3: 1, 5: 16, 0: 40}, threshold=2) == 0b10001
+    assert hot_mask({1: 16, 2: 2}, threshold=1) == 0b11
+
+
+def test_hostmem_costs_are_the_measured_medians():
+    measured = tomllib.loads((COSTS_DIR / "gpu-h100.toml").read_text())
+    c = load_hostmem_costs("gpu-h100")
+    m = measured["costs"]
+    assert (c.h2d_pinned_gib_s, c.d2h_pageable_gib_s) == (m["h2d_pinned_gib_s"],
+                                                          m["d2h_pageable_gib_s"])
+    assert c.pin_chunk_thp_us == m["pin_chunk_memfd_thp_us"]
+    assert c.chunk_bytes == measured["device"]["chunk_bytes"]
+    assert c.thp_split_us == 0.0  # what the H100 showed
+    field = load_hostmem_costs("hostmem-field-split")
+    assert field.thp_split_us == pytest.approx(215.2)
+    assert field.pin_chunk_4k_us == c.pin_chunk_4k_us
+    # 1 GiB staged at the pageable rate takes 1 / rate seconds
+    ns = c.modelled_ns({"hostmem.xfer.dtoh.staged.bytes": regs.GiB})
+    assert ns == pytest.approx(1e9 / c.d2h_pageable_gib_s)
+    assert field.modelled_ns({"hostmem.huge_splits": 10}) == pytest.approx(2152e3)
+
+
+def test_hostmem_profile_errors_name_the_culprit(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[hostmem]\nbase = "gpu-h100"\nsplit_us = 1.0\n')
+    with pytest.raises(ValueError, match="unknown 'split_us'"):
+        load_hostmem_costs(str(bad))
+    with pytest.raises(ValueError, match="not found"):
+        load_hostmem_costs("no-such-profile")
+
+
+def test_vm_pt_footprint_exact_counts():
+    one = vm_pt_footprint(regs.GiB)
+    assert one["4k"]["ptes"] == 262144 and one["128k"]["ptes"] == 8192
+    assert one["4k"]["entry_bytes"] == (262144 + 8) * 8
+    eight = vm_pt_footprint(regs.GiB, vms=8)
+    shared = vm_pt_footprint(regs.GiB, vms=8, shared=True)
+    assert eight["4k"]["pt_bytes"] == 8 * one["4k"]["pt_bytes"]
+    assert shared["4k"]["pt_bytes"] == one["4k"]["pt_bytes"]
+    assert shared["4k"]["pdes"] == 8 * one["4k"]["pdes"]
+    assert vm_pt_footprint(0)["4k"]["ptes"] == 0
+
+
+def test_config_checks_hostmem_keys():
+    text = """
+[experiment]
+name = "x"
+kind = "hostmem"
+[[scenario]]
+name = "s"
+[[scenario.vm]]
+name = "v"
+benchmark = "memcpy"
+ram_backing = "%s"
+"""
+    assert parse(text % "thp").scenarios[0].vms[0].ram_backing == "thp"
+    with pytest.raises(ConfigError, match=r"vm\[0\]\.ram_backing: must be one of"):
+        parse(text % "2m")
+    bad_profile = text.replace('kind = "hostmem"', 'kind = "hostmem"\nhostmem_profiles = ["nope"]')
+    with pytest.raises(ConfigError, match=r"hostmem_profiles: host-memory profile 'nope' not found"):
+        parse(bad_profile % "thp")
+    later = (text % "thp") + """
+[[scenario]]
+name = "t"
+[[scenario.vm]]
+name = "w"
+benchmark = "hostmem"
+pin_hot_from = "s/v"
+"""
+    with pytest.raises(ConfigError, match="pin_hot_from 's/v' is not a reporting VM"):
+        parse(later)
+    assert parse(later.replace('ram_backing = "thp"', 'ram_backing = "thp"\nhostmem_report = true'))
+
+
+def test_spec_rejects_a_bad_chunk():
+    with pytest.raises(RunError, match="pin chunk"):
+        VmSpec("v", "memcpy", pin_chunks=True, pin_chunk_bytes=3000).flags()
+
+
+def _hostmem_counts(result) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in result.session.phases:
+        for k, v in p.counters.items():
+            if "hostmem" in k:
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def test_guest_without_the_flags_reports_nothing():
+    (r,) = run_vms([VmSpec("vm0", "memcpy", [1 * MiB])], RunOptions(mode="native"))
+    assert r.passed, r.error()
+    assert _hostmem_counts(r) == {}
+
+
+@pytest.mark.parametrize("backing,nohuge,splits", [("4k", False, 0), ("thp", False, 8),
+                                                   ("thp", True, 0)])
+def test_guest_pins_pageable_copies_in_chunks(backing, nohuge, splits):
+    """16 MiB each way, 4 MiB chunks, buffers 1 MiB into their allocation: 4 pins per
+    direction; each D2H chunk cuts two huge pages of THP-backed RAM."""
+    (r,) = run_vms([VmSpec("vm0", "memcpy", [16 * MiB, 0, 1 * MiB], ram_size=128 * MiB,
+                           ram_backing=backing, hostmem_report=True, pin_chunks=True,
+                           nohugepage_pinned=nohuge)], RunOptions(mode="fv-opt"))
+    assert r.passed, r.error()
+    c = _hostmem_counts(r)
+    assert c["hostmem.pins"] == c["hostmem.unpins"] == 8
+    assert c["hostmem.pin_bytes"] == 32 * MiB
+    assert c.get("hostmem.huge_splits", 0) == splits
+    assert c["hostmem.xfer.htod.chunks.bytes"] == c["hostmem.xfer.dtoh.chunks.bytes"] == 16 * MiB
+    assert r.session.hostmem.pinned_peak_bytes == 4 * MiB
+
+
+def test_chunk_size_is_configurable():
+    (r,) = run_vms([VmSpec("vm0", "memcpy", [4 * MiB], ram_size=64 * MiB, hostmem_report=True,
+                           pin_chunks=True, pin_chunk_bytes=1 * MiB)], RunOptions(mode="native"))
+    assert r.passed, r.error()
+    assert _hostmem_counts(r)["hostmem.pins"] == 8
+
+
+def test_smart_pinning_pins_only_what_the_profile_run_saw_hot():
+    size = 256 * 1024
+    (profile,) = run_vms([VmSpec("p", "hostmem", [size, 8, 0], hostmem_report=True)],
+                         RunOptions(mode="native"))
+    assert profile.passed, profile.error()
+    transfers = profile.session.hostmem.transfers_per_alloc()
+    assert transfers == {1: 16, 2: 2, 3: 2, 4: 2, 5: 16, 6: 2, 7: 2, 8: 2}
+    assert profile.session.hostmem.pinned_peak_bytes == 0
+    history = profile.session.hostmem.history()["events"]
+    assert [e["op"] for e in history[:8]] == ["alloc"] * 8
+    assert all(e["t_ns"] >= 0 for e in history)
+    mask = hot_mask(transfers, threshold=2)
+    runs = run_vms([VmSpec("smart", "hostmem", [size, 8, 2, mask], hostmem_report=True),
+                    VmSpec("all", "hostmem", [size, 8, 1], hostmem_report=True)],
+                   RunOptions(mode="native"))
+    smart, every = runs
+    assert smart.passed and every.passed
+    assert smart.session.hostmem.pinned_peak_bytes == 2 * size
+    assert every.session.hostmem.pinned_peak_bytes == 8 * size
+    how = {e["alloc"]: e["how"] for e in smart.session.hostmem.events if e["op"] == "htod"}
+    assert how == {1: "pinned", 2: "staged", 3: "staged", 4: "staged", 5: "pinned",
+                   6: "staged", 7: "staged", 8: "staged"}
+    costs = load_hostmem_costs("gpu-h100")
+
+    def total(result) -> float:
+        return costs.modelled_ns(_hostmem_counts(result))
+
+    assert total(every) < total(profile) and total(smart) < total(profile)
+
+
+SMALL = """
+[experiment]
+name = "hostmem-small"
+kind = "hostmem"
+modes = ["native"]
+output = "{out}"
+hostmem_profiles = ["gpu-h100", "hostmem-field-split"]
+[[scenario]]
+name = "bandwidth"
+[[scenario.vm]]
+name = "pinned"
+benchmark = "memcpy"
+params = [1048576, 1]
+hostmem_report = true
+[[scenario.vm]]
+name = "pageable"
+benchmark = "memcpy"
+params = [1048576, 0]
+hostmem_report = true
+[[scenario]]
+name = "thp"
+[[scenario.vm]]
+name = "thp"
+benchmark = "memcpy"
+params = [8388608, 0, 1048576]
+ram_backing = "thp"
+hostmem_report = true
+pin_chunks = true
+[[scenario]]
+name = "profile"
+[[scenario.vm]]
+name = "none-256k"
+benchmark = "hostmem"
+params = [262144, 8, 0]
+hostmem_report = true
+[[scenario]]
+name = "use"
+[[scenario.vm]]
+name = "smart-256k"
+benchmark = "hostmem"
+params = [262144, 8, 2]
+hostmem_report = true
+hot_threshold = 2
+pin_hot_from = "profile/none-256k"
+[[scenario.vm]]
+name = "all-256k"
+benchmark = "hostmem"
+params = [262144, 8, 1]
+hostmem_report = true
+"""
+
+
+def test_hostmem_experiment_rows_histories_and_report(tmp_path):
+    import json
+
+    from gpuvm.experiment.execute import execute
+    from gpuvm.experiment.report import write_report
+    from gpuvm.experiment.rundir import RunDir
+
+    exp = parse(SMALL.format(out=tmp_path / "out"))
+    run = RunDir.create(exp)
+    rows = execute(exp, run)
+    assert all(r.passed for r in rows), [r.error for r in rows]
+    smart = next(r for r in rows if r.vm == "smart-256k")
+    assert smart.record["hot_mask"] == "0x11"  # from the profile run's history
+    assert smart.hostmem["pinned_peak_bytes"] == 2 * 262144
+    assert smart.hostmem["pt_footprint"]["4k"]["ptes"] == 2 * 262144 // 4096
+    thp = next(r for r in rows if r.vm == "thp")
+    field = thp.hostmem["modelled_ns"]["hostmem-field-split"]
+    assert thp.counters["hostmem.huge_splits"] == 4  # 2 D2H chunks, 2 cuts each
+    assert field["split"] == pytest.approx(4 * 215.2e3)
+    assert thp.hostmem["modelled_ns"]["gpu-h100"]["split"] == 0
+    history = json.loads((run.path / "history" / "profile-native-fifo-0-none-256k.json")
+                         .read_text())
+    assert sum(e["op"] == "htod" for e in history["events"]) == 22  # 2 hot x 8 + 6 cold
+    md = write_report(exp, rows, run.path).read_text()
+    for heading in ("measured vs modelled", "Huge-page splits", "page-table footprint",
+                    "Smart pinning"):
+        assert heading in md
+    bandwidth = [line for line in md.splitlines() if line.startswith("| h2d ")
+                 or line.startswith("| d2h ")]
+    assert len(bandwidth) == 4 and all(line.endswith("| yes |") for line in bandwidth)
+    assert "| 4k | 1 | no | 262144 | 8 | 8 | 2097216 | 2097152 |" in md

@@ -1,0 +1,100 @@
+"""VMs in their own VMM processes, their vGPUs attached over vfio-user: the same counts as
+in-process, and one VMM killed mid-run costs only its own VM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run.execute import machine_for
+from gpuvm.run.isolated import run_isolated
+from gpuvm.vmm import guest_programs
+from gpuvm.vmm.kvm import kvm_usable
+
+KVM_USABLE, KVM_WHY = kvm_usable()
+PINNED = json.loads((Path(__file__).with_name("data") / "counts_default_type.json").read_text())
+DEFAULT_TYPE = "gpuvm-Q6000-8Q"
+CASES = {"vecadd": [1000], "madd": [16], "mmul": [32], "fmadd": [1000],
+         "memcpy": [4096], "loop": [1000], "idle": []}
+ISSUE_MODES = ["fv", "fv-opt", "pv"]
+
+
+def _isolated_counts(bench: str, mode: str, backend: str = "inproc") -> dict:
+    (r,) = run_vms([VmSpec("vm0", bench, CASES[bench], mdev_type=DEFAULT_TYPE)],
+                   RunOptions(mode=mode, backend=backend, timeout=300, isolated=True))
+    assert r.passed, (bench, mode, r.error())
+    return {p.name: p.counters for p in r.session.phases}
+
+
+@pytest.mark.parametrize("mode", ISSUE_MODES)
+def test_isolated_vm_counts_equal_the_in_process_run(mode):
+    assert _isolated_counts("mmul", mode) == PINNED[f"mmul/{mode}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bench", list(CASES))
+@pytest.mark.parametrize("mode", ISSUE_MODES)
+def test_every_benchmark_isolated_equals_in_process(bench, mode):
+    assert _isolated_counts(bench, mode) == PINNED[f"{bench}/{mode}"]
+
+
+@pytest.mark.slow
+@pytest.mark.kvm
+@pytest.mark.skipif(not KVM_USABLE, reason=KVM_WHY)
+@pytest.mark.parametrize("bench", list(CASES))
+@pytest.mark.parametrize("mode", [*ISSUE_MODES, "fv+remap"])
+def test_isolated_kvm_counts_equal_in_process_kvm(bench, mode):
+    """On KVM the counts include exits; remap modes map granted VRAM pages as memslots in
+    the VMM process from the server's memfd."""
+    spec = VmSpec("vm0", bench, CASES[bench])
+    (inproc,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300))
+    (isolated,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300,
+                                             isolated=True))
+    assert inproc.passed and isolated.passed, isolated.error()
+    assert {p.name: p.counters for p in isolated.session.phases} == \
+        {p.name: p.counters for p in inproc.session.phases}
+
+
+def test_killed_vmm_leaves_the_others_running_and_its_partition_reusable():
+    """Two 2Q vGPUs fill the GPU; the victim's VMM is SIGKILLed while its guest runs; a
+    third VM started later gets the victim's partition (there is no other) and passes."""
+    mode, bench, params = "fv-opt", "loop", [20000]
+    specs = [VmSpec("victim", bench, params, mdev_type="gpuvm-Q6000-2Q"),
+             VmSpec("survivor", "mmul", CASES["mmul"], mdev_type="gpuvm-Q6000-2Q"),
+             VmSpec("late", "mmul", CASES["mmul"], mdev_type="gpuvm-Q6000-2Q",
+                    start_delay=4.0)]
+    options = RunOptions(mode=mode, backend="inproc", timeout=120)
+    (expected,) = run_vms([VmSpec("survivor", "mmul", CASES["mmul"],
+                                  mdev_type="gpuvm-Q6000-2Q")], options)
+    killed = []
+
+    def kill_when_running(vm) -> None:
+        deadline = time.monotonic() + 30
+        device = vm.server.device
+        while time.monotonic() < deadline and \
+                sum(v for k, v in device.counts.items() if k.startswith("trap.")) < 200:
+            time.sleep(0.01)  # wait until its guest driver is well into its run
+        killed.append(vm.process.poll() is None)  # still running when killed
+        os.kill(vm.process.pid, signal.SIGKILL)
+
+    def kill_victim(vm) -> None:
+        if vm.spec.name == "victim":
+            threading.Thread(target=kill_when_running, args=(vm,), daemon=True).start()
+
+    machine = machine_for(mode)(options, specs)
+    boot = [(s, s.boot_params(), s.flags()) for s in specs]
+    programs = guest_programs.build_all(["driver"], kinds=("shared",))
+    victim, survivor, late = run_isolated(machine, boot, programs, "inproc", options,
+                                          on_spawn=kill_victim)
+    assert killed == [True] and not victim.passed and "SIGKILL" in victim.error()
+    assert survivor.passed and late.passed, (survivor.error(), late.error())
+    want = {p.name: p.counters for p in expected.session.phases}
+    assert {p.name: p.counters for p in survivor.session.phases} == want
+    assert {p.name: p.counters for p in late.session.phases} == want
