@@ -56,6 +56,13 @@ class VramPool:
                 merged.append((a, n))
         self._free = merged
 
+    def __deepcopy__(self, memo: dict) -> "VramPool":
+        """A copy for planning (what would fit): same ranges, and it scrubs nothing."""
+        twin = VramPool(self.base, self.size, self.name)
+        twin._free, twin._used = list(self._free), dict(self._used)
+        twin._starts = list(self._starts)
+        return twin
+
     def allocated(self, lo: int, hi: int) -> bool:
         """Whether [lo, hi) lies inside one range handed out and not yet freed."""
         starts = self._starts
