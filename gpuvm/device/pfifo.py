@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
 
 SERVICE_SLICE_S = 0.005  # wall time one service call may hold the device lock
-ACQUIRE_POLL_WALL_S = 0.0002  # an unsatisfied acquire is polled at most this often
+ACQUIRE_POLL_WALL_S = 0.001  # an unsatisfied acquire is polled at most this often
 
 UNIT_NAMES = {regs.FAULT_UNIT_PGRAPH: "PGRAPH", regs.FAULT_UNIT_BAR1: "BAR1",
               regs.FAULT_UNIT_BAR3: "BAR3", regs.FAULT_UNIT_PFIFO: "PFIFO",
@@ -263,7 +263,7 @@ class Pfifo(RegisterBlock):
                 wake = ch.resume_at if wake is None else min(wake, ch.resume_at)
             elif ch.runnable and ch.acquire is not None:
                 # an acquire is re-checked when anything is released; poll slowly meanwhile
-                # (every device ms, and never more often than every 0.2 ms of wall time:
+                # (every device ms, and never more often than every wall ms:
                 # with a fast clock the poll would otherwise spin on the device lock)
                 step = max(1_000_000, int(ACQUIRE_POLL_WALL_S * 1e9 * self.gpu.clock.time_scale))
                 wake = now + step if wake is None else min(wake, now + step)

@@ -239,8 +239,10 @@ class Submissions:
             with self._lock:
                 deadline = self._deadline()
             if deadline is not None:
-                # device time may run faster than wall time: look again soon enough
-                until = max(0.0, (deadline - self._now()) / 1e9)
+                # the cut-off is the later of the device deadline and the wall floor; the
+                # device clock may run faster than wall time: look again soon enough
+                until = max(0.0, (deadline - self._now()) / 1e9,
+                            self.limits.wall_floor_s - (time.monotonic() - self._started_wall))
                 until = min(until, STALL_CHECK_S)
                 timeout = until if timeout is None else min(timeout, until)
             try:
