@@ -19,6 +19,7 @@ HC_VM_FLUSH = 4  # args[0] = pd key: TLB flush of that address space
 HC_FREE_PGD = 5  # args[0] = pd key
 HC_OK = 0
 HC_EINVAL = -22  # a bad op or argument; args[3] = number of entries refused
+HC_ENOMEM = -12  # the VM's shadow reserve cannot hold the tables this call needs
 HC_MAX_ENTRIES = 2048  # one hypercall carries at most this many entries
 
 

@@ -44,6 +44,16 @@ class EntryPolicy:
         """(shadow entries, refused mask) for guest entries describing pages of `page` bytes."""
         ptes = ptes.astype(np.uint64, copy=False)
         present = (ptes & _ONE).astype(bool)
+        if ptes.size > 64:
+            # Guest tables are mostly empty: translate the present entries only (what is
+            # not present becomes 0, never refused, either way).
+            idx = np.flatnonzero(present)
+            if idx.size * 4 < ptes.size:
+                out = np.zeros(ptes.shape, dtype=np.uint64)
+                refused = np.zeros(ptes.shape, dtype=bool)
+                if idx.size:
+                    out[idx], refused[idx] = self.translate(ptes[idx], page)
+                return out, refused
         target = (ptes >> _TARGET_SHIFT) & np.uint64(regs.PTE_TARGET_MASK)
         addr = ((ptes & _ADDR_FIELD) >> np.uint64(regs.PTE_ADDR_SHIFT)) << np.uint64(12)
         end = addr + np.uint64(page)

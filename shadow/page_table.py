@@ -26,7 +26,7 @@ from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
 from shadow.guest_memory import GuestMemory
-from shadow.vram_pool import VramPool
+from shadow.vram_pool import PoolExhausted, VramPool
 
 Count = Callable[[str, int], None]
 
@@ -176,7 +176,14 @@ class ShadowSpace:
                 self.pool.free(old.shadow)
                 del self._pts[key]
                 old = None
-            table = self._sync_table(kind, current, guest, target, old, incremental, stats)
+            try:
+                table = self._sync_table(kind, current, guest, target, old, incremental, stats)
+            except PoolExhausted:
+                # more tables than the VM's shadow reserve holds: this half stays absent
+                # (the guest faults there), the host carries on
+                stats.ptes_refused += 1
+                self.count("shadow.tables_refused_nomem", 1)
+                continue
             self._pts[key] = table
             if kind == SMALL:
                 shadow_pde |= regs.PDE_SMALL_PRESENT | \

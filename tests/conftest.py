@@ -7,7 +7,11 @@ import pytest
 from gpuvm.device import regs
 from gpuvm.device.dma import RamPort
 from gpuvm.device.gpu import Gpu
+from gpuvm.mediator import monitor
 from gpuvm.vmm.guest_ram import GuestRam
+
+# The reference monitor judges every physical access of every mediator the suite makes.
+monitor.enable()
 
 TEST_VRAM = 384 * regs.MiB  # six partitions of 64 MiB: small, still a whole Quadro layout
 FAST_CLOCK = 1000.0  # device time runs 1000x wall time: modelled ms pass in µs
@@ -27,3 +31,12 @@ def gpu(sysram):
     g.start()
     yield g
     g.release_memory()
+
+
+@pytest.fixture(autouse=True)
+def no_escapes():
+    """Fail any test during which a device access left its owner's memory."""
+    monitor.take()
+    yield
+    escapes = monitor.take()
+    assert not escapes, "reference monitor: " + "; ".join(str(e) for e in escapes[:5])

@@ -75,11 +75,10 @@ class Arena(MediatedMachine):
         self.attacker_counts: dict[str, int] = {}
         self.attacker_started_at_victim_attach: dict[str, int] | None = None
         self.victim_partition_live = False
-        # VRAM is seeded before any VM exists: the attacker (created first) cannot be
-        # quicker than the seeding; the victim page is where its slice will be
+        # hypervisor VRAM is seeded before any VM exists; a slice is scrubbed when its
+        # VM is created, so each VM's page is seeded as its vGPU is made (the victim's
+        # before the attacker has rung any doorbell: layout_as_assumed checks that)
         self._seed("hypervisor_vram", HYP_HOST)
-        self._seed("victim_vram", VICTIM_GUEST)
-        self._seed("own_vram", OFFSET)
 
     def _seed(self, name: str, host: int) -> None:
         self.gpu.vram.u8[host:host + PAGE] = np.frombuffer(SEEDS[name], np.uint8)
@@ -97,6 +96,8 @@ class Arena(MediatedMachine):
 
     def attach(self, spec):
         vgpu = super().attach(spec)
+        self._seed("victim_vram" if spec.name == "victim" else "own_vram",
+                   vgpu.part.vram_base + OFFSET)
         map_dma = vgpu.dma_map
 
         def seeded_dma_map(iova, memory, flags):  # the guest's RAM, seeded as it is mapped

@@ -110,3 +110,58 @@ def test_a_stalled_policy_is_driven_again_and_counted():
     assert wait_for(lambda: engine.rung == [(0, 1)])
     assert sub.stalls == 1
     sub.close()
+
+
+def test_watchdog_cuts_off_a_submission_that_never_ends():
+    """A submission the engine never reports idle is killed at its limit, the VM charged,
+    and the next VM's submission runs; a per-VM total limit kills on its own too."""
+    from gpuvm.mediator.submission import WatchdogLimits
+
+    class Hanging(Engine):
+        def ring(self, pchid: int, put: int) -> None:
+            if pchid == 7:  # never completes
+                self.rung.append((pchid, put))
+            else:
+                super().ring(pchid, put)
+
+    for limits, why in ((WatchdogLimits(submission_ns=20_000_000, wall_floor_s=0.0),
+                         "submission held the GPU"),
+                        (WatchdogLimits(submission_ns=None, vm_ns=20_000_000, wall_floor_s=0.0),
+                         "VM used")):
+        engine = Hanging()
+        killed: list[tuple[int, str]] = []
+        sub = Submissions(engine, FifoPolicy(),
+                          lambda pchid, reason: killed.append((pchid, reason)), limits)
+        engine.sub = sub
+        a, b = object(), object()
+        sub.add_vm(a, 1.0)
+        sub.add_vm(b, 1.0)
+        sub.submit(a, 7, 1)
+        sub.submit(b, 8, 1)
+        try:
+            assert wait_for(lambda: sub.dispatcher.metrics[b].completions == 1)
+            assert [p for p, _ in killed] == [7] and why in killed[0][1]
+            assert sub.used(a) >= 20_000_000
+            assert sub.dispatcher.running is None
+        finally:
+            sub.close()
+
+
+def test_removing_the_vm_on_the_gpu_frees_it():
+    class Silent(Engine):
+        def ring(self, pchid: int, put: int) -> None:
+            self.rung.append(pchid)  # never reported idle
+
+    engine = Silent()
+    sub = Submissions(engine, FifoPolicy())
+    engine.sub = sub
+    a, b = object(), object()
+    sub.add_vm(a, 1.0)
+    sub.add_vm(b, 1.0)
+    sub.submit(a, 0, 1)
+    assert wait_for(lambda: engine.rung == [0])
+    sub.remove_vm(a, {0})
+    assert sub.dispatcher.running is None
+    sub.submit(b, 8, 1)
+    assert wait_for(lambda: engine.rung == [0, 8])
+    sub.close()

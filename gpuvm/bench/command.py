@@ -1,4 +1,5 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim}`: each prints ratios measured side by side in one run.
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,fuzz}`: each prints what it measures
+side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
 """
@@ -19,6 +20,8 @@ BENCHES = {
     "isolation": ("gpuvm.bench.isolation", "main_isolation", "VMs as threads vs as VMM "
                                                              "processes over vfio-user"),
     "sim": ("gpuvm.bench.sim", "main_sim", "the simpy model's events/s at 16 and 1,024 VMs"),
+    "fuzz": ("gpuvm.bench.fuzz", "main_fuzz", "hostile guest operations against two vGPUs, "
+                                              "the reference monitor on"),
 }
 
 

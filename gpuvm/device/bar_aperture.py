@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
-from gpuvm.device.mmu import DmaFault, Space, VmFault
+from gpuvm.device.mmu import DATA, DmaFault, Space, VmFault
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
@@ -50,17 +50,19 @@ class BarAperture:
                 (offset & 0xFFF) + size > 0x1000:
             self.gpu.mmio_bus._unimplemented(offset, f"bar{self.bar} access of {size}")
             return None
+        self.gpu.mmu.actor = ("bar", self.bar, offset)
         if not self.reg & regs.PBUS_BARVM_ENABLE:
             if not self.gpu.vram.contains(offset, size):
                 self.gpu.counts.inc(f"bar{self.bar}.plain_out_of_range")
                 return None
+            self.gpu.mmu.check(DATA, regs.TARGET_VRAM, offset, size, write)
             return regs.TARGET_VRAM, offset
         space = self.space()
         try:
             if space is None:
                 raise VmFault(regs.FAULT_NO_CHANNEL, offset, write)
             target, phys = self.gpu.mmu.translate_one(space, offset, write, user=False)
-            self.gpu.mmu.view(target, phys, size)
+            self.gpu.mmu.view(target, phys, size, DATA, write)
             return target, phys
         except (VmFault, DmaFault) as exc:
             reason = exc.reason if isinstance(exc, VmFault) else regs.FAULT_PAGE_NOT_PRESENT

@@ -18,7 +18,7 @@ import numpy as np
 from gpuvm.device import regs
 from gpuvm.device.engine_classes import BoundObject, Completion
 from gpuvm.device.faults import ChannelError
-from gpuvm.device.mmu import DmaFault, Space, VmFault
+from gpuvm.device.mmu import CONTEXT, DmaFault, Space, VmFault
 from gpuvm.device.pushbuffer import MethodCall, decode
 
 if TYPE_CHECKING:
@@ -59,6 +59,11 @@ class Channel:
     poll: bool = False  # GP_PUT may have moved: look at USERD
     busy_since: int | None = None  # device time the channel last went from idle to busy
     counts: Callable[[str, int], None] | None = None
+
+    @property
+    def actor(self) -> tuple[str, int]:
+        """Who the device works for while it runs this channel (the access monitor's key)."""
+        return ("channel", self.chid)
 
     @property
     def valid(self) -> bool:
@@ -136,7 +141,8 @@ class ChannelExecutor:
     def load_context(self, ch: Channel) -> ChannelContext:
         gpu = self.gpu
         try:
-            ramin = gpu.mmu.view(ch.inst_target, ch.inst, regs.RAMIN_SIZE).view(np.uint32)
+            ramin = gpu.mmu.view(ch.inst_target, ch.inst, regs.RAMIN_SIZE,
+                                 CONTEXT).view(np.uint32)
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"instance block {ch.inst:#x} is outside memory", ch.inst) from None
@@ -159,7 +165,7 @@ class ChannelExecutor:
             gpfifo_entries=1 << log2,
         )
         try:
-            gpu.mmu.view(ctx.userd_target, ctx.userd, regs.USERD_STRIDE)
+            gpu.mmu.view(ctx.userd_target, ctx.userd, regs.USERD_STRIDE, CONTEXT)
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"USERD {ctx.userd:#x} is outside memory", ctx.userd) from None
@@ -167,7 +173,7 @@ class ChannelExecutor:
 
     def _userd_write(self, ctx: ChannelContext, offset: int, value: int) -> None:
         self.gpu.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
-                                (value & 0xFFFFFFFF).to_bytes(4, "little"))
+                                (value & 0xFFFFFFFF).to_bytes(4, "little"), CONTEXT)
 
     # ------------------------------------------------------------------ fetch
     def _fetch(self, ch: Channel, mem: ChannelMemory) -> bool:
@@ -175,7 +181,8 @@ class ChannelExecutor:
         if not ch.poll:
             return False
         ctx = ch.ctx
-        gp_put = self.gpu.mmu.phys_read_u32(ctx.userd_target, ctx.userd + regs.USERD_GP_PUT)
+        gp_put = self.gpu.mmu.phys_read_u32(ctx.userd_target, ctx.userd + regs.USERD_GP_PUT,
+                                            CONTEXT)
         if gp_put >= ctx.gpfifo_entries:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
                                f"GP_PUT {gp_put} beyond a ring of {ctx.gpfifo_entries}", gp_put)
@@ -274,6 +281,7 @@ class ChannelExecutor:
     def run(self, ch: Channel, now: int) -> bool:
         """Give the channel a turn; True if it made progress."""
         progress = False
+        self.gpu.mmu.actor = ch.actor
         try:
             if ch.ctx is None:
                 ch.ctx = self.load_context(ch)

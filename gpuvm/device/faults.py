@@ -19,6 +19,7 @@ CHAN_ERROR_NAMES = {
     regs.CHAN_ERR_BAD_INSTANCE_EXT: "bad instance block",
     regs.CHAN_ERR_IB_EMPTY_EXT: "IB_EMPTY (zero-length GPFIFO entry)",
     regs.CHAN_ERR_UNSUPPORTED_EXT: "not modelled",
+    regs.CHAN_ERR_TIMEOUT_EXT: "killed by the watchdog",
 }
 
 

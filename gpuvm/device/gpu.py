@@ -30,7 +30,7 @@ from gpuvm.device.engine_classes import engine_classes
 from gpuvm.device.engines import Engines
 from gpuvm.device.faults import ChannelFault
 from gpuvm.device.mmio_bus import MmioBus
-from gpuvm.device.mmu import DmaFault, Mmu, Space
+from gpuvm.device.mmu import CONTEXT, DmaFault, Mmu, Space
 from gpuvm.device.pfifo import Pfifo
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.device.vram import Vram
@@ -231,7 +231,7 @@ class Gpu:
 
     def space_from_instance(self, inst: int, target: int) -> Space | None:
         try:
-            w = self.mmu.view(target, inst + regs.RAMIN_PD_LO, 16).view("<u4").tolist()
+            w = self.mmu.view(target, inst + regs.RAMIN_PD_LO, 16, CONTEXT).view("<u4").tolist()
         except DmaFault:
             return None
         return self.space_from_words(w[0], w[1], w[2], w[3], inst)
@@ -246,5 +246,7 @@ class Gpu:
                     for listener in self.event_listeners:
                         listener()
                 timeout = None if wake is None else self.clock.wall_seconds_until(wake)
-                if timeout is None or timeout > 0:
+                if self.pfifo.cut_short:
+                    self._work.wait(0.0002)  # let whoever waits for the lock have it
+                elif timeout is None or timeout > 0:
                     self._work.wait(timeout)

@@ -13,6 +13,8 @@ driver that forgets to flush observably keeps using the old translation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
 import numpy as np
 
 from gpuvm.device import regs
@@ -74,6 +76,16 @@ class DmaFault(Exception):
         self.length = length
 
 
+# What a physical access is for, as the reference monitor sees it: a page-table walk, a
+# context fetch (instance block, USERD, runlist) or data the access's page tables named.
+WALK, CONTEXT, DATA = "walk", "context", "data"
+# A physical-access observer: (actor, kind, target, first byte, end byte, write).  The
+# actor says on whose behalf the device works now (("channel", chid), ("bar", bar,
+# offset), ("pfifo",)); the device knows nothing of VMs, whoever installs the observer
+# maps actors and ranges to owners.
+AccessMonitor = Callable[[Hashable, str, int, int, int, bool], None]
+
+
 @dataclass(frozen=True)
 class Space:
     """One GPU virtual address space: a page directory, its target, its limit."""
@@ -114,6 +126,8 @@ class Mmu:
         self.large_page_shift = regs.LARGE_PAGE_SHIFT
         self.pde_shift = regs.PDE_SPAN_SHIFT
         self._tlb: dict[tuple[int, int], _SpaceTlb] = {}
+        self.monitor: AccessMonitor | None = None
+        self.actor: Hashable = None  # set (device lock held) by whoever acts next
 
     def set_large_pages_64k(self, on: bool) -> None:
         """PFFB_VM_CFG bit 0: 64 KiB large pages, and with them 64 MiB per PDE (the large
@@ -125,8 +139,16 @@ class Mmu:
             self.flush()
 
     # ------------------------------------------------------------------ physical memory
-    def view(self, target: int, addr: int, length: int) -> np.ndarray:
+    def check(self, kind: str, target: int, addr: int, length: int, write: bool) -> None:
+        """Show one physical access to the monitor, if one is installed."""
+        if self.monitor is not None:
+            self.monitor(self.actor, kind, target, addr, addr + length, write)
+
+    def view(self, target: int, addr: int, length: int, kind: str = DATA,
+             write: bool = False) -> np.ndarray:
         """A writable uint8 view of physical memory, or DmaFault."""
+        if self.monitor is not None:
+            self.monitor(self.actor, kind, target, addr, addr + length, write)
         if target == regs.TARGET_VRAM:
             if 0 <= addr and addr + length <= self.vram.size:
                 return self.vram.u8[addr:addr + length]
@@ -136,18 +158,22 @@ class Mmu:
                 return region
         raise DmaFault(target, addr, length)
 
-    def phys_read_u64(self, target: int, addr: int) -> int:
+    def phys_read_u64(self, target: int, addr: int, kind: str = DATA) -> int:
         if target == regs.TARGET_VRAM and not addr & 7 and 0 <= addr < self.vram.size:
+            if self.monitor is not None:
+                self.monitor(self.actor, kind, target, addr, addr + 8, False)
             return int(self.vram.u64[addr >> 3])
-        return int.from_bytes(self.view(target, addr, 8).tobytes(), "little")
+        return int.from_bytes(self.view(target, addr, 8, kind).tobytes(), "little")
 
-    def phys_read_u32(self, target: int, addr: int) -> int:
+    def phys_read_u32(self, target: int, addr: int, kind: str = DATA) -> int:
         if target == regs.TARGET_VRAM and not addr & 3 and 0 <= addr < self.vram.size:
+            if self.monitor is not None:
+                self.monitor(self.actor, kind, target, addr, addr + 4, False)
             return int(self.vram.u32[addr >> 2])
-        return int.from_bytes(self.view(target, addr, 4).tobytes(), "little")
+        return int.from_bytes(self.view(target, addr, 4, kind).tobytes(), "little")
 
-    def phys_write(self, target: int, addr: int, data: bytes) -> None:
-        self.view(target, addr, len(data))[:] = np.frombuffer(data, dtype=np.uint8)
+    def phys_write(self, target: int, addr: int, data: bytes, kind: str = DATA) -> None:
+        self.view(target, addr, len(data), kind, True)[:] = np.frombuffer(data, dtype=np.uint8)
 
     # ------------------------------------------------------------------ TLB
     def flush(self, pd: int | None = None, pd_target: int | None = None) -> None:
@@ -181,7 +207,7 @@ class Mmu:
         if pde is not None:
             return pde
         try:
-            raw = self.phys_read_u64(space.pd_target, space.pd + index * regs.PDE_SIZE)
+            raw = self.phys_read_u64(space.pd_target, space.pd + index * regs.PDE_SIZE, WALK)
         except DmaFault:
             raise VmFault(regs.FAULT_PDE_NOT_PRESENT, va, write) from None
         small, large_raw = pde_tables(raw)
@@ -198,7 +224,7 @@ class Mmu:
         pt = tlb.pts.get(key)
         if pt is None:
             try:
-                pt = self.view(target, addr, entries * regs.PTE_SIZE).view(np.uint64).copy()
+                pt = self.view(target, addr, entries * regs.PTE_SIZE, WALK).view(np.uint64).copy()
             except DmaFault:
                 raise VmFault(regs.FAULT_PDE_NOT_PRESENT, va, write) from None
             tlb.pts[key] = pt
@@ -324,13 +350,17 @@ class Mmu:
             runs.append((int(targets[s]), int(frames[s]) + lo - s * _PAGE, hi - lo))
         return runs
 
-    def _page_array(self, pages: Pages) -> tuple[np.ndarray, np.ndarray] | None:
+    def _page_array(self, pages: Pages, write: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """For a page-aligned range in one memory: (pages view [N, 4096], row indices)."""
         if pages.va & _PAGE_MASK or pages.length & _PAGE_MASK:
             return None
         t = int(pages.targets[0])
         if (pages.targets != t).any():
             return None
+        if self.monitor is not None:
+            # owners' ranges are intervals: the lowest and highest page decide for all
+            lo, hi = int(pages.frames.min()), int(pages.frames.max()) + _PAGE
+            self.monitor(self.actor, DATA, t, lo, hi, write)
         if t == regs.TARGET_VRAM:
             if int(pages.frames.max()) + _PAGE > self.vram.size:
                 raise DmaFault(t, int(pages.frames.max()), _PAGE)
@@ -344,7 +374,7 @@ class Mmu:
     def read(self, pages: Pages) -> np.ndarray:
         """The bytes of a translated range, as a new array."""
         if len(pages.frames) > 8:
-            pa = self._page_array(pages)
+            pa = self._page_array(pages, False)
             if pa is not None:
                 return pa[0][pa[1]].reshape(-1)
         runs = self._runs(pages)
@@ -362,11 +392,11 @@ class Mmu:
         if data.size != pages.length:
             raise ValueError("write size does not match the translated range")
         if len(pages.frames) > 8:
-            pa = self._page_array(pages)
+            pa = self._page_array(pages, True)
             if pa is not None:
                 pa[0][pa[1]] = data.reshape(-1, _PAGE)
                 return
         pos = 0
         for t, addr, n in self._runs(pages):
-            self.view(t, addr, n)[:] = data[pos:pos + n]
+            self.view(t, addr, n, DATA, True)[:] = data[pos:pos + n]
             pos += n

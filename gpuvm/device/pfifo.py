@@ -3,6 +3,7 @@ service of runnable channels that the device's engine thread performs."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -11,10 +12,13 @@ from gpuvm.device import regs
 from gpuvm.device.channel import Channel, ChannelExecutor
 from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault, fault_flags
 from gpuvm.device.mmio_bus import RegisterBlock
-from gpuvm.device.mmu import FAULT_NAMES, DmaFault, VmFault
+from gpuvm.device.mmu import CONTEXT, FAULT_NAMES, DmaFault, VmFault
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
+
+SERVICE_SLICE_S = 0.005  # wall time one service call may hold the device lock
+ACQUIRE_POLL_WALL_S = 0.001  # an unsatisfied acquire is polled at most this often
 
 UNIT_NAMES = {regs.FAULT_UNIT_PGRAPH: "PGRAPH", regs.FAULT_UNIT_BAR1: "BAR1",
               regs.FAULT_UNIT_BAR3: "BAR3", regs.FAULT_UNIT_PFIFO: "PFIFO",
@@ -41,6 +45,7 @@ class Pfifo(RegisterBlock):
         self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
         self.faults: list[ChannelFault] = []
+        self.cut_short = False  # the last service call stopped at its time slice
         # Called (under the device lock) with a chid when that channel runs out of work.
         self.idle_listeners: list[Callable[[int, int], None]] = []
         for ch in self.channels:
@@ -113,7 +118,8 @@ class Pfifo(RegisterBlock):
         self.runlist_intr |= regs.PFIFO_RUNLIST_EVENT_DONE
         self.gpu.signal()
         try:
-            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE)
+            self.gpu.mmu.actor = ("pfifo",)
+            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE, CONTEXT)
         except DmaFault:
             self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
@@ -129,17 +135,43 @@ class Pfifo(RegisterBlock):
 
     def _kick(self, value: int) -> None:
         # Work in this model is never preempted mid-method, so the kick completes at once.
+        # A kick preempts the channel: its context is saved and, when it next runs, loaded
+        # again from its instance block -- so a driver that rewrote or moved what RAMIN
+        # points at (its page directory, USERD) knows the device no longer uses the old.
         self.kick = value & 0xFFFF
         self.gpu.counts.inc("pfifo.kicks")
+        if self.kick < regs.NUM_CHANNELS:
+            self.channels[self.kick].ctx = None
+
+    def _preempt(self, inst: int) -> None:
+        """A channel taken off its instance while an engine works for it: the engine's
+        work is abandoned (its context scrubbed) and the engine is free from now on, as a
+        preempting unbind does on hardware -- otherwise a killed kernel would keep the
+        engine busy until its modelled end."""
+        now = self.gpu.clock.now_ns()
+        for engine in (self.gpu.engines.graph, self.gpu.engines.copy0, self.gpu.engines.copy1):
+            if engine.current_inst == inst and engine.busy_until > now:
+                engine.busy_ns -= engine.busy_until - now
+                engine.busy_until = now
+                engine.current_inst = None
+                self.gpu.counts.inc("pfifo.preempted")
 
     def _clear_fault_mask(self, value: int) -> None:
         self.fault_mask &= ~value
 
     def _set_table(self, ch: Channel, value: int) -> None:
         old = ch.table
+        old_inst = ch.inst if ch.valid else None
         ch.table = value
         if value != old:
+            if old_inst is not None and (ch.on_resume is not None or ch.busy_since is not None):
+                self._preempt(old_inst)
+            since = ch.busy_since
             ch.reset()
+            if since is not None:  # whoever waits for this channel to go idle: it has
+                now = self.gpu.clock.now_ns()
+                for listener in self.idle_listeners:
+                    listener(ch.chid, now - since)
             if ch.valid:
                 ch.poll = True
         self.gpu.kick_engines()
@@ -199,7 +231,14 @@ class Pfifo(RegisterBlock):
         if not self.ctrl & regs.PFIFO_CTRL_ENABLE:
             return None
         progress = True
+        started = time.perf_counter()
+        self.cut_short = False
         while progress:
+            if time.perf_counter() - started > SERVICE_SLICE_S:
+                # Long pushbuffers can keep channels busy for a long time: give the lock
+                # back (doorbells, the hypervisor, a watchdog) and come straight back.
+                self.cut_short = True
+                return now
             progress = False
             pass_now = now  # what this pass decided by: a channel it skipped as busy is
             for chid in self.runlist:  # woken for at its resume time, even one now past
@@ -224,5 +263,8 @@ class Pfifo(RegisterBlock):
                 wake = ch.resume_at if wake is None else min(wake, ch.resume_at)
             elif ch.runnable and ch.acquire is not None:
                 # an acquire is re-checked when anything is released; poll slowly meanwhile
-                wake = now + 1_000_000 if wake is None else min(wake, now + 1_000_000)
+                # (every device ms, and never more often than every wall ms:
+                # with a fast clock the poll would otherwise spin on the device lock)
+                step = max(1_000_000, int(ACQUIRE_POLL_WALL_S * 1e9 * self.gpu.clock.time_scale))
+                wake = now + step if wake is None else min(wake, now + step)
         return wake

@@ -253,6 +253,7 @@ CHAN_ERR_DMA_TARGET_EXT = 9  # sysram address outside the memory the VMM gave th
 CHAN_ERR_BAD_INSTANCE_EXT = 10  # unreadable or unsigned RAMIN
 CHAN_ERR_IB_EMPTY_EXT = 11  # a zero-length GPFIFO entry (DMA pusher error IB_EMPTY)
 CHAN_ERR_UNSUPPORTED_EXT = 12  # a valid request this model does not carry out (tiled copy)
+CHAN_ERR_TIMEOUT_EXT = 13  # killed by the hypervisor's watchdog (held the GPU too long)
 
 # --------------------------------------------------------------------------------------
 # PTIMER

@@ -42,6 +42,25 @@ class Vram:
     def contains(self, addr: int, length: int) -> bool:
         return 0 <= addr and length >= 0 and addr + length <= self.size
 
+    def zero(self, addr: int, length: int) -> None:
+        """Zero [addr, addr+length).  Whole pages go back to the kernel (MADV_REMOVE on a
+        shared mapping: the range reads as zeroes and stops costing memory); the rest is
+        one numpy fill."""
+        if length <= 0:
+            return
+        lo = (addr + regs.SMALL_PAGE - 1) & ~(regs.SMALL_PAGE - 1)
+        hi = (addr + length) & ~(regs.SMALL_PAGE - 1)
+        madv = getattr(mmap, "MADV_REMOVE", None)
+        if madv is not None and hi - lo >= 16 * regs.SMALL_PAGE:
+            try:
+                self._map.madvise(madv, lo, hi - lo)
+            except OSError:
+                self.u8[lo:hi] = 0
+            self.u8[addr:lo] = 0
+            self.u8[hi:addr + length] = 0
+            return
+        self.u8[addr:addr + length] = 0
+
     def read_u32(self, addr: int) -> int:
         return int(self.u32[addr >> 2]) if not addr & 3 else \
             int.from_bytes(self._map[addr:addr + 4], "little")

@@ -268,6 +268,10 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     includes = exp.get("include", list, [], check=lambda fs: None if all(
         isinstance(f, str) and f for f in fs) else "must be a list of experiment file paths")
     exp.done()
+    if result["kind"] == "isolation" and result["backend"] == "inproc" \
+            and not result["isolated"]:
+        raise ConfigError(f"{source}: experiment.backend: an isolation experiment needs "
+                          f"kvm (in-process guests are not confined from one another)")
     if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
         from gpuvm.experiment.costs import load_hostmem_costs
 

@@ -1,12 +1,18 @@
 """The vGPU's BAR0 trap table: for each register, what a guest access does.
 
-Four kinds of handling, each counted under its own label:
-- virtual: the guest sees its own copy (interrupt enables, PRAMIN base, poll base, ...);
+Five kinds of handling, each counted under its own label:
+- virtual: the guest sees its own copy (interrupt enables, PRAMIN base, poll base, the
+  copy engines' next-channel registers, PGRAPH's interrupt word, ...);
 - translated: forwarded after translating channel ids, instance blocks, addresses
   (channel table, runlist, kick, BAR VMs, TLB flush -> shadow sync);
-- faked: what makes the guest see its partition (VRAM size registers);
-- passthrough: anything else is forwarded to the device unchanged (and the device
-  counts it as unimplemented if it is).
+- faked: what makes the guest see its partition (VRAM size registers, PGRAPH busy only
+  for its own work);
+- refused: channels beyond the partition, GPU-wide settings;
+- passthrough: only the registers in PASSTHROUGH, each harmless to share (identity, the
+  clock, flushes that complete at once); an offset the device does not implement at all
+  also goes through (the device counts it as unimplemented and answers a constant).
+Every register the device implements is in one of these (tests/test_mediator_traps.py
+enumerates the device's BAR0 map against this table).
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ if TYPE_CHECKING:
 
 Reader = Callable[[], int]
 Writer = Callable[[int], None]
+
+# (offset, "read"/"write") -> why sharing it between VMs is harmless
+PASSTHROUGH: dict[tuple[int, str], str] = {
+    (regs.PMC_BOOT_0, "read"): "the chip's identity: a constant",
+    (regs.PTIMER_TIME_0, "read"): "the GPU clock: one time for everyone, read only",
+    (regs.PTIMER_TIME_1, "read"): "the GPU clock: one time for everyone, read only",
+    (regs.PFLUSH_FLUSH, "read"): "write-back flush status: always done in this model",
+    (regs.PFLUSH_FLUSH, "write"): "write-back flush: completes at once, changes no state",
+    (regs.PFFB_VM_CFG, "read"): "flush slots/done and the large-page size: read only",
+}
 
 
 def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str, Writer]]]:
@@ -105,4 +121,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     for engine, base in ((v.med.gpu.engines.copy0, regs.BLOCK_PCOPY0),
                          (v.med.gpu.engines.copy1, regs.BLOCK_PCOPY1)):
         reads[base + regs.PCOPY_CUR_CHAN] = ("channel", lambda e=engine: v.pcopy_channel(e))
+        # the next-channel register is a mailbox between driver and engine: shared, two
+        # VMs could signal each other through it; each VM gets its own
+        virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
+    # PGRAPH's interrupt word and busy status would tell one VM about another's work
+    virtual(regs.PGRAPH_INTR, "pgraph_intr")
+    writes[regs.PGRAPH_INTR] = ("virtual", lambda value: r.__setitem__(
+        "pgraph_intr", r["pgraph_intr"] & ~value))
+    reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
+from shadow.vram_pool import PoolExhausted
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -29,6 +30,7 @@ class VChannel:
     guest_inst: int | None = None  # bound: the guest RAMIN address
     guest_pd: int | None = None
     put: int = 0  # the guest's last GP_PUT
+    killed: str | None = None  # why the watchdog killed it (until the guest rebinds it)
 
     @property
     def bound(self) -> bool:
@@ -42,6 +44,10 @@ class Channels:
         self.runlist: list[int] = []
         self.userd_poll = 0  # the guest's PFIFO_USERD_POLL
         self.kick = 0
+        # Every channel's shadow instance block and USERD page are taken now, so a guest
+        # that fills its shadow reserve with page tables can still program its channels.
+        for vchid in range(vgpu.part.channels):
+            self._channel(vchid)
 
     def _channel(self, vchid: int) -> VChannel | None:
         ch = self.by_vchid.get(vchid)
@@ -50,8 +56,13 @@ class Channels:
             if pchid is None:
                 return None
             pool = self.vgpu.part.shadow_pool
-            ch = self.by_vchid[vchid] = VChannel(vchid, pchid, pool.alloc(regs.RAMIN_SIZE),
-                                                 pool.alloc(regs.USERD_STRIDE))
+            inst = pool.alloc(regs.RAMIN_SIZE)
+            try:
+                userd = pool.alloc(regs.USERD_STRIDE)
+            except PoolExhausted:
+                pool.free(inst)
+                raise
+            ch = self.by_vchid[vchid] = VChannel(vchid, pchid, inst, userd)
         return ch
 
     # ------------------------------------------------------------------ channel table
@@ -65,6 +76,8 @@ class Channels:
 
     def error_read(self, vchid: int) -> int:
         ch = self.by_vchid.get(vchid)
+        if ch is not None and ch.killed is not None:
+            return regs.PFIFO_CHAN_ERROR_FAULTED_EXT | regs.CHAN_ERR_TIMEOUT_EXT
         if ch is None or not ch.bound:
             return 0
         return self.vgpu.med.gpu.mmio_read(regs.BAR0, regs.PFIFO_CHAN_ERROR_EXT +
@@ -72,11 +85,16 @@ class Channels:
 
     def table_write(self, vchid: int, value: int) -> None:
         v = self.vgpu
-        ch = self._channel(vchid)
+        try:
+            ch = self._channel(vchid)
+        except PoolExhausted:
+            v.count("trap.refused.nomem", 1)
+            return
         if ch is None:
             v.count("trap.refused.channel_id", 1)
             return
         ch.table = value
+        ch.killed = None
         self._unbind(ch)
         if not value & regs.PFIFO_CHAN_VALID:
             v.shadowing.refresh_remap()
@@ -87,7 +105,10 @@ class Channels:
             if target != regs.TARGET_VRAM:
                 raise ChannelRefused("instance block not in VRAM")
             ch.guest_inst = inst
-            self._build_shadow(ch)
+            try:
+                self._build_shadow(ch)
+            except PoolExhausted:
+                raise ChannelRefused("the shadow reserve is full") from None
         except ChannelRefused:
             ch.guest_inst = None
             v.count("trap.refused.channel_instance", 1)
@@ -101,13 +122,15 @@ class Channels:
         v = self.vgpu
         vram = v.med.gpu.vram
         guest = read_guest_ramin(vram, v.policy, ch.guest_inst)
-        ch.guest_pd = guest.pd
-        shadow_pd = v.shadowing.space_pd(guest.pd)
+        shadow_pd = v.shadowing.space_pd(guest.pd)  # may find the reserve full: then
+        ch.guest_pd = guest.pd  # nothing changed (the old directory stays in use)
         v.shadowing.ensure_fresh(guest.pd)  # channel programming is a first use
         write_shadow_ramin(vram, guest, ch.shadow_inst, shadow_pd, ch.shadow_userd, v.policy)
         v.count("shadow.channel_builds", 1)
 
     def _unbind(self, ch: VChannel) -> None:
+        """Take the channel off the device first (the table write preempts it and drops
+        its context), then free what only it used."""
         if not ch.bound:
             return
         v = self.vgpu
@@ -117,6 +140,32 @@ class Channels:
         ch.put = 0
         v.med.gpu.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
         v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
+
+    def kill(self, pchid: int, reason: str) -> None:
+        """The watchdog ends this channel: off the device (its engine work abandoned), its
+        error word says so, and its owner sees a fault with the reason."""
+        v = self.vgpu
+        ch = next((c for c in self.by_vchid.values() if c.pchid == pchid), None)
+        if ch is None:
+            v.med.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
+            return
+        self._unbind(ch)
+        ch.killed = reason
+        v.count("watchdog.kills", 1)
+        v.watchdog_fault(ch.vchid, reason)
+        v.shadowing.refresh_remap()
+
+    def rebuild(self, ch: VChannel) -> None:
+        """Rebuild a bound channel's shadow instance block and make the device use the new
+        one: a kick drops the context it cached from the old (its directory may be about
+        to be freed and its memory reused)."""
+        try:
+            self._build_shadow(ch)
+        except PoolExhausted:  # no room for the new directory's shadow: off the device
+            self.vgpu.count("trap.refused.nomem", 1)
+            self._unbind(ch)
+            return
+        self.vgpu.med.kick(ch.pchid)
 
     def state_write(self, vchid: int, value: int) -> None:
         ch = self._channel(vchid)
@@ -144,7 +193,7 @@ class Channels:
         page = guest_addr & ~0xFFF
         for ch in self.by_vchid.values():
             if ch.guest_inst == page:
-                self._build_shadow(ch)
+                self.rebuild(ch)
                 self.vgpu.count("shadow.ramin_reflects", 1)
 
     # ------------------------------------------------------------------ runlist
@@ -186,6 +235,9 @@ class Channels:
         return self.by_vchid.get(slot[0]), slot[1]
 
     def userd_read(self, ch: VChannel | None, reg: int, size: int) -> int:
+        if reg + size > regs.USERD_STRIDE or size not in (1, 2, 4, 8):
+            self.vgpu.count("trap.refused.userd", 1)  # past the end of this channel's page
+            return (1 << (8 * size)) - 1
         if ch is None or not ch.bound:
             return 0
         if reg == regs.USERD_GP_PUT:

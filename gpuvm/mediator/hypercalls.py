@@ -16,6 +16,7 @@ from gpuvm.device import regs
 from gpuvm.vfio.device import VfioError
 from gpuvm import pv_abi as abi
 from shadow.pv_space import PvSpace
+from shadow.vram_pool import PoolExhausted
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -61,18 +62,20 @@ class Hypercalls:
                     entries = raw.view(_ENTRY)
                     v.count("hcall.entries", count)
                     v.counts["hcall.batch_max"] = max(v.counts.get("hcall.batch_max", 0), count)
-                    if op == abi.HC_MAP_BATCH:
-                        refused = space.map(entries["va"], entries["pte"])
-                    else:
-                        refused = space.unmap(entries["va"])
-                    status = abi.HC_OK if refused == 0 else abi.HC_EINVAL
+                    try:
+                        if op == abi.HC_MAP_BATCH:
+                            refused = space.map(entries["va"], entries["pte"])
+                        else:
+                            refused = space.unmap(entries["va"])
+                        status = abi.HC_OK if refused == 0 else abi.HC_EINVAL
+                    except PoolExhausted:
+                        # the VM's shadow reserve is full: its own problem, not the host's
+                        v.count("trap.refused.hcall_nomem", 1)
+                        status = abi.HC_ENOMEM
             elif op == abi.HC_VM_FLUSH:
                 status = self._flush(key)
             elif op == abi.HC_FREE_PGD:
-                space = v.shadowing.pv_spaces.pop(key, None)
-                status = abi.HC_OK if space is not None else abi.HC_EINVAL
-                if space is not None:
-                    space.release()
+                status = abi.HC_OK if v.shadowing.free_pv(key) else abi.HC_EINVAL
             else:
                 status = abi.HC_EINVAL
         hdr.status = status
@@ -83,8 +86,12 @@ class Hypercalls:
         v = self.vgpu
         if not v.policy.guest_vram_ok(key, regs.PD_BYTES) or key in v.shadowing.pv_spaces:
             return abi.HC_EINVAL
-        v.shadowing.pv_spaces[key] = PvSpace(v.med.gpu.vram, v.policy, v.part.shadow_pool, key,
-                                             v.count)
+        try:
+            v.shadowing.pv_spaces[key] = PvSpace(v.med.gpu.vram, v.policy, v.part.shadow_pool,
+                                                 key, v.count)
+        except PoolExhausted:
+            v.count("trap.refused.hcall_nomem", 1)
+            return abi.HC_ENOMEM
         return abi.HC_OK
 
     def _flush(self, key: int) -> int:

@@ -9,6 +9,7 @@ and hands doorbells to the scheduler.
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 
 import numpy as np
 
@@ -16,9 +17,10 @@ from gpuvm.device import regs
 from gpuvm.device.dma import BusMap
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import pte
+from gpuvm.mediator import monitor
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import BUS_WINDOW, PartitionSpec, PartitionTable
-from gpuvm.mediator.submission import Submissions
+from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
 from scheduler import FifoPolicy
 from scheduler.policy import Policy
@@ -28,19 +30,29 @@ HYP_GLOBAL = 16 * regs.MiB  # top of VRAM: physical BAR tables, runlist
 
 
 class Mediator:
-    def __init__(self, gpu: Gpu, policy: Policy | None = None) -> None:
+    def __init__(self, gpu: Gpu, policy: Policy | None = None,
+                 watchdog: WatchdogLimits | None = None) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
+        self.hyp_global = HYP_GLOBAL
+        self.counts: defaultdict[str, int] = defaultdict(int)  # the mediator's own events
         self.bus = BusMap()  # every vGPU's DMA mappings, each at its partition's window
         self.bus_window = BUS_WINDOW
         gpu.attach_sysram(self.bus)
         prof = gpu.profile
         self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size)
-        self.hyp = VramPool(gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL, "hypervisor")
+        self.hyp = VramPool(gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL, "hypervisor",
+                            gpu.vram.zero)
         self.vgpus: list[VGpu] = []
         self.owner: dict[int, VGpu] = {}
+        self.monitor: monitor.ReferenceMonitor | None = None
+        if monitor.enabled():
+            self.monitor = monitor.ReferenceMonitor(self)
+            with gpu.lock:
+                gpu.mmu.monitor = self.monitor
         self._bring_up()
-        self.submissions = Submissions(self, policy or FifoPolicy())
+        self.submissions = Submissions(self, policy or FifoPolicy(), self._kill,
+                                       watchdog or WatchdogLimits())
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
 
@@ -49,9 +61,7 @@ class Mediator:
         self.gpu.mmio_write(regs.BAR0, offset, 4, value)
 
     def _zeroed(self, size: int) -> int:
-        addr = self.hyp.alloc(size)
-        self.gpu.vram.u8[addr:addr + size] = 0
-        return addr
+        return self.hyp.alloc(size)  # the pool scrubs what it hands out
 
     def _bar_vm(self, size: int) -> tuple[int, int, int]:
         """(instance, directory, small table) of one physical BAR VM, in hypervisor VRAM."""
@@ -99,6 +109,22 @@ class Mediator:
         self.wr(regs.PFIFO_RUNLIST_ADDR, self.runlist >> 12)
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
 
+    def kick(self, pchid: int) -> None:
+        """Preempt a physical channel: the device drops the context it cached and loads
+        the instance block afresh when the channel next runs."""
+        self.wr(regs.PFIFO_KICK, pchid)
+
+    def _kill(self, pchid: int, reason: str) -> None:
+        """The watchdog's verdict on a submission (scheduler thread, no lock held)."""
+        with self.lock:
+            vgpu = self.owner.get(pchid)
+            self.counts["watchdog.kills"] += 1
+            if vgpu is not None:
+                vgpu.channels.kill(pchid, reason)
+            else:  # nobody owns it any more: make sure the device holds nothing for it
+                self.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
+
+
     # ------------------------------------------------------------------ the submission port
     def now_ns(self) -> int:
         return self.gpu.device_time_ns()
@@ -123,6 +149,9 @@ class Mediator:
         share.  The VMM then attaches it and DMA-maps the guest's memory."""
         with self.lock:
             part = self.table.allocate(spec or PartitionSpec())
+            self._scrub(part.vram_base, part.vram_size)
+            self._scrub(part.shadow_pool.base, part.shadow_pool.size)
+            part.shadow_pool.scrub = self.gpu.vram.zero
             vgpu = VGpu(self, name, part, mode, uuid, type_id)
             self.bus.add(part.sys_base, self.bus_window, vgpu.dma)
             self.vgpus.append(vgpu)
@@ -130,6 +159,13 @@ class Mediator:
                 self.owner[c] = vgpu
         self.submissions.add_vm(vgpu, share)
         return vgpu
+
+    def _scrub(self, base: int, size: int) -> None:
+        """No tenant sees what the previous one left: a slice (and its shadow reserve) is
+        zeroed before it is handed out (whole pages go back to the kernel, vectorized)."""
+        self.gpu.vram.zero(base, size)
+        self.counts["scrub.ranges"] += 1
+        self.counts["scrub.bytes"] += size
 
     def remove_vm(self, vgpu: VGpu) -> None:
         """Stop a VM's channels, free its shadows and its partition; others keep running."""
@@ -153,3 +189,6 @@ class Mediator:
             self.gpu.pfifo.idle_listeners.remove(self.submissions.on_idle)
         if self._interrupt in self.gpu.event_listeners:
             self.gpu.event_listeners.remove(self._interrupt)
+        with self.gpu.lock:
+            if self.gpu.mmu.monitor is self.monitor:
+                self.gpu.mmu.monitor = None

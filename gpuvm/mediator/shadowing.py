@@ -74,9 +74,38 @@ class Shadowing:
         if len(space._pts) != before:
             self.refresh_remap()  # new or dropped guest tables change what is sensitive
 
+    def _retire(self, pd: int) -> None:
+        """A shadow directory is about to be freed: the device's TLB forgets it first, so
+        no cached walk survives into whatever the memory becomes next."""
+        self.vgpu.med.flush(pd)
+
     def release_unused(self, in_use: set[int]) -> None:
+        """Free the shadows of directories no bound channel uses.  Channels' device
+        contexts follow their shadow RAMIN (rebuilt with a kick on every change), so a
+        space no bound channel names is one the device can no longer reach."""
         for pd in [pd for pd in self.spaces if pd not in in_use]:
-            self.spaces.pop(pd).release()
+            space = self.spaces.pop(pd)
+            self._retire(space.shadow_pd)
+            space.release()
+
+    def free_pv(self, key: int) -> bool:
+        """HC_FREE_PGD: channels and BAR windows still using the space are moved off it
+        first (their shadow RAMIN rebuilt, the device kicked, the BAR window rebound),
+        the TLB forgets it, then its tables are freed."""
+        space = self.pv_spaces.pop(key, None)
+        if space is None:
+            return False
+        v = self.vgpu
+        for ch in v.channels.by_vchid.values():
+            if ch.bound and ch.guest_pd == key:
+                v.channels.rebuild(ch)
+                v.count("pv.frees_while_bound", 1)
+        for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
+            if window.pv is space:
+                self.bind_window(bar, v.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"])
+        self._retire(space.pd)
+        space.release()
+        return True
 
     # ------------------------------------------------------------------ TLB flushes
     def guest_flush(self, flush_pd: int, trigger: int) -> None:
@@ -175,12 +204,19 @@ class Shadowing:
         return sum(int((s.pages != NOT_VRAM).sum()) for s in self._remapped.values())
 
     def teardown(self) -> None:
+        """After the channels are off the device: empty the BAR windows (and make the
+        BARs forget them), retire and free every shadow."""
+        med = self.vgpu.med
         self.unmap_all()
         self.bar1.clear()
         self.bar3.clear()
+        med.flush(med.bar1_pd, bar_vm=True)
+        med.flush(med.bar3_pd, bar_vm=True)
         for space in self.spaces.values():
+            self._retire(space.shadow_pd)
             space.release()
         for pv in self.pv_spaces.values():
+            self._retire(pv.pd)
             pv.release()
         self.spaces.clear()
         self.pv_spaces.clear()

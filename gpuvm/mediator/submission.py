@@ -5,6 +5,12 @@ done.  Doorbells are queued per VM; a scheduler policy (FIFO, CREDIT, BAND) pick
 goes next; the mediator performs the real GP_PUT write, learns from the device when that
 channel has gone idle, and charges the VM the device time it used.
 
+A watchdog bounds how long anyone holds it: a submission that keeps the GPU longer than
+`WatchdogLimits.submission_ns` of device time (a kernel that never ends, a semaphore
+acquire never satisfied), or a VM past its `vm_ns` total, has its channel killed (the
+mediator unbinds it: preemption, engine scrubbed), is charged what it used, and the GPU
+goes to the next.  A VM removed while its work runs is treated the same way at once.
+
 A thread of its own runs the dispatcher, because the device reports completions from its
 engine thread while holding its lock: completions and doorbells arrive here through a
 queue, never a lock the device thread could wait on.
@@ -18,7 +24,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from scheduler import Dispatcher
 from scheduler.policy import Policy
@@ -26,6 +32,28 @@ from scheduler.policy import Policy
 
 log = logging.getLogger(__name__)
 STALL_CHECK_S = 0.05
+
+
+@dataclass(frozen=True)
+class WatchdogLimits:
+    """Device time one submission may hold the GPU, and one VM may use in all (None: no
+    limit).  The default suits the isolation experiment: its kernels take milliseconds,
+    a hung one is cut off after five seconds of device time.
+
+    `wall_floor_s`: a submission is also given at least this much wall time.  The device
+    clock may run far faster than wall time (tests run it 1000x), and then the emulator's
+    own slowness alone would look like seconds of device time; a hang is one that lasts
+    in both clocks."""
+
+    submission_ns: int | None = 5_000_000_000
+    vm_ns: int | None = None
+    wall_floor_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("submission_ns", "vm_ns"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"watchdog {name} must be positive, got {value}")
 
 
 @dataclass(frozen=True)
@@ -51,10 +79,18 @@ class GpuPort(Protocol):
 
 
 class Submissions:
-    def __init__(self, gpu: GpuPort, policy: Policy) -> None:
+    def __init__(self, gpu: GpuPort, policy: Policy,
+                 kill: Callable[[int, str], None] | None = None,
+                 limits: WatchdogLimits | None = None) -> None:
         self._now = gpu.now_ns
         self._ring = gpu.ring
         self._runnable = gpu.runnable
+        self._kill = kill
+        self.limits = limits or WatchdogLimits()
+        self.kills: list[tuple[object, int, str]] = []  # (vm, pchid, reason)
+        self._used: dict[object, int] = {}  # device time charged per VM
+        self._started_at = 0
+        self._started_wall = 0.0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         # no request_wakeup callback: the loop reads dispatcher.wake_at every turn, so a
@@ -74,7 +110,13 @@ class Submissions:
         self._events.put(("nudge", None, None))  # the loop re-reads the wake-up time
 
     def remove_vm(self, vm: object, pchids: set[int]) -> None:
+        """Forget the VM; if its submission holds the GPU, it is ended now (the mediator
+        then unbinds its channels): nothing keeps the GPU for a VM that is gone."""
         with self._lock:
+            running = self.dispatcher.running
+            if running is not None and running.vm is vm:
+                self._running = None
+                self.dispatcher.complete(self._now())
             self.dispatcher.remove_vm(vm, self._now())
             for c in pchids:
                 self._last_put.pop(c, None)
@@ -129,7 +171,50 @@ class Submissions:
             self.dispatcher.complete(self._now(), used=0)
             return
         self._last_put[bell.pchid] = bell.put
+        self._started_at = self._now()
+        self._started_wall = time.monotonic()
         self._ring(bell.pchid, bell.put)
+
+    def used(self, vm: object) -> int:
+        return self._used.get(vm, 0)
+
+    def _deadline(self) -> int | None:
+        """When the running submission is cut off (lock held), or None."""
+        running = self.dispatcher.running
+        if running is None or self._running is None:
+            return None
+        out = None
+        if self.limits.submission_ns is not None:
+            out = self._started_at + self.limits.submission_ns
+        if self.limits.vm_ns is not None:
+            left = self._started_at + self.limits.vm_ns - self._used.get(running.vm, 0)
+            out = left if out is None else min(out, left)
+        return out
+
+    def _watchdog(self, now: int) -> tuple[int, str] | None:
+        """Cut off the running submission if it is past its limit (lock held); returns
+        (pchid, reason) for the mediator to kill, outside the lock."""
+        deadline = self._deadline()
+        if deadline is None or now < deadline or \
+                time.monotonic() - self._started_wall < self.limits.wall_floor_s:
+            return None
+        bell, running = self._running, self.dispatcher.running
+        held = now - self._started_at
+        total = self._used.get(running.vm, 0) + held
+        if self.limits.vm_ns is not None and total >= self.limits.vm_ns:
+            reason = f"watchdog: VM used {total / 1e6:.0f} ms of GPU time (limit " \
+                f"{self.limits.vm_ns / 1e6:.0f} ms)"
+        else:
+            reason = f"watchdog: submission held the GPU {held / 1e6:.0f} ms (limit " \
+                f"{self.limits.submission_ns / 1e6:.0f} ms)"
+        self.kills.append((running.vm, bell.pchid, reason))
+        self._running = None
+        self._charge(running.vm, held)
+        self.dispatcher.complete(now, used=held)
+        return bell.pchid, reason
+
+    def _charge(self, vm: object, used: int) -> None:
+        self._used[vm] = self._used.get(vm, 0) + max(0, used)
 
     def _stalled(self) -> bool:
         """Work queued, nothing on the engine, and no wake-up pending: nothing would ever
@@ -151,6 +236,15 @@ class Submissions:
                     timeout = max(timeout, STALL_CHECK_S / 50)  # a wait that did not move
             if stalled:
                 timeout = STALL_CHECK_S if timeout is None else min(timeout, STALL_CHECK_S)
+            with self._lock:
+                deadline = self._deadline()
+            if deadline is not None:
+                # the cut-off is the later of the device deadline and the wall floor; the
+                # device clock may run faster than wall time: look again soon enough
+                until = max(0.0, (deadline - self._now()) / 1e9,
+                            self.limits.wall_floor_s - (time.monotonic() - self._started_wall))
+                until = min(until, STALL_CHECK_S)
+                timeout = until if timeout is None else min(timeout, until)
             try:
                 kind, a, b = self._events.get(timeout=timeout)
             except queue.Empty:
@@ -163,7 +257,11 @@ class Submissions:
                 elif kind == "idle":
                     if self._running is not None and self._running.pchid == a:
                         self._running = None
+                        running = self.dispatcher.running
+                        if running is not None:
+                            self._charge(running.vm, now - self._started_at)
                         self.dispatcher.complete(now)
+                killed = self._watchdog(now)
                 wake_at = self.dispatcher.wake_at
                 if wake_at is not None and now >= wake_at:
                     woken_for = wake_at
@@ -173,3 +271,5 @@ class Submissions:
                     log.error("scheduler %s left queued work with nothing running and no "
                               "wake-up; driving it again", type(self.dispatcher.policy).__name__)
                     self.dispatcher.wake(now)
+            if killed is not None and self._kill is not None:
+                self._kill(*killed)  # the mediator takes its own lock: never under ours

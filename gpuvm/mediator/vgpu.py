@@ -73,6 +73,7 @@ class VGpu:
         self._fault_mask = 0
         self._pfifo_intr = 0
         self._faults_seen = 0
+        self._watchdog_faults: list[ChannelFault] = []
         self.channels = Channels(self)
         self.shadowing = Shadowing(self)
         self.hypercalls = Hypercalls(self)
@@ -227,8 +228,13 @@ class VGpu:
         self.irqs.clear()
         self.set_mapping_listener(None)
 
+    def watchdog_fault(self, vchid: int, reason: str) -> None:
+        self._watchdog_faults.append(ChannelFault(vchid, reason, 0, "PFIFO",
+                                                  regs.CHAN_ERR_TIMEOUT_EXT))
+        self.med.gpu.signal()  # waiters look again (they see the fault)
+
     def faults(self) -> list[ChannelFault]:
-        mine = []
+        mine = list(self._watchdog_faults)
         for f in self.med.gpu.faults():
             vchid = f.chid - self.part.chid_base
             if 0 <= vchid < self.part.channels and self.med.owner.get(f.chid) is self:
@@ -340,6 +346,14 @@ class VGpu:
 
     def tlb_flush(self, trigger: int) -> None:
         self.shadowing.guest_flush(self.vregs["flush_pd"], trigger)
+
+    def pgraph_busy(self) -> int:
+        """PGRAPH_STATUS as this VM may see it: busy only while working for its channels."""
+        gpu = self.med.gpu
+        engine = gpu.engines.graph
+        inst = engine.current_inst
+        mine = any(ch.bound and ch.shadow_inst == inst for ch in self.channels.by_vchid.values())
+        return int(mine and engine.busy(gpu.clock.now_ns()))
 
     def pcopy_channel(self, engine: Engine) -> int:
         inst = engine.current_inst

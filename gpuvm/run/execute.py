@@ -104,6 +104,10 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
         backend = resolve_backend(options.backend)
     except (ValueError, RuntimeError) as exc:
         raise RunError(str(exc)) from None
+    if options.confined and backend == "inproc" and len(specs) > 1 and not options.isolated:
+        raise RunError("in-process guests are not confined (native code in the VMM process "
+                       "can reach every VM's memory): a multi-tenant isolation run needs "
+                       "the kvm backend (or isolated VMM processes)")
     specs = [guest_for_mode(s, options.mode) for s in specs]
     boot = [(s, s.boot_params(), s.flags()) for s in specs]  # validate before building
     try:

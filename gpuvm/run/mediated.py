@@ -18,6 +18,7 @@ from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
 from gpuvm.mediator.mediator import HYP_GLOBAL, Mediator
 from gpuvm.mediator.modes import MODES as MODE_TABLE
 from gpuvm.mediator.partition import PartitionError, PartitionSpec
+from gpuvm.mediator.submission import WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from scheduler import FifoPolicy, SchedulerConfig
@@ -93,9 +94,15 @@ class MediatedMachine:
                 raise RunError(f"{spec.name}: no GPU {spec.gpu} (the machine has "
                                f"{options.gpus})")
             requested_vgpu(spec, self.types)
+        try:
+            watchdog = WatchdogLimits(
+                None if options.watchdog_s is None else int(options.watchdog_s * 1e9),
+                None if options.watchdog_vm_s is None else int(options.watchdog_vm_s * 1e9))
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
         self.gpus = [Gpu(profile, time_scale=options.time_scale).start()
                      for _ in range(options.gpus)]
-        self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy())
+        self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy(), watchdog)
                           for gpu in self.gpus]
         self.vgpus: dict[str, VGpu] = {}
         self.placement: dict[str, int] = {}  # VM -> index of the GPU its vGPU is on

@@ -98,6 +98,13 @@ class RunOptions:
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
     gpus: int = 1  # emulated GPUs in a mediated machine, each with its own scheduler
     isolated: bool = False  # each VM in its own VMM process, attached over vfio-user
+    # The watchdog (mediated modes): device seconds one submission may hold the GPU, and
+    # one VM in all (None: no limit).  Past it the channel is killed and the VM charged.
+    watchdog_s: float | None = 5.0
+    watchdog_vm_s: float | None = None
+    # Tenants must be confined from one another: refuses the in-process backend for more
+    # than one VM (its guests are native code inside the VMM process, with no isolation).
+    confined: bool = False
 
 
 # ------------------------------------------------------------------------------ machines

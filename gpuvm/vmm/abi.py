@@ -141,7 +141,8 @@ class WaitRecord(ctypes.Structure):
 # Hypercalls (PORT_HYPERCALL, the PV vGPU's BAR4 port), paravirtual build: defined in
 # gpuvm/pv_abi.py, which the vGPU shares; re-exported here for the guest header.
 # --------------------------------------------------------------------------------------
-from gpuvm.pv_abi import (HC_EINVAL, HC_FREE_PGD, HC_MAP_BATCH, HC_MAX_ENTRIES,  # noqa: E402
+from gpuvm.pv_abi import (HC_EINVAL, HC_ENOMEM, HC_FREE_PGD, HC_MAP_BATCH,  # noqa: E402
+                          HC_MAX_ENTRIES,
                           HC_OK, HC_SET_PGD, HC_UNMAP_BATCH, HC_VM_FLUSH, HCALL_HEADER_BYTES,
                           HcallEntry, HcallHeader)
 

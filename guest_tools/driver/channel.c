@@ -195,6 +195,7 @@ static const char *chan_err_name(uint32_t reason)
     case CHAN_ERR_NO_OBJECT_EXT: return "no_object";
     case CHAN_ERR_DMA_TARGET_EXT: return "dma_target";
     case CHAN_ERR_BAD_INSTANCE_EXT: return "bad_instance";
+    case CHAN_ERR_TIMEOUT_EXT: return "watchdog";
     default: return "unknown";
     }
 }
