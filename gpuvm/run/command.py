@@ -60,24 +60,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return value
+def _positive_float(unit: str = ""):
+    """An argparse type: a finite number above 0 (of `unit`, named in the error)."""
+    of = f" of {unit}" if unit else ""
+    after = f" {unit}" if unit else ""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{of}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be more than 0{after}")
+        return value
+    return parse
 
 
-def _scale(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
+_seconds = _positive_float("seconds")
+_scale = _positive_float()
 
 
 def _names(text: str) -> list[str]:
