@@ -7,7 +7,6 @@ without one.  Everything else here runs on any Linux machine.
 from __future__ import annotations
 
 import json
-import mmap
 import subprocess
 import sys
 from pathlib import Path

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from gpuvm import cli

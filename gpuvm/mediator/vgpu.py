@@ -14,7 +14,7 @@ System memory is reachable only through the DMA mappings the VMM made.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import ctypes
 

@@ -170,6 +170,18 @@ def config_region_info() -> RegionInfo:
                       abi.VFIO_REGION_INFO_FLAG_READ | abi.VFIO_REGION_INFO_FLAG_WRITE)
 
 
+def trapped_pci_region_info(index: int, bar_sizes: dict[int, int]) -> RegionInfo:
+    """Region info of a device whose BARs all trap (no sparse areas) and whose other
+    regions are config space or absent; VfioError past the nine vfio-pci regions."""
+    if index in bar_sizes:
+        return bar_region_info(index, bar_sizes[index])
+    if index == abi.VFIO_PCI_CONFIG_REGION_INDEX:
+        return config_region_info()
+    if 0 <= index < abi.VFIO_PCI_NUM_REGIONS:
+        return absent_region(index)
+    raise VfioError(f"no region {index} (a vfio-pci device has {abi.VFIO_PCI_NUM_REGIONS})")
+
+
 def absent_region(index: int) -> RegionInfo:
     """A region index the device does not implement: size 0, no flags."""
     return RegionInfo(index, 0, 0)

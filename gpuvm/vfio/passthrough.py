@@ -17,8 +17,7 @@ from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
 from gpuvm.vfio import abi
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
-                               config_region_info, pci_device_info,
-                               VfioError, absent_region, bar_region_info)
+                               VfioError, pci_device_info, trapped_pci_region_info)
 from gpuvm.vfio.pci_config import PciConfig
 
 _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
@@ -43,14 +42,7 @@ class PassthroughGpu:
         return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
-        if index in self.bar_sizes:
-            return bar_region_info(index, self.bar_sizes[index])
-        if index == _CONFIG:
-            return config_region_info()
-        if 0 <= index < abi.VFIO_PCI_NUM_REGIONS:
-            return absent_region(index)
-        raise VfioError(f"no region {index} (a vfio-pci device has "
-                        f"{abi.VFIO_PCI_NUM_REGIONS})")
+        return trapped_pci_region_info(index, self.bar_sizes)
 
     def read(self, region: int, offset: int, size: int) -> int:
         if region == _CONFIG:

@@ -14,8 +14,7 @@ from gpuvm.device import regs
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio import abi
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
-                               absent_region, bar_region_info, config_region_info,
-                               pci_device_info)
+                               pci_device_info, trapped_pci_region_info)
 from gpuvm.vfio.pci_config import PciConfig
 
 _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
@@ -46,11 +45,7 @@ class RegisterFileDevice:
         return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
-        if index in self.bar_sizes:
-            return bar_region_info(index, self.bar_sizes[index])
-        if index == _CONFIG:
-            return config_region_info()
-        return absent_region(index)
+        return trapped_pci_region_info(index, self.bar_sizes)
 
     def read(self, region: int, offset: int, size: int) -> int:
         if region == _CONFIG:
