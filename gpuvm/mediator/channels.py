@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
+from gpuvm.device.vram import Vram
+from gpuvm.mediator.host_port import HostPort
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
 from shadow.vram_pool import PoolExhausted
 
@@ -38,8 +40,10 @@ class VChannel:
 
 
 class Channels:
-    def __init__(self, vgpu: "VGpu") -> None:
+    def __init__(self, vgpu: "VGpu", host: HostPort, vram: Vram) -> None:
         self.vgpu = vgpu
+        self.host = host
+        self.vram = vram
         self.by_vchid: dict[int, VChannel] = {}
         self.runlist: list[int] = []
         self.userd_poll = 0  # the guest's PFIFO_USERD_POLL
@@ -80,8 +84,8 @@ class Channels:
             return regs.PFIFO_CHAN_ERROR_FAULTED_EXT | regs.CHAN_ERR_TIMEOUT_EXT
         if ch is None or not ch.bound:
             return 0
-        return self.vgpu.med.gpu.mmio_read(regs.BAR0, regs.PFIFO_CHAN_ERROR_EXT +
-                                           ch.pchid * regs.PFIFO_CHAN_ERROR_STRIDE_EXT, 4)
+        return self.host.rd(regs.PFIFO_CHAN_ERROR_EXT +
+                            ch.pchid * regs.PFIFO_CHAN_ERROR_STRIDE_EXT)
 
     def table_write(self, vchid: int, value: int) -> None:
         v = self.vgpu
@@ -113,14 +117,14 @@ class Channels:
             ch.guest_inst = None
             v.count("trap.refused.channel_instance", 1)
             return
-        v.med.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
+        self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
                  regs.PFIFO_CHAN_VALID | (ch.shadow_inst >> 12))
-        v.med.submissions.channel_reset(ch.pchid)
+        self.host.channel_reset(ch.pchid)
         v.shadowing.refresh_remap()
 
     def _build_shadow(self, ch: VChannel) -> None:
         v = self.vgpu
-        vram = v.med.gpu.vram
+        vram = self.vram
         guest = read_guest_ramin(vram, v.policy, ch.guest_inst)
         shadow_pd = v.shadowing.space_pd(guest.pd)  # may find the reserve full: then
         ch.guest_pd = guest.pd  # nothing changed (the old directory stays in use)
@@ -134,11 +138,11 @@ class Channels:
         if not ch.bound:
             return
         v = self.vgpu
-        v.med.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE, 0)
-        v.med.set_poll_page(ch.pchid, None)
+        self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE, 0)
+        self.host.set_poll_page(ch.pchid, None)
         ch.guest_inst = ch.guest_pd = None
         ch.put = 0
-        v.med.gpu.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
+        self.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
         v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
 
     def kill(self, pchid: int, reason: str) -> None:
@@ -147,7 +151,7 @@ class Channels:
         v = self.vgpu
         ch = next((c for c in self.by_vchid.values() if c.pchid == pchid), None)
         if ch is None:
-            v.med.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
+            self.host.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
             return
         self._unbind(ch)
         ch.killed = reason
@@ -165,7 +169,7 @@ class Channels:
             self.vgpu.count("trap.refused.nomem", 1)
             self._unbind(ch)
             return
-        self.vgpu.med.kick(ch.pchid)
+        self.host.kick(ch.pchid)
 
     def state_write(self, vchid: int, value: int) -> None:
         ch = self._channel(vchid)
@@ -175,14 +179,14 @@ class Channels:
         ch.state = value
         if ch.bound:
             self.vgpu.shadowing.ensure_fresh(ch.guest_pd)
-            self.vgpu.med.set_poll_page(ch.pchid, ch.shadow_userd)
-            self.vgpu.med.wr(regs.PFIFO_CHAN_STATE + ch.pchid * regs.PFIFO_CHAN_STRIDE, value)
+            self.host.set_poll_page(ch.pchid, ch.shadow_userd)
+            self.host.wr(regs.PFIFO_CHAN_STATE + ch.pchid * regs.PFIFO_CHAN_STRIDE, value)
 
     def kick_write(self, vchid: int) -> None:
         self.kick = vchid
         ch = self.by_vchid.get(vchid)
         if ch is not None and ch.bound:
-            self.vgpu.med.wr(regs.PFIFO_KICK, ch.pchid)
+            self.host.wr(regs.PFIFO_KICK, ch.pchid)
 
     # ------------------------------------------------------------------ RAMIN reflection
     def ramin_pages(self) -> list[int]:
@@ -207,12 +211,12 @@ class Channels:
             self.runlist = []
         else:
             host = v.policy.host_vram(addr)
-            words = v.med.gpu.vram.u32[host >> 2:(host + nbytes) >> 2]
+            words = self.vram.u32[host >> 2:(host + nbytes) >> 2]
             vchids = words[0::2].tolist()
             self.runlist = [c for c in dict.fromkeys(vchids) if c < v.part.channels]
             if len(self.runlist) != len(vchids):
                 v.count("trap.refused.runlist_entries", len(vchids) - len(self.runlist))
-        v.med.rebuild_runlist()
+        self.host.rebuild_runlist()
 
     def runlist_pchids(self) -> list[int]:
         return [self.by_vchid[c].pchid for c in self.runlist
@@ -242,7 +246,7 @@ class Channels:
             return 0
         if reg == regs.USERD_GP_PUT:
             return ch.put
-        return self.vgpu.med.gpu.vram.read_bytes(ch.shadow_userd + reg, size)
+        return self.vram.read_bytes(ch.shadow_userd + reg, size)
 
     def userd_write(self, ch: VChannel | None, reg: int, size: int, value: int) -> None:
         v = self.vgpu
@@ -254,7 +258,7 @@ class Channels:
         ch.put = value & 0xFFFFFFFF
         v.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
         v.count("doorbells", 1)
-        v.med.submissions.submit(v, ch.pchid, ch.put)
+        self.host.submit(v, ch.pchid, ch.put)
 
     def teardown(self) -> None:
         for ch in self.by_vchid.values():

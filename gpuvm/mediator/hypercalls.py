@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.vram import Vram
+from gpuvm.mediator.host_port import HostPort
 from gpuvm.vfio.device import VfioError
 from gpuvm import pv_abi as abi
 from shadow.pv_space import PvSpace
@@ -28,8 +30,10 @@ _ENTRY = np.dtype([("va", "<u8"), ("pte", "<u8")])
 
 
 class Hypercalls:
-    def __init__(self, vgpu: "VGpu") -> None:
+    def __init__(self, vgpu: "VGpu", host: HostPort, vram: Vram) -> None:
         self.vgpu = vgpu
+        self.host = host
+        self.vram = vram
 
     def handle(self, gpa: int) -> None:
         v = self.vgpu
@@ -42,7 +46,7 @@ class Hypercalls:
         v.count("hcall.calls", 1)
         v.count(f"hcall.{OP_NAMES.get(op, 'bad')}", 1)
         status, refused = abi.HC_OK, 0
-        with v.med.lock:
+        with self.host.lock:
             if count > abi.HC_MAX_ENTRIES:
                 status = abi.HC_EINVAL
             elif op == abi.HC_SET_PGD:
@@ -87,7 +91,7 @@ class Hypercalls:
         if not v.policy.guest_vram_ok(key, regs.PD_BYTES) or key in v.shadowing.pv_spaces:
             return abi.HC_EINVAL
         try:
-            v.shadowing.pv_spaces[key] = PvSpace(v.med.gpu.vram, v.policy, v.part.shadow_pool,
+            v.shadowing.pv_spaces[key] = PvSpace(self.vram, v.policy, v.part.shadow_pool,
                                                  key, v.count)
         except PoolExhausted:
             v.count("trap.refused.hcall_nomem", 1)
@@ -99,7 +103,7 @@ class Hypercalls:
         space = v.shadowing.pv_spaces.get(key)
         if space is None:
             return abi.HC_EINVAL
-        v.med.flush(space.pd)
+        self.host.flush(space.pd)
         for window, bar in ((v.shadowing.bar1, regs.BAR1), (v.shadowing.bar3, regs.BAR3)):
             if window.pv is space:
                 v.shadowing.sync_window(window, bar)

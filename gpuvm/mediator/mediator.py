@@ -57,6 +57,15 @@ class Mediator:
         gpu.event_listeners.append(self._interrupt)
 
     # ------------------------------------------------------------------ physical device
+    def rd(self, offset: int) -> int:
+        return self.gpu.mmio_read(regs.BAR0, offset, 4)
+
+    def submit(self, vm: object, pchid: int, put: int) -> None:
+        self.submissions.submit(vm, pchid, put)
+
+    def channel_reset(self, pchid: int) -> None:
+        self.submissions.channel_reset(pchid)
+
     def wr(self, offset: int, value: int) -> None:
         self.gpu.mmio_write(regs.BAR0, offset, 4, value)
 

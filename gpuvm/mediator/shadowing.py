@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuvm.device import regs
+from gpuvm.device.vram import Vram
+from gpuvm.mediator.host_port import HostPort
 from shadow.bar_window import NOT_VRAM, BarWindow
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
@@ -28,19 +30,20 @@ if TYPE_CHECKING:
 
 
 class Shadowing:
-    def __init__(self, vgpu: "VGpu") -> None:
+    def __init__(self, vgpu: "VGpu", host: HostPort, vram: Vram) -> None:
         self.vgpu = vgpu
-        med = vgpu.med
+        self.host = host
+        self.vram = vram
         part = vgpu.part
         self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
         self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
         self.guest_ram = vgpu.dma  # the VM's RAM as its VMM DMA-mapped it (iova = gpa)
-        self.bar1 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar1_pt,
+        self.bar1 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar1_pt,
                               part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram)
-        self.bar3 = BarWindow(med.gpu.vram, vgpu.policy, vgpu.count, med.bar3_pt,
+        self.bar3 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar3_pt,
                               part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram)
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
-        med.gpu.vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
+        vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
         self._remapped = {regs.BAR1: RemapState.empty(self.bar1.pages),
                           regs.BAR3: RemapState.empty(self.bar3.pages)}
@@ -56,7 +59,7 @@ class Shadowing:
         space = self.spaces.get(guest_pd)
         if space is None:
             v = self.vgpu
-            space = self.spaces[guest_pd] = ShadowSpace(v.med.gpu.vram, v.policy,
+            space = self.spaces[guest_pd] = ShadowSpace(self.vram, v.policy,
                                                         v.part.shadow_pool, guest_pd, v.count,
                                                         self.guest_ram)
         return space.shadow_pd
@@ -70,14 +73,14 @@ class Shadowing:
     def _sync_space(self, space: ShadowSpace) -> None:
         before = len(space._pts)
         space.sync(incremental=self.vgpu.mode.incremental)
-        self.vgpu.med.flush(space.shadow_pd)
+        self.host.flush(space.shadow_pd)
         if len(space._pts) != before:
             self.refresh_remap()  # new or dropped guest tables change what is sensitive
 
     def _retire(self, pd: int) -> None:
         """A shadow directory is about to be freed: the device's TLB forgets it first, so
         no cached walk survives into whatever the memory becomes next."""
-        self.vgpu.med.flush(pd)
+        self.host.flush(pd)
 
     def release_unused(self, in_use: set[int]) -> None:
         """Free the shadows of directories no bound channel uses.  Channels' device
@@ -131,7 +134,7 @@ class Shadowing:
 
     def sync_window(self, window: BarWindow, bar: int) -> None:
         window.sync(incremental=self.vgpu.mode.incremental)
-        self.vgpu.med.flush(self.vgpu.med.bar1_pd if bar == regs.BAR1 else self.vgpu.med.bar3_pd,
+        self.host.flush(self.host.bar1_pd if bar == regs.BAR1 else self.host.bar3_pd,
                             bar_vm=True)
         self.refresh_remap()
 
@@ -169,7 +172,7 @@ class Shadowing:
         if not v.mode.remap or self.remapper is None:
             return
         sensitive = self.sensitive_pages()
-        base = v.med.gpu.vram.host_address
+        base = self.vram.host_address
         for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):
             trapped = v.channels.poll_offsets() if bar == regs.BAR1 else set()
             plan = RemapPlan.build(window.host_pages, sensitive, trapped)
@@ -187,7 +190,7 @@ class Shadowing:
         and their refusal counts honest)."""
         for space in self.spaces.values():
             space.sync(incremental=False)
-            self.vgpu.med.flush(space.shadow_pd)
+            self.host.flush(space.shadow_pd)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.guest_pd is not None or window.pv is not None:
                 self.sync_window(window, bar)
@@ -206,12 +209,11 @@ class Shadowing:
     def teardown(self) -> None:
         """After the channels are off the device: empty the BAR windows (and make the
         BARs forget them), retire and free every shadow."""
-        med = self.vgpu.med
         self.unmap_all()
         self.bar1.clear()
         self.bar3.clear()
-        med.flush(med.bar1_pd, bar_vm=True)
-        med.flush(med.bar3_pd, bar_vm=True)
+        self.host.flush(self.host.bar1_pd, bar_vm=True)
+        self.host.flush(self.host.bar3_pd, bar_vm=True)
         for space in self.spaces.values():
             self._retire(space.shadow_pd)
             space.release()

@@ -74,9 +74,9 @@ class VGpu:
         self._pfifo_intr = 0
         self._faults_seen = 0
         self._watchdog_faults: list[ChannelFault] = []
-        self.channels = Channels(self)
-        self.shadowing = Shadowing(self)
-        self.hypercalls = Hypercalls(self)
+        self.channels = Channels(self, med, med.gpu.vram)
+        self.shadowing = Shadowing(self, med, med.gpu.vram)
+        self.hypercalls = Hypercalls(self, med, med.gpu.vram)
         self._install_traps()
         self._vram = med.gpu.vram
         # Physical channels are reused by later VMs: count only what happens from now on.
@@ -218,9 +218,9 @@ class VGpu:
         """Device reset: stop and drop the VM's channels and shadows, start afresh."""
         with self.med.lock:
             self.teardown()
-            self.channels = Channels(self)
-            self.shadowing = Shadowing(self)
-            self.hypercalls = Hypercalls(self)
+            self.channels = Channels(self, self.med, self.med.gpu.vram)
+            self.shadowing = Shadowing(self, self.med, self.med.gpu.vram)
+            self.hypercalls = Hypercalls(self, self.med, self.med.gpu.vram)
             self._install_traps()
             self.med.rebuild_runlist()
 
