@@ -19,7 +19,6 @@ import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuvm.device import regs
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
@@ -27,7 +26,6 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionError, PartitionTable
 
 PARENT_ADDRESS = "0000:01:00.0"  # the emulated GPU's PCI address on the host
-HYP_GLOBAL = 16 * regs.MiB  # VRAM the mediator keeps for itself (BAR tables, runlist)
 DEFAULT_MODE = "fv-opt"
 
 
@@ -54,18 +52,11 @@ class ParentGpu:
     address: str
     profile: DeviceProfile
 
-    @property
-    def short_name(self) -> str:
-        return self.profile.name.replace("Quadro ", "Q").replace(" ", "")
-
     def types(self) -> dict[str, MdevType]:
-        p = self.profile
-        return mdev_types.mdev_types(self.short_name, p.vram_size - HYP_GLOBAL,
-                                     p.bar1_size, p.bar3_size)
+        return mdev_types.profile_types(self.profile)
 
     def empty_table(self) -> PartitionTable:
-        p = self.profile
-        return PartitionTable(p.vram_size, HYP_GLOBAL, p.bar1_size, p.bar3_size)
+        return mdev_types.empty_table(self.profile)
 
 
 def check_uuid(text: str) -> str:

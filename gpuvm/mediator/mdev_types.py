@@ -20,6 +20,8 @@ import copy
 from dataclasses import dataclass
 
 from gpuvm.device import regs
+from gpuvm.device.profile import DeviceProfile
+from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.mediator.partition import POLL_AREA, PartitionError, PartitionSpec, PartitionTable
 
 INSTANCE_COUNTS = (1, 2, 4, 8)
@@ -71,6 +73,20 @@ def mdev_types(short_name: str, vram_usable: int, bar1_size: int,
         out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
                                         weight=DEFAULT_INSTANCES / n)
     return out
+
+
+def profile_types(profile: DeviceProfile) -> dict[str, MdevType]:
+    """The types a GPU of this profile advertises: sizes from its VRAM (less what the
+    mediator keeps for itself), BAR1 and BAR3; names from its product name."""
+    short = profile.name.replace("Quadro ", "Q").replace(" ", "")
+    return mdev_types(short, profile.vram_size - HYP_GLOBAL, profile.bar1_size,
+                      profile.bar3_size)
+
+
+def empty_table(profile: DeviceProfile) -> PartitionTable:
+    """A partition table of a GPU of this profile with nothing placed (as the mediator
+    makes it)."""
+    return PartitionTable(profile.vram_size, HYP_GLOBAL, profile.bar1_size, profile.bar3_size)
 
 
 def default_type_id(types: dict[str, MdevType]) -> str:

@@ -15,7 +15,7 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
-from gpuvm.mediator.mediator import HYP_GLOBAL, Mediator
+from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES as MODE_TABLE
 from gpuvm.mediator.partition import PartitionError, PartitionSpec
 from gpuvm.mediator.submission import WatchdogLimits
@@ -29,9 +29,7 @@ PARTITION_FIELDS = {f.name for f in fields(PartitionSpec)}
 
 def gpu_types(profile: DeviceProfile) -> dict[str, MdevType]:
     """The mdev types a GPU of this profile advertises (sizes from the GPU itself)."""
-    short = profile.name.replace("Quadro ", "Q").replace(" ", "")
-    return mdev_types.mdev_types(short, profile.vram_size - HYP_GLOBAL, profile.bar1_size,
-                                 profile.bar3_size)
+    return mdev_types.profile_types(profile)
 
 
 def machine_profile(options: RunOptions) -> DeviceProfile:
