@@ -9,6 +9,10 @@ per-page host addresses it records are what BAR remap maps straight into the gue
 A guest that clears the MODE bit of its BAR VM register asks for a plain window onto its
 VRAM (offset x = its VRAM address x); the window then holds identity entries over its
 slice, made and validated like any other.
+
+An incremental sync of a window whose instance block and directory entry are unchanged
+resyncs only the entries the write history names (shadow.dirty); a change to either, or
+a table in the guest's RAM, means the window is walked and compared whole.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from gpuvm.device import regs
 from gpuvm.device.dma import DmaPort, NoSysram
 from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
+from gpuvm.device.write_log import EngineWriteLog
+from shadow.dirty import WriteTracker
 from shadow.entries import EntryPolicy
 from shadow.guest_memory import GuestMemory
-from shadow.page_table import Count, SyncStats, record, sync_entries
+from shadow.page_table import Count, SyncStats, record, sync_entries, sync_listed
 from shadow.pv_space import PvSpace
 
 NOT_VRAM = -1  # host_pages entry of a page that is absent, refused, or in sysram
@@ -29,8 +35,10 @@ NOT_VRAM = -1  # host_pages entry of a page that is absent, refused, or in sysra
 
 class BarWindow:
     def __init__(self, vram: Vram, policy: EntryPolicy, count: Count, phys_pt: int,
-                 first_index: int, pages: int, guest_ram: DmaPort | None = None) -> None:
+                 first_index: int, pages: int, guest_ram: DmaPort | None = None,
+                 engine_writes: EngineWriteLog | None = None) -> None:
         self.vram = vram
+        self.engine_writes = engine_writes
         self.policy = policy
         self.memory = GuestMemory(vram, policy, guest_ram or NoSysram())
         self.plain = False  # MODE clear: identity over the guest's VRAM
@@ -44,7 +52,11 @@ class BarWindow:
         self._snapshot: np.ndarray | None = None
         self.host_pages = np.full(pages, NOT_VRAM, dtype=np.int64)
         self.pv: PvSpace | None = None  # a PV guest's BAR VM: entries are already validated
-        self.stale = True
+        self.stale = False  # a flush asked for a resync that has not happened yet
+        # write history of the walk (instance block, directory entry) and of the table;
+        # None: nothing to go by (never walked, or the table is in sysram)
+        self._walk: list[WriteTracker] = []
+        self._table: WriteTracker | None = None
 
     def _window(self) -> np.ndarray:
         base = (self.phys_pt >> 3) + self.first
@@ -58,19 +70,73 @@ class BarWindow:
         self.pv = pv
         self.plain = plain
         self._snapshot = None
+        self._table = None
         self.stale = True
 
     def clear(self) -> None:
         self._window()[:] = 0
         self.host_pages[:] = NOT_VRAM
         self._snapshot = None
+        self._table = None
+
+    def note_write(self, addr: int, size: int) -> None:
+        """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
+        for tracker in self._walk:
+            tracker.note(addr, size)
+        if self._table is not None:
+            self._table.note(addr, size)
+
+    def pending(self) -> bool:
+        """Whether a sync now could find anything changed since the last one."""
+        if any(t.pending(self._host(t.guest)) for t in self._walk):
+            return True
+        if self._table is not None:
+            return self._table.pending(self._host(self._table.guest))
+        return self._snapshot is not None  # a table in the guest's RAM: no write history
+
+    def changed_offsets(self) -> np.ndarray:
+        """Window pages whose guest entries were stored to since the last sync."""
+        if self._table is None:
+            return np.arange(self.pages) if self._snapshot is not None else np.zeros(0, int)
+        return np.fromiter(self._table.dirty, dtype=np.intp, count=len(self._table.dirty))
+
+    def _host(self, addr: int) -> int:
+        return self.policy.host_vram(addr)
 
     def _guest_u32(self, addr: int) -> int:
         return int(self.vram.u32[self.policy.host_vram(addr) >> 2])
 
     def sync(self, incremental: bool) -> SyncStats:
         stats = SyncStats()
+        if incremental and self._snapshot is not None and self._table is not None and \
+                not any(t.pending(self._host(t.guest)) for t in self._walk):
+            self._sync_listed(stats)
+        else:
+            self._sync_walk(incremental, stats)
+        self.stale = False
+        record(self.count, stats, "bar_syncs")
+        return stats
+
+    def _sync_listed(self, stats: SyncStats) -> None:
+        """Same instance block, directory entry and VRAM table as last time: only the
+        entries the write history names."""
+        table = self._table
+        assert table is not None and self._snapshot is not None
+        host = self._host(table.guest)
+        idx, _ = table.take(host)
+        view = self.vram.u64[host >> 3:(host >> 3) + table.entries]
+        window = self._window()
+        sync_listed(idx, view, self._snapshot, window, self.policy, regs.SMALL_PAGE, stats)
+        if idx.size:
+            self._set_host_pages(idx)
+
+    def _sync_walk(self, incremental: bool, stats: SyncStats) -> None:
+        start = self.engine_writes.now if self.engine_writes is not None else 0
         entries = self._guest_entries(stats)
+        self._walk = self._walk_trackers()
+        for tracker in self._walk:
+            tracker.seen = start  # history restarts with this walk
+        self._table = None
         if entries is None:
             self.clear()
         elif self.plain:
@@ -94,23 +160,41 @@ class BarWindow:
             stats.ptes_written += self.pages
             self._set_host_pages()
         else:
+            if self.guest_pt is not None:
+                # its history starts before the table is read below
+                self._table = WriteTracker(self.guest_pt, entries.size, self.engine_writes)
+                entries = self.memory.table(regs.TARGET_VRAM, self.guest_pt, entries.size)
+                assert entries is not None  # checked by _guest_entries just now
             padded = np.zeros(self.pages, dtype=np.uint64)
             padded[:entries.size] = entries
             snapshot = self._snapshot if incremental else None
             sync_entries(padded, snapshot, self._window(), self.policy, regs.SMALL_PAGE, stats)
             self._snapshot = padded
             self._set_host_pages()
-        self.stale = False
-        record(self.count, stats, "bar_syncs")
-        return stats
 
-    def _set_host_pages(self) -> None:
-        shadow = self._window()
+    def _walk_trackers(self) -> list[WriteTracker]:
+        """Trackers of what the walk just read: the instance block and the directory
+        entry (any store there means walking again)."""
+        out = []
+        if self.guest_inst is not None and not self.plain and \
+                self.policy.guest_vram_ok(self.guest_inst, regs.RAMIN_SIZE):
+            out.append(WriteTracker(self.guest_inst, regs.RAMIN_SIZE // regs.PTE_SIZE,
+                                    self.engine_writes))
+        if self.guest_pd is not None and self.pv is None:
+            out.append(WriteTracker(self.guest_pd, 1, self.engine_writes))
+        return out
+
+    def _set_host_pages(self, idx: np.ndarray | None = None) -> None:
+        shadow = self._window() if idx is None else self._window()[idx]
         in_vram = ((shadow & np.uint64(regs.PTE_PRESENT)) != 0) & \
             (((shadow >> np.uint64(regs.PTE_TARGET_SHIFT)) & np.uint64(3)) == 0)
         phys = ((shadow >> np.uint64(regs.PTE_ADDR_SHIFT)) &
                 np.uint64(regs.PTE_ADDR_FIELD_MASK)) << np.uint64(12)
-        self.host_pages = np.where(in_vram, phys.astype(np.int64), NOT_VRAM)
+        pages = np.where(in_vram, phys.astype(np.int64), NOT_VRAM)
+        if idx is None:
+            self.host_pages = pages
+        else:
+            self.host_pages[idx] = pages
 
     def _guest_entries(self, stats: SyncStats) -> np.ndarray | None:
         inst = self.guest_inst

@@ -30,6 +30,12 @@ class GuestMemory:
     def table(self, target: int, addr: int, entries: int) -> np.ndarray | None:
         """A copy of `entries` 64-bit entries at guest address `addr` in `target`, or None
         when the range is not wholly the VM's own memory."""
+        view = self.view(target, addr, entries)
+        return None if view is None else view.copy()
+
+    def view(self, target: int, addr: int, entries: int) -> np.ndarray | None:
+        """The same entries as a live view (no copy: an incremental resync reads only the
+        entries it needs), or None."""
         nbytes = entries * regs.PTE_SIZE
         if addr & (regs.PTE_SIZE - 1):
             return None
@@ -37,10 +43,10 @@ class GuestMemory:
             if not self.policy.guest_vram_ok(addr, nbytes):
                 return None
             base = self.policy.host_vram(addr) >> 3
-            return self.vram.u64[base:base + entries].copy()
+            return self.vram.u64[base:base + entries]
         if target in SYSRAM_TARGETS:
             if not self.policy.guest_sys_ok(addr, nbytes):
                 return None
             region = self.ram.region(addr, nbytes)
-            return None if region is None else region.view(np.uint64).copy()
+            return None if region is None else region.view(np.uint64)
         return None

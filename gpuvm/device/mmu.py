@@ -21,6 +21,7 @@ from gpuvm.device import regs
 from gpuvm.device.counters import Counters
 from gpuvm.device.dma import DmaPort, NoSysram
 from gpuvm.device.vram import Vram
+from gpuvm.device.write_log import EngineWriteLog
 
 FAULT_NAMES = {
     regs.FAULT_PDE_NOT_PRESENT: "PDE not present",
@@ -128,6 +129,9 @@ class Mmu:
         self._tlb: dict[tuple[int, int], _SpaceTlb] = {}
         self.monitor: AccessMonitor | None = None
         self.actor: Hashable = None  # set (device lock held) by whoever acts next
+        # every engine write to VRAM passes view() or write(): logged per page, so the
+        # mediator's incremental shadow resync sees writes no trap announced
+        self.engine_writes = EngineWriteLog(vram.size)
 
     def set_large_pages_64k(self, on: bool) -> None:
         """PFFB_VM_CFG bit 0: 64 KiB large pages, and with them 64 MiB per PDE (the large
@@ -174,6 +178,8 @@ class Mmu:
 
     def phys_write(self, target: int, addr: int, data: bytes, kind: str = DATA) -> None:
         self.view(target, addr, len(data), kind, True)[:] = np.frombuffer(data, dtype=np.uint8)
+        if target == regs.TARGET_VRAM:
+            self.engine_writes.mark_range(addr, len(data))  # after the data: see write_log
 
     # ------------------------------------------------------------------ TLB
     def flush(self, pd: int | None = None, pd_target: int | None = None) -> None:
@@ -395,8 +401,12 @@ class Mmu:
             pa = self._page_array(pages, True)
             if pa is not None:
                 pa[0][pa[1]] = data.reshape(-1, _PAGE)
+                if pages.targets[0] == regs.TARGET_VRAM:
+                    self.engine_writes.mark_frames(pages.frames)
                 return
         pos = 0
         for t, addr, n in self._runs(pages):
             self.view(t, addr, n, DATA, True)[:] = data[pos:pos + n]
+            if t == regs.TARGET_VRAM:
+                self.engine_writes.mark_range(addr, n)
             pos += n

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from gpuvm.device.write_log import EngineWriteLog
+
 
 class HostPort(Protocol):
     lock: threading.RLock  # the mediator's: held while physical state changes
@@ -16,6 +18,7 @@ class HostPort(Protocol):
     bar1_pt: int  # ... and its page table (a vGPU's arena is a window into it)
     bar3_pd: int
     bar3_pt: int
+    engine_writes: EngineWriteLog  # the device's log of VRAM pages its engines wrote
 
     def rd(self, offset: int) -> int:
         """A physical BAR0 register read."""

@@ -38,6 +38,7 @@ class Mediator:
         self.counts: defaultdict[str, int] = defaultdict(int)  # the mediator's own events
         self.bus = BusMap()  # every vGPU's DMA mappings, each at its partition's window
         self.bus_window = BUS_WINDOW
+        self.engine_writes = gpu.mmu.engine_writes
         gpu.attach_sysram(self.bus)
         prof = gpu.profile
         self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size)

@@ -2,10 +2,15 @@
 which BAR pages may be remapped as a consequence.
 
 - fv: a guest TLB flush rescans at once (full scan), then the real flush is issued.
-- lazy: a flush only marks channel shadows stale; the resync happens at first use (a
-  doorbell, channel programming, a RAMIN write).  BAR-VM windows are always synced at
-  the flush, because remapped BAR pages are used without any trap that could resync them.
-- incremental: a resync compares with the previous one instead of translating everything.
+- lazy: a flush only marks shadows stale; the resync happens at first use.  A channel
+  address space is first used by a doorbell, channel programming or a RAMIN write; a
+  BAR-VM window by the guest's next trapped access through that BAR, or by the next
+  change of what is remapped (which reads the window).  A window whose write history
+  shows no change since its last sync is not resynced at all.  Remapped BAR pages are
+  used without any trap, so a flush whose changed window entries include a remapped
+  page resyncs that window at once: the guest must not keep reaching the old page.
+- incremental: a resync looks only at the entries the trapped stores (and the device's
+  engine write log) say changed (shadow.dirty); tables in the guest's RAM are compared.
 
 Guest page tables may live in the guest's VRAM slice or in its RAM (the PDE target says
 which); sysram tables are read through this VM's own RAM only and validated like every
@@ -38,10 +43,13 @@ class Shadowing:
         self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
         self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
         self.guest_ram = vgpu.dma  # the VM's RAM as its VMM DMA-mapped it (iova = gpa)
+        self.engine_writes = host.engine_writes
         self.bar1 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar1_pt,
-                              part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram)
+                              part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram,
+                              self.engine_writes)
         self.bar3 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar3_pt,
-                              part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram)
+                              part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram,
+                              self.engine_writes)
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
@@ -61,8 +69,16 @@ class Shadowing:
             v = self.vgpu
             space = self.spaces[guest_pd] = ShadowSpace(self.vram, v.policy,
                                                         v.part.shadow_pool, guest_pd, v.count,
-                                                        self.guest_ram)
+                                                        self.guest_ram, self.engine_writes)
         return space.shadow_pd
+
+    def note_write(self, guest_addr: int, size: int) -> None:
+        """A trapped guest store landed in its VRAM: the shadows that read that memory
+        learn which of their entries it touched."""
+        for space in self.spaces.values():
+            space.note_write(guest_addr, size)
+        self.bar1.note_write(guest_addr, size)
+        self.bar3.note_write(guest_addr, size)
 
     def ensure_fresh(self, guest_pd: int | None) -> None:
         """First use of a channel's address space: resync it if a flush left it stale."""
@@ -71,11 +87,13 @@ class Shadowing:
             self._sync_space(space)
 
     def _sync_space(self, space: ShadowSpace) -> None:
-        before = len(space._pts)
+        before = space.layout()
         space.sync(incremental=self.vgpu.mode.incremental)
         self.host.flush(space.shadow_pd)
-        if len(space._pts) != before:
-            self.refresh_remap()  # new or dropped guest tables change what is sensitive
+        if space.layout() != before:
+            # new, moved or dropped guest tables change what is sensitive (and a table's
+            # pages must trap before its write history can be trusted)
+            self.refresh_remap()
 
     def _retire(self, pd: int) -> None:
         """A shadow directory is about to be freed: the device's TLB forgets it first, so
@@ -123,7 +141,15 @@ class Shadowing:
         all_pds = bool(trigger & regs.PFFB_TRIGGER_ALL_PDS)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.pv is None and (all_pds or window.guest_pd == pd):
-                self.sync_window(window, bar)
+                if not v.mode.lazy:
+                    self.sync_window(window, bar)
+                elif not window.pending():
+                    v.count("shadow.bar_flushes_unchanged", 1)  # nothing to resync
+                elif self._remapped_changed(window, bar):
+                    self.sync_window(window, bar)
+                else:
+                    window.stale = True
+                    v.count("shadow.bar_marked_stale", 1)
         for key, space in self.spaces.items():
             if all_pds or key == pd:
                 if v.mode.lazy:
@@ -132,11 +158,29 @@ class Shadowing:
                 else:
                     self._sync_space(space)
 
+    def _remapped_changed(self, window: BarWindow, bar: int) -> bool:
+        """Whether a changed entry of the window is one the VMM has mapped straight in."""
+        offsets = window.changed_offsets()
+        if not offsets.size or self.remapper is None:
+            return False
+        return bool((self._remapped[bar].pages[offsets] != NOT_VRAM).any())
+
+    def window_in_use(self, bar: int) -> BarWindow:
+        """The guest is about to access BAR1/BAR3 through the mediator: resync the window
+        first if a flush left it stale (lazy)."""
+        window = self.bar1 if bar == regs.BAR1 else self.bar3
+        if window.stale:
+            self.sync_window(window, bar)
+        return window
+
     def sync_window(self, window: BarWindow, bar: int) -> None:
+        self._sync_window(window, bar)
+        self.refresh_remap()
+
+    def _sync_window(self, window: BarWindow, bar: int) -> None:
         window.sync(incremental=self.vgpu.mode.incremental)
         self.host.flush(self.host.bar1_pd if bar == regs.BAR1 else self.host.bar3_pd,
-                            bar_vm=True)
-        self.refresh_remap()
+                        bar_vm=True)
 
     def bind_window(self, bar: int, reg: int) -> None:
         """The guest wrote PBUS_BAR1_VM / PBUS_BAR3_VM."""
@@ -171,6 +215,9 @@ class Shadowing:
         v = self.vgpu
         if not v.mode.remap or self.remapper is None:
             return
+        for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):
+            if window.stale:  # what to remap is read from the window: a use of it
+                self._sync_window(window, bar)
         sensitive = self.sensitive_pages()
         base = self.vram.host_address
         for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):

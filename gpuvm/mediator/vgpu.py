@@ -280,6 +280,7 @@ class VGpu:
             return self._vram.read_u32(host)
         with self.med.lock:
             self._vram.write_u32(host, value)
+            self.shadowing.note_write(addr, 4)
             self.channels.reflect(addr)
         return 0
 
@@ -295,9 +296,9 @@ class VGpu:
                     return self.channels.userd_read(ch, reg, size)
                 self.channels.userd_write(ch, reg, size, value)
                 return 0
-            window, arena = self.shadowing.bar1, self.part.bar1_base
+            window, arena = self.shadowing.window_in_use(bar), self.part.bar1_base
         elif bar == regs.BAR3:
-            window, arena = self.shadowing.bar3, self.part.bar3_base
+            window, arena = self.shadowing.window_in_use(bar), self.part.bar3_base
         else:
             self.count("trap.refused.bar", 1)
             return (1 << (8 * size)) - 1
@@ -315,7 +316,9 @@ class VGpu:
         self.med.gpu.mmio_write(bar, arena + offset, size, value)
         host = int(window.host_pages[page])
         if host != NOT_VRAM:
-            self.channels.reflect(host - self.policy.vram_base)
+            addr = host - self.policy.vram_base + (offset & 0xFFF)
+            self.shadowing.note_write(addr, size)
+            self.channels.reflect(addr)
         return 0
 
     def _bar_fault(self, bar: int, offset: int, write: bool) -> None:
