@@ -98,7 +98,7 @@ class BarWindow:
         """Window pages whose guest entries were stored to since the last sync."""
         if self._table is None:
             return np.arange(self.pages) if self._snapshot is not None else np.zeros(0, int)
-        return np.fromiter(self._table.dirty, dtype=np.intp, count=len(self._table.dirty))
+        return self._table.stored()
 
     def _host(self, addr: int) -> int:
         return self.policy.host_vram(addr)
@@ -123,9 +123,16 @@ class BarWindow:
         table = self._table
         assert table is not None and self._snapshot is not None
         host = self._host(table.guest)
-        idx, _ = table.take(host)
+        idx = table.take(host)
         view = self.vram.u64[host >> 3:(host >> 3) + table.entries]
         window = self._window()
+        if idx is None:  # most of the table rewritten: compare it whole
+            current = self._snapshot.copy()
+            current[:table.entries] = view
+            sync_entries(current, self._snapshot, window, self.policy, regs.SMALL_PAGE, stats)
+            self._snapshot = current
+            self._set_host_pages()
+            return
         sync_listed(idx, view, self._snapshot, window, self.policy, regs.SMALL_PAGE, stats)
         if idx.size:
             self._set_host_pages(idx)

@@ -19,6 +19,9 @@ from gpuvm.device import regs
 from gpuvm.device.write_log import EngineWriteLog
 
 _PER_PAGE = regs.SMALL_PAGE // regs.PTE_SIZE
+# Past this share of a table, comparing it whole (a streaming numpy pass) is cheaper than
+# gathering the listed entries; the resync then counts every entry it compared.
+DENSE_SHARE = 8
 
 
 class WriteTracker:
@@ -27,7 +30,13 @@ class WriteTracker:
         self.entries = entries
         self.end = guest + entries * regs.PTE_SIZE
         self.log = log
-        self.dirty: set[int] = set()
+        # one byte per entry (a bytearray: a trap sets one without making a Python
+        # object), how many are set, and which -- listed until the table counts as dense,
+        # so taking them costs what changed, not the table's size
+        self._bits = bytearray(entries)
+        self._listed: list[int] = []
+        self._list_max = entries // DENSE_SHARE
+        self.marked = 0
         self.seen = log.now if log is not None else 0
 
     def note(self, addr: int, size: int) -> None:
@@ -35,12 +44,21 @@ class WriteTracker:
         lo = max(addr, self.guest)
         hi = min(addr + size, self.end)
         if lo < hi:
-            first = (lo - self.guest) >> 3
-            last = (hi - 1 - self.guest) >> 3
-            if first == last:
-                self.dirty.add(first)
-            else:
-                self.dirty.update(range(first, last + 1))
+            bits = self._bits
+            for i in range((lo - self.guest) >> 3, ((hi - 1 - self.guest) >> 3) + 1):
+                if not bits[i]:
+                    bits[i] = 1
+                    self.marked += 1
+                    if self.marked <= self._list_max:
+                        self._listed.append(i)
+
+    def stored(self) -> np.ndarray:
+        """Entries named by trapped stores since the last take() (sorted)."""
+        if not self.marked:
+            return np.zeros(0, dtype=np.intp)
+        if self.marked <= self._list_max:
+            return np.sort(np.array(self._listed, dtype=np.intp))
+        return np.flatnonzero(np.frombuffer(self._bits, dtype=np.uint8))
 
     def engine_written(self, host: int) -> bool:
         """Whether an engine wrote any page of the table (at host VRAM `host`) since the
@@ -49,31 +67,38 @@ class WriteTracker:
             self.log.pages_written_since(host, self.entries * regs.PTE_SIZE, self.seen).size > 0
 
     def pending(self, host: int) -> bool:
-        return bool(self.dirty) or self.engine_written(host)
+        return self.marked > 0 or self.engine_written(host)
 
-    def take(self, host: int) -> tuple[np.ndarray, int]:
-        """(sorted candidate entry indices, how many of them are whole engine-written
-        pages), forgetting them: the caller resyncs exactly these."""
+    def take(self, host: int) -> np.ndarray | None:
+        """The sorted entry indices to resync, forgetting them; None when so many changed
+        that the caller should compare the whole table instead."""
         now = self.log.now if self.log is not None else 0
         parts = []
-        if self.dirty:
-            parts.append(np.fromiter(self.dirty, dtype=np.intp, count=len(self.dirty)))
-            self.dirty = set()
-        from_engines = 0
-        if self.log is not None and now > self.seen:
+        dense = self.marked * DENSE_SHARE > self.entries
+        if self.marked:
+            bits = np.frombuffer(self._bits, dtype=np.uint8)
+            if dense:
+                bits[:] = 0
+            else:
+                idx = np.array(self._listed, dtype=np.intp)
+                idx.sort()
+                bits[idx] = 0
+                parts.append(idx)
+            self._listed = []
+            self.marked = 0
+        if self.log is not None and now > self.seen and not dense:
             base_page = host >> regs.SMALL_PAGE_SHIFT
             for p in self.log.pages_written_since(host, self.entries * regs.PTE_SIZE,
                                                   self.seen).tolist():
                 page_addr = (base_page + p) << regs.SMALL_PAGE_SHIFT
                 lo = max(0, (page_addr - host) >> 3)
-                hi = min(self.entries, lo + _PER_PAGE if page_addr >= host
-                         else (page_addr + regs.SMALL_PAGE - host) >> 3)
+                hi = min(self.entries, (page_addr + regs.SMALL_PAGE - host) >> 3)
                 parts.append(np.arange(lo, hi, dtype=np.intp))
-                from_engines += hi - lo
         self.seen = now
+        if dense or sum(p.size for p in parts) * DENSE_SHARE > self.entries:
+            return None
         if not parts:
-            return np.zeros(0, dtype=np.intp), 0
+            return np.zeros(0, dtype=np.intp)
         if len(parts) == 1:
-            parts[0].sort()  # a set's or a range's: no duplicates
-            return parts[0], from_engines
-        return np.unique(np.concatenate(parts)), from_engines
+            return parts[0]  # sorted and without duplicates already
+        return np.unique(np.concatenate(parts))

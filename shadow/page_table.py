@@ -222,13 +222,16 @@ class ShadowSpace:
         """Only the PDEs and entries the write history names (and sysram tables, which
         have none): O(changed)."""
         host_pd = self.policy.host_vram(self.guest_pd)
-        idx, _ = self._pd_tracker.take(host_pd)
-        stats.pdes_scanned = int(idx.size)
+        idx = self._pd_tracker.take(host_pd)
         snapshot = self._pd_snapshot
         assert snapshot is not None
+        guest_pd = self._u64(host_pd, regs.PDE_COUNT)
+        if idx is None:  # most of the directory rewritten: compare it whole
+            idx = np.arange(regs.PDE_COUNT)
+        stats.pdes_scanned = int(idx.size)
         visit: set[int] = set()
         if idx.size:
-            values = self._u64(host_pd, regs.PDE_COUNT)[idx]
+            values = guest_pd[idx]
             differ = values != snapshot[idx]
             snapshot[idx[differ]] = values[differ]
             visit.update(idx[differ].tolist())
@@ -290,8 +293,8 @@ class ShadowSpace:
             incremental = False
         dest = self._u64(old.shadow, entries)
         if old.tracker is not None:
-            idx, _ = old.tracker.take(self.policy.host_vram(guest))  # history restarts here
-            if incremental:
+            idx = old.tracker.take(self.policy.host_vram(guest))  # history restarts here
+            if incremental and idx is not None:
                 sync_listed(idx, current, old.snapshot, dest, self.policy, page, stats)
                 return old
         snapshot = current.copy()
