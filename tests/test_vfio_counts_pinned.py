@@ -8,6 +8,14 @@ did before vGPUs became VFIO devices, and the default mdev type's counts are pin
 - counts_default_type.json pins the default type (gpuvm-Q6000-8Q).  It differs from the
   old default only in BAR1 (15 MiB, so eight instances fit beside the USERD poll area):
   every full scan of the BAR1 window reads 256 entries fewer.
+
+Since incremental resync became O(changed) and BAR-window syncs lazy (issue 12), the lazy
+modes (fv+lazy, fv-opt) scan, write and sync less than they did before the VFIO change:
+against counts_pre_vfio.json they are compared without the counters of that work
+(LAZY_SHADOW_WORK), and in fv-opt without the BAR1/BAR3 aperture traps, which now include
+the accesses that trap because a window's remap waits for its lazy resync.  Everything
+else -- every other mode, every other counter, channel syncs included -- must still be
+identical.  counts_default_type.json pins the new counts exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ PRE_VFIO_PARTITION = {"vram_size": 512 * regs.MiB, "channels": 8, "bar1_size": 1
 
 
 DEFAULT_TYPE = "gpuvm-Q6000-8Q"
+LAZY_MODES = ("fv+lazy", "fv-opt")
+LAZY_SHADOW_WORK = ("shadow.bar_syncs", "shadow.bar_marked_stale", "shadow.bar_flushes_unchanged",
+                    "shadow.pdes_scanned", "shadow.ptes_scanned", "shadow.ptes_written")
+LAZY_REMAP_TRAPS = ("exits.mmio.bar1.", "exits.mmio.bar3.", "trap.bar1.forward.",
+                    "trap.bar3.forward.")
 
 
 def _counts(backend: str, partition: dict[str, int],
@@ -53,18 +66,35 @@ def _assert_same(got: dict, want: dict) -> None:
         assert got[key] == want[key], key
 
 
+def _still_meant_equal(counts: dict) -> dict:
+    """The pre-VFIO counts without what lazy, O(changed) shadowing changed on purpose."""
+    out = {}
+    for key, phases in counts.items():
+        mode = key.split("/", 1)[1]
+        if mode not in LAZY_MODES:
+            out[key] = phases
+            continue
+        out[key] = {phase: {k: v for k, v in c.items() if k not in LAZY_SHADOW_WORK and not
+                            (mode == "fv-opt" and k.startswith(LAZY_REMAP_TRAPS))}
+                    for phase, c in phases.items()}
+    return out
+
+
+def _assert_same_as_pre_vfio(got: dict) -> None:
+    want = json.loads((DATA / "counts_pre_vfio.json").read_text())
+    _assert_same(_still_meant_equal(got), _still_meant_equal(want))
+
+
 @pytest.mark.slow
 def test_counts_identical_to_before_vfio_inproc():
-    _assert_same(_counts("inproc", PRE_VFIO_PARTITION),
-                 json.loads((DATA / "counts_pre_vfio.json").read_text()))
+    _assert_same_as_pre_vfio(_counts("inproc", PRE_VFIO_PARTITION))
 
 
 @pytest.mark.slow
 @pytest.mark.kvm
 @pytest.mark.skipif(not KVM_USABLE, reason=KVM_WHY)
 def test_counts_identical_to_before_vfio_kvm():
-    _assert_same(_counts("kvm", PRE_VFIO_PARTITION),
-                 json.loads((DATA / "counts_pre_vfio.json").read_text()))
+    _assert_same_as_pre_vfio(_counts("kvm", PRE_VFIO_PARTITION))
 
 
 @pytest.mark.slow
