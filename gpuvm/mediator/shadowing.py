@@ -173,12 +173,12 @@ class Shadowing:
             self.sync_window(window, bar)
         return window
 
-    def sync_window(self, window: BarWindow, bar: int) -> None:
-        self._sync_window(window, bar)
+    def sync_window(self, window: BarWindow, bar: int, full: bool = False) -> None:
+        self._sync_window(window, bar, full)
         self.refresh_remap()
 
-    def _sync_window(self, window: BarWindow, bar: int) -> None:
-        window.sync(incremental=self.vgpu.mode.incremental)
+    def _sync_window(self, window: BarWindow, bar: int, full: bool = False) -> None:
+        window.sync(incremental=self.vgpu.mode.incremental and not full)
         self.host.flush(self.host.bar1_pd if bar == regs.BAR1 else self.host.bar3_pd,
                         bar_vm=True)
 
@@ -240,7 +240,8 @@ class Shadowing:
             self.host.flush(space.shadow_pd)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.guest_pd is not None or window.pv is not None:
-                self.sync_window(window, bar)
+                # unchanged entries may be judged differently now: no write history helps
+                self.sync_window(window, bar, full=True)
 
     def unmap_all(self) -> None:
         """Take every remapped BAR page back from the VMM."""
