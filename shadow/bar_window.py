@@ -95,9 +95,15 @@ class BarWindow:
         return self._snapshot is not None  # a table in the guest's RAM: no write history
 
     def changed_offsets(self) -> np.ndarray:
-        """Window pages whose guest entries were stored to since the last sync."""
+        """Window pages whose entries may have changed since the last sync: those stored
+        to, or all of them when the history cannot say (walk or engine writes, sysram)."""
+        everything = np.arange(self.pages)
+        if any(t.pending(self._host(t.guest)) for t in self._walk):
+            return everything
         if self._table is None:
-            return np.arange(self.pages) if self._snapshot is not None else np.zeros(0, int)
+            return everything if self._snapshot is not None else np.zeros(0, dtype=np.intp)
+        if self._table.engine_written(self._host(self._table.guest)):
+            return everything
         return self._table.stored()
 
     def _host(self, addr: int) -> int:

@@ -238,3 +238,46 @@ def test_bar_window_syncs_at_first_use(lazy_world, mode):
     unchanged = vgpu.counters().get("shadow.bar_flushes_unchanged", 0)
     assert vgpu.counters()["shadow.bar_syncs"] - before == (1 if mode == "fv+lazy" else 2)
     assert unchanged == (1 if mode == "fv+lazy" else 0)
+
+
+class Granted:
+    """A VMM's view of what the vGPU granted (BAR remap): page offset -> host address."""
+
+    def __init__(self) -> None:
+        self.pages: dict[tuple[int, int], int] = {}
+
+    def map(self, bar: int, offset: int, host: int, size: int) -> None:
+        for i in range(0, size, regs.SMALL_PAGE):
+            self.pages[(bar, offset + i)] = host + i
+
+    def unmap(self, bar: int, offset: int, size: int) -> None:
+        for i in range(0, size, regs.SMALL_PAGE):
+            self.pages.pop((bar, offset + i), None)
+
+
+def test_a_changed_remapped_page_is_resynced_at_the_flush(lazy_world):
+    """fv-opt: a remapped page is used without a trap, so a flush that changes its entry
+    cannot wait for a use; one that changes only unmapped entries can."""
+    gpu, med = lazy_world
+    vm = Vm(med, "vm0", "fv-opt")
+    drv, vgpu = vm.drv, vm.vgpu
+    granted = Granted()
+    vgpu.set_mapping_listener(granted)
+    offset = BAR1_SIZE - 0x10000
+    first, second = vm.rig.b, vm.rig.c
+    host = gpu.vram.host_address + vgpu.policy.vram_base
+
+    def syncs() -> int:
+        return vgpu.counters().get("shadow.bar_syncs", 0)
+
+    drv.map(drv.bar1_space, offset, first)
+    before = syncs()
+    drv.flush(drv.bar1_space, bar_vm=True)
+    assert syncs() == before  # the page was not granted: lazy
+    vgpu.read(regs.BAR1, offset, 4)  # first use: resync, and the page is granted
+    assert syncs() == before + 1
+    assert granted.pages[(regs.BAR1, offset)] == host + first
+    drv.map(drv.bar1_space, offset, second)
+    drv.flush(drv.bar1_space, bar_vm=True)
+    assert syncs() == before + 2  # at once: the guest reaches it without trapping
+    assert granted.pages[(regs.BAR1, offset)] == host + second
