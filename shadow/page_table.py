@@ -161,10 +161,7 @@ class ShadowSpace:
 
     def note_write(self, addr: int, size: int) -> None:
         """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
-        tracker = self._pd_tracker
-        if tracker.guest <= addr < tracker.end:
-            tracker.note(addr, size)
-            return
+        self._pd_tracker.note(addr, size)  # (a table may overlap the directory: ask both)
         trackers = self._by_page.get(addr >> regs.SMALL_PAGE_SHIFT)
         if trackers is not None:
             for tracker in trackers:
