@@ -104,7 +104,7 @@ class Residency:
         pages = np.flatnonzero(want)
         if pages.size and pages[-1] >= self.pool_pages:
             raise WorkingSetTooLarge(
-                f"{tenant.name}: working set of {pages.size * PAGE >> 20} MiB (guest VRAM up "
+                f"working set of {pages.size * PAGE >> 20} MiB (guest VRAM up "
                 f"to {(int(pages[-1]) + 1) * PAGE >> 20} MiB) exceeds the physical VRAM the "
                 f"GPU can hold for it ({self.pool_pages * PAGE >> 20} MiB of "
                 f"{self.vram.size >> 20} MiB)")
