@@ -194,3 +194,34 @@ def test_band_moves_more_pages_than_quantum():
              for run in (band, quantum)]
     switches = [sum(c["residency_switches"] for c in run) for run in (band, quantum)]
     assert pages[0] > 4 * pages[1] and switches[0] > 4 * switches[1], (band, quantum)
+
+
+# ---------------------------------------------------------------------- what `gpuvm run` shows
+def test_run_shows_the_counts_in_json_rows_and_detail_tables(capsys):
+    import json
+
+    from gpuvm import cli
+
+    argv = ["run", "--backend", "inproc", "--vram-mib", "384", "--time-scale", "1000",
+            "-b", "madd,madd", "--size", "16", "--mode", "fv-opt", "--type", f"{OS75},{OS75}"]
+    assert cli.main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    for row in rows:
+        c = row["counters"]
+        assert row["passed"] and c["residency_pages_in"] > 0
+        moved_in = {"residency_pages_in", "residency_bytes", "residency_switches",
+                    "residency_switch_ns"}  # (a count of 0 is left out of a row)
+        assert moved_in <= set(c) and moved_in <= set(row["phase_counters"]["HtoD"])
+    assert cli.main([*argv, "--detail"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Residency: pages moved") == 2 and "Pages in" in out
+
+
+def test_a_host_backing_limit_too_small_for_the_type_is_one_error(capsys):
+    from gpuvm import cli
+
+    rc = cli.main(["run", "--backend", "inproc", "--vram-mib", "384", "-b", "idle",
+                   "--mode", "fv-opt", "--type", OS75, "--host-backing-mib", "64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1
+    assert err[0].startswith("gpuvm: error: vm0: ") and "host backing limit is 64 MiB" in err[0]

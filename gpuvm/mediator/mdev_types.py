@@ -135,6 +135,15 @@ def fits(table: PartitionTable, partition: PartitionSpec) -> bool:
     return True
 
 
+def why_not(table: PartitionTable, partition: PartitionSpec) -> str:
+    """Why one more partition of this shape cannot be placed now ("" if it can)."""
+    try:
+        copy.deepcopy(table).allocate(partition)
+    except PartitionError as exc:
+        return str(exc)
+    return ""
+
+
 def available_instances(table: PartitionTable, mdev_type: MdevType) -> int:
     """How many more instances of this type fit now, beside what is already placed
     (placed on a copy of the table, so fragmentation counts as it would)."""

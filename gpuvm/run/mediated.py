@@ -124,9 +124,10 @@ class MediatedMachine:
         for i, med in enumerate(self.mediators):
             if mdev_types.fits(med.table, part):
                 return i
+        why = mdev_types.why_not(self.mediators[0].table, part) if len(self.gpus) == 1 else ""
         raise RunError(f"{spec.name}: no GPU has room for its vGPU "
                        f"({part.vram_size >> 20} MiB, {part.channels} channels) "
-                       f"on any of {len(self.gpus)} GPU(s)")
+                       f"on any of {len(self.gpus)} GPU(s)" + (f": {why}" if why else ""))
 
     def attach(self, spec: VmSpec) -> VGpu:
         part, share, type_id = requested_vgpu(spec, self.types)
