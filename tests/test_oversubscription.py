@@ -225,3 +225,29 @@ def test_a_host_backing_limit_too_small_for_the_type_is_one_error(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1
     assert err[0].startswith("gpuvm: error: vm0: ") and "host backing limit is 64 MiB" in err[0]
+
+
+def test_the_reference_monitor_sees_a_vm_using_frames_it_does_not_hold(monkeypatch):
+    """The monitor audits an oversubscribed VM's engine accesses against the frames it
+    holds at that moment: with the switch skipped and shadows pointing at frames
+    regardless of residency, it records escapes (so the runs above, with none, mean
+    something)."""
+    from gpuvm.mediator import monitor
+    from gpuvm.mediator.residency import Residency
+
+    def regardless(self, ptes, page=regs.SMALL_PAGE):
+        shadow, refused = self.plain().translate(ptes, page)
+        target = (shadow >> np.uint64(regs.PTE_TARGET_SHIFT)) & np.uint64(regs.PTE_TARGET_MASK)
+        vram_entry = ((shadow & np.uint64(regs.PTE_PRESENT)) != 0) & \
+            (target == np.uint64(regs.TARGET_VRAM))
+        offset = np.uint64(self.vram_base - self.frame_base)
+        moved = shadow - (offset >> np.uint64(regs.SMALL_PAGE_SHIFT) << np.uint64(regs.PTE_ADDR_SHIFT))
+        return np.where(vram_entry, moved, shadow), refused
+
+    monkeypatch.setattr(ResidentPolicy, "translate", regardless)
+    monkeypatch.setattr(Residency, "make_resident", lambda self, tenant: None)
+    specs = [VmSpec(f"vm{i}", "madd", [16], mdev_type=OS75) for i in range(2)]
+    monitor.take()
+    run_vms(specs, OPTIONS)
+    escapes = monitor.take()
+    assert escapes and all("outside vm" in e.why for e in escapes)
