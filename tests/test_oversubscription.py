@@ -251,3 +251,14 @@ def test_the_reference_monitor_sees_a_vm_using_frames_it_does_not_hold(monkeypat
     run_vms(specs, OPTIONS)
     escapes = monitor.take()
     assert escapes and all("outside vm" in e.why for e in escapes)
+
+
+def test_an_oversubscribed_vgpu_in_a_pv_mode_is_one_error(capsys):
+    from gpuvm import cli
+
+    rc = cli.main(["run", "--backend", "inproc", "--vram-mib", "384", "-b", "idle",
+                   "--mode", "pv", "--type", OS75])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and err == ["gpuvm: error: vm0: an oversubscribed vGPU runs the fv modes "
+                               "only (its shadows are re-pointed from guest entries, which "
+                               "PV tables do not keep)"]
