@@ -77,7 +77,8 @@ def started(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("GPUVM_STATE_DIR", str(root))
     store = small_store(root)
-    by_count = {t.max_instances: t for t in store.parent.types().values()}
+    by_count = {t.max_instances: t for t in store.parent.types().values()
+                if not t.partition.oversubscribed}
     host = Host(store)
     conn = host.connect()
     mdevs, seen_running, fresh_running, virsh_running = {}, {}, {}, {}
@@ -153,8 +154,9 @@ def test_virsh_sees_the_gpu_its_types_and_vgpus(started):
     # two 8Q (16 channels, a 32+4 MiB slice each) and two 4Q (32 channels, 64+4 MiB) are
     # placed on 368 MiB and 128 channels: 32 channels and BAR3 for two more 8Q or one 4Q;
     # the 2Q (64 channels) and 1Q (a 256 MiB slice) no longer fit
+    # (the oversubscribed types' shared pool, 75% of the VRAM, no longer fits either)
     expected = {"gpuvm-Q6000-1Q": 0, "gpuvm-Q6000-2Q": 0, "gpuvm-Q6000-4Q": 1,
-                "gpuvm-Q6000-8Q": 2}
+                "gpuvm-Q6000-8Q": 2, "gpuvm-Q6000-75-OS": 0, "gpuvm-Q6000-150-OS": 0}
     assert store.available() == expected
     gpu = ET.fromstring(virsh(host.uri, "nodedev-dumpxml", GPU))
     pci = gpu.find("capability[@type='pci']")

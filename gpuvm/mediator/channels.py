@@ -145,9 +145,10 @@ class Channels:
         self.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
         v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
 
-    def kill(self, pchid: int, reason: str) -> None:
+    def kill(self, pchid: int, reason: str, counter: str = "watchdog.kills") -> None:
         """The watchdog ends this channel: off the device (its engine work abandoned), its
-        error word says so, and its owner sees a fault with the reason."""
+        error word says so, and its owner sees a fault with the reason.  (The mediator ends
+        channels the same way for other reasons, counted under `counter`.)"""
         v = self.vgpu
         ch = next((c for c in self.by_vchid.values() if c.pchid == pchid), None)
         if ch is None:
@@ -155,7 +156,7 @@ class Channels:
             return
         self._unbind(ch)
         ch.killed = reason
-        v.count("watchdog.kills", 1)
+        v.count(counter, 1)
         v.watchdog_fault(ch.vchid, reason)
         v.shadowing.refresh_remap()
 

@@ -12,6 +12,13 @@ two MiB such that N of them fit together with their shadow reserves (1/16 of the
 framebuffer, at least 4 MiB) in the VRAM below the hypervisor's; BAR1 (less the USERD poll
 area), BAR3 and the channels are split N ways; the weight is 8/N, so a type twice as
 large gets twice the GPU time under CREDIT and BAND.
+
+Oversubscribed types (`gpuvm-Q6000-75-OS`, `gpuvm-Q6000-150-OS`) give each instance a
+framebuffer of that percentage of the usable VRAM, so that two of the first already sum
+above it: the guest's VRAM lives in a host backing store and is made resident in a pool of
+physical VRAM the oversubscribed instances share (mediator/residency.py), switched at
+scheduling boundaries.  They take a quarter of the channels and BAR arenas, like the
+4-instance type; how many fit is bounded by the host backing limit as well as by the GPU.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from dataclasses import dataclass
 from gpuvm.device import regs
 from gpuvm.device.profile import DeviceProfile
 from gpuvm.mediator.mediator import HYP_GLOBAL
-from gpuvm.mediator.partition import POLL_AREA, PartitionError, PartitionSpec, PartitionTable
+from gpuvm.mediator.partition import (DEFAULT_HOST_BACKING, POLL_AREA, PartitionError,
+                                     PartitionSpec, PartitionTable, residency_pool_size)
 
 INSTANCE_COUNTS = (1, 2, 4, 8)
+OVERSUBSCRIBED_PERCENT = (75, 150)  # framebuffer, in percent of the usable VRAM
+OVERSUBSCRIBED_SHARE = 4  # channels and BAR arenas: as the 4-instance type
 DEFAULT_INSTANCES = 8  # the default type: the paper's largest configuration fits
 DEVICE_API = "vfio-pci"
 MIN_SHADOW = 4 * regs.MiB
@@ -46,7 +56,8 @@ class MdevType:
     @property
     def description(self) -> str:
         p = self.partition
-        return (f"framebuffer={p.vram_size >> 20}M, channels={p.channels}, "
+        kind = "oversubscribed, " if p.oversubscribed else ""
+        return (f"{kind}framebuffer={p.vram_size >> 20}M, channels={p.channels}, "
                 f"bar1={p.bar1_size >> 20}M, bar3={p.bar3_size >> 20}M, "
                 f"shadow={p.shadow_size >> 20}M, weight={self.weight:g}, "
                 f"max_instance={self.max_instances}")
@@ -72,6 +83,19 @@ def mdev_types(short_name: str, vram_usable: int, bar1_size: int,
         name = f"{short_name}-{n}Q"
         out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
                                         weight=DEFAULT_INSTANCES / n)
+    pool = residency_pool_size(vram_usable)
+    n = OVERSUBSCRIBED_SHARE
+    bar1 = min(((bar1_size - POLL_AREA) // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+    bar3 = min((bar3_size // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+    for percent in OVERSUBSCRIBED_PERCENT:
+        fb = (pool * percent // 75) & ~(regs.MiB - 1)  # the pool is 75% of usable VRAM
+        spec = PartitionSpec(vram_size=fb, channels=regs.NUM_CHANNELS // n, bar1_size=bar1,
+                             bar3_size=bar3,
+                             shadow_size=max((fb // 16) & ~(regs.MiB - 1), MIN_SHADOW),
+                             oversubscribed=True)
+        name = f"{short_name}-{percent}-OS"
+        out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
+                                        weight=DEFAULT_INSTANCES / n)
     return out
 
 
@@ -83,10 +107,12 @@ def profile_types(profile: DeviceProfile) -> dict[str, MdevType]:
                       profile.bar3_size)
 
 
-def empty_table(profile: DeviceProfile) -> PartitionTable:
+def empty_table(profile: DeviceProfile,
+                host_backing: int = DEFAULT_HOST_BACKING) -> PartitionTable:
     """A partition table of a GPU of this profile with nothing placed (as the mediator
-    makes it)."""
-    return PartitionTable(profile.vram_size, HYP_GLOBAL, profile.bar1_size, profile.bar3_size)
+    makes it), with this host backing limit for oversubscribed instances."""
+    return PartitionTable(profile.vram_size, HYP_GLOBAL, profile.bar1_size, profile.bar3_size,
+                          host_backing)
 
 
 def default_type_id(types: dict[str, MdevType]) -> str:
@@ -107,6 +133,15 @@ def fits(table: PartitionTable, partition: PartitionSpec) -> bool:
     except PartitionError:
         return False
     return True
+
+
+def why_not(table: PartitionTable, partition: PartitionSpec) -> str:
+    """Why one more partition of this shape cannot be placed now ("" if it can)."""
+    try:
+        copy.deepcopy(table).allocate(partition)
+    except PartitionError as exc:
+        return str(exc)
+    return ""
 
 
 def available_instances(table: PartitionTable, mdev_type: MdevType) -> int:

@@ -3,7 +3,8 @@
 It is the physical GPU's only driver.  It brings the device up, owns the physical BAR1
 and BAR3 address spaces (each VM's arena is a window into them), the USERD poll area, the
 runlist and the hypervisor's VRAM, creates and destroys partitions as VMs come and go,
-and hands doorbells to the scheduler.
+and hands doorbells to the scheduler.  Oversubscribed vGPUs share a pool of its VRAM,
+their residency switched before each of their submissions is rung (residency.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import pte
 from gpuvm.mediator import monitor
 from gpuvm.mediator.modes import Mode
-from gpuvm.mediator.partition import BUS_WINDOW, PartitionSpec, PartitionTable
+from gpuvm.mediator.partition import (BUS_WINDOW, DEFAULT_HOST_BACKING, PartitionError,
+                                     PartitionSpec, PartitionTable)
+from gpuvm.mediator.residency import COUNTERS as RESIDENCY_COUNTERS
+from gpuvm.mediator.residency import Residency, WorkingSetTooLarge
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
 from scheduler import FifoPolicy
@@ -31,7 +35,8 @@ HYP_GLOBAL = 16 * regs.MiB  # top of VRAM: physical BAR tables, runlist
 
 class Mediator:
     def __init__(self, gpu: Gpu, policy: Policy | None = None,
-                 watchdog: WatchdogLimits | None = None) -> None:
+                 watchdog: WatchdogLimits | None = None,
+                 host_backing: int = DEFAULT_HOST_BACKING) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
         self.hyp_global = HYP_GLOBAL
@@ -41,7 +46,9 @@ class Mediator:
         self.engine_writes = gpu.mmu.engine_writes
         gpu.attach_sysram(self.bus)
         prof = gpu.profile
-        self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size)
+        self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size,
+                                    host_backing)
+        self.residency: Residency | None = None  # while oversubscribed vGPUs exist
         self.hyp = VramPool(gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL, "hypervisor",
                             gpu.vram.zero)
         self.vgpus: list[VGpu] = []
@@ -53,7 +60,7 @@ class Mediator:
                 gpu.mmu.monitor = self.monitor
         self._bring_up()
         self.submissions = Submissions(self, policy or FifoPolicy(), self._kill,
-                                       watchdog or WatchdogLimits())
+                                       watchdog or WatchdogLimits(), self)
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
 
@@ -135,6 +142,29 @@ class Mediator:
                 self.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
 
 
+    # ------------------------------------------------------------------ residency
+    def needs_residency(self, vm: object) -> bool:
+        """Whether a submission of this VM must wait for its pages (scheduler thread, no
+        lock): only oversubscribed vGPUs do."""
+        return getattr(vm, "tenant", None) is not None
+
+    def make_resident(self, vm: object) -> bool:
+        """Before the VM's submission is rung: its working set into the pool.  A working
+        set that cannot fit faults that VM alone (its channels are ended with the reason);
+        returns whether the submission may go."""
+        with self.lock:
+            if vm not in self.vgpus or self.residency is None:
+                return False
+            try:
+                self.residency.make_resident(vm.tenant)
+            except WorkingSetTooLarge as exc:
+                self.counts["residency.refused"] += 1
+                for ch in list(vm.channels.by_vchid.values()):
+                    if ch.bound:
+                        vm.channels.kill(ch.pchid, str(exc), "residency.refused")
+                return False
+            return True
+
     # ------------------------------------------------------------------ the submission port
     def now_ns(self) -> int:
         return self.gpu.device_time_ns()
@@ -157,12 +187,29 @@ class Mediator:
                share: float = 1.0, uuid: str = "", type_id: str = "") -> VGpu:
         """Create a vGPU (an mdev instance): its partition, its bus window, its scheduler
         share.  The VMM then attaches it and DMA-maps the guest's memory."""
+        spec = spec or PartitionSpec()
+        if spec.oversubscribed and mode.pv:
+            raise PartitionError("an oversubscribed vGPU runs the fv modes only (its shadows "
+                                 "are re-pointed from guest entries, which PV tables do not "
+                                 "keep)")
         with self.lock:
-            part = self.table.allocate(spec or PartitionSpec())
-            self._scrub(part.vram_base, part.vram_size)
+            part = self.table.allocate(spec)
+            tenant = None
+            if spec.oversubscribed:  # its VRAM starts in a zeroed backing store
+                if self.residency is None:
+                    self.residency = Residency(self.gpu, part.vram_base, self.table.pool_size)
+                tenant = self.residency.join(name, part.vram_size)
+            else:
+                self._scrub(part.vram_base, part.vram_size)
             self._scrub(part.shadow_pool.base, part.shadow_pool.size)
             part.shadow_pool.scrub = self.gpu.vram.zero
-            vgpu = VGpu(self, name, part, mode, uuid, type_id)
+            vgpu = VGpu(self, name, part, mode, uuid, type_id, tenant)
+            if tenant is not None:
+                tenant.count = vgpu.count
+                tenant.spaces = lambda: vgpu.shadowing.spaces.values()
+                tenant.flush = self.flush
+                for counter in RESIDENCY_COUNTERS:  # in its rows from the start
+                    vgpu.count(counter, 0)
             self.bus.add(part.sys_base, self.bus_window, vgpu.dma)
             self.vgpus.append(vgpu)
             for c in range(part.chid_base, part.chid_base + part.channels):
@@ -189,7 +236,11 @@ class Mediator:
             for c in pchids:
                 self.owner.pop(c, None)
             self.bus.remove(vgpu.part.sys_base)
+            if vgpu.tenant is not None and self.residency is not None:
+                self.residency.leave(vgpu.tenant)
             self.table.release(vgpu.part)
+            if self.table.pool_base is None:
+                self.residency = None
 
     def close(self) -> None:
         for vgpu in list(self.vgpus):

@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable
 
+import numpy as np
+
 from gpuvm.device import regs
 from gpuvm.device.mmu import DATA
 from gpuvm.mediator.partition import POLL_AREA
@@ -96,6 +98,14 @@ class ReferenceMonitor:
         return target == regs.TARGET_VRAM and _inside(lo, hi, self.hyp_base, self.med.hyp_global)
 
     def _vm_data(self, v: "VGpu", target: int, lo: int, hi: int) -> bool:
+        if target == regs.TARGET_VRAM and v.tenant is not None:
+            # oversubscribed: only the pool frames it holds now (another VM's pages may be
+            # in the rest of the pool)
+            first = (lo - v.part.vram_base) // regs.SMALL_PAGE
+            last = (hi - 1 - v.part.vram_base) // regs.SMALL_PAGE
+            frames = v.tenant.frames.frame
+            return 0 <= first <= last < frames.size and \
+                bool((frames[first:last + 1] == np.arange(first, last + 1)).all())
         if target == regs.TARGET_VRAM:
             return _inside(lo, hi, v.part.vram_base, v.part.vram_size)
         return _inside(lo, hi, v.part.sys_base, self.med.bus_window)

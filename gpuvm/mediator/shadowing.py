@@ -67,7 +67,7 @@ class Shadowing:
         space = self.spaces.get(guest_pd)
         if space is None:
             v = self.vgpu
-            space = self.spaces[guest_pd] = ShadowSpace(self.vram, v.policy,
+            space = self.spaces[guest_pd] = ShadowSpace(self.vram, v.space_policy,
                                                         v.part.shadow_pool, guest_pd, v.count,
                                                         self.guest_ram, self.engine_writes)
         return space.shadow_pd

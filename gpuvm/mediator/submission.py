@@ -14,6 +14,11 @@ goes to the next.  A VM removed while its work runs is treated the same way at o
 A thread of its own runs the dispatcher, because the device reports completions from its
 engine thread while holding its lock: completions and doorbells arrive here through a
 queue, never a lock the device thread could wait on.
+
+A VM whose pages must be made resident first (an oversubscribed vGPU) has its submission
+rung only after the mediator has switched residency to it.  That takes the mediator's
+lock, which is never taken under ours (the mediator calls in here holding it), so the
+dispatch is only noted under our lock and the switch runs on this thread after it.
 """
 
 from __future__ import annotations
@@ -78,14 +83,29 @@ class GpuPort(Protocol):
         ...
 
 
+class ResidencyPort(Protocol):
+    """What the submission path needs to switch residency before a VM's work runs."""
+
+    def needs_residency(self, vm: object) -> bool:
+        """Whether this VM's pages must be made resident before its work runs (no lock)."""
+        ...
+
+    def make_resident(self, vm: object) -> bool:
+        """Make them resident; False: the VM cannot run (it was faulted)."""
+        ...
+
+
 class Submissions:
     def __init__(self, gpu: GpuPort, policy: Policy,
                  kill: Callable[[int, str], None] | None = None,
-                 limits: WatchdogLimits | None = None) -> None:
+                 limits: WatchdogLimits | None = None,
+                 residency: ResidencyPort | None = None) -> None:
         self._now = gpu.now_ns
         self._ring = gpu.ring
         self._runnable = gpu.runnable
         self._kill = kill
+        self._residency = residency
+        self._to_place: tuple[object, Doorbell] | None = None  # dispatched, awaiting residency
         self.limits = limits or WatchdogLimits()
         self.kills: list[tuple[object, int, str]] = []  # (vm, pchid, reason)
         self._used: dict[object, int] = {}  # device time charged per VM
@@ -116,6 +136,8 @@ class Submissions:
             running = self.dispatcher.running
             if running is not None and running.vm is vm:
                 self._running = None
+                if self._to_place is not None and self._to_place[0] is vm:
+                    self._to_place = None
                 self.dispatcher.complete(self._now())
             self.dispatcher.remove_vm(vm, self._now())
             for c in pchids:
@@ -159,6 +181,31 @@ class Submissions:
 
     # ----------------------------------------------------------- dispatcher side
     def _start(self, vm: object, bell: Doorbell) -> None:
+        if self._residency is not None and self._residency.needs_residency(vm):
+            self._to_place = (vm, bell)  # rung by _place_pending, after the switch
+            return
+        self._ring_start(vm, bell)
+
+    def _place_pending(self) -> None:
+        """Switch residency to each dispatched VM that needs it, then ring its submission
+        (no lock of ours held while the mediator works)."""
+        while True:
+            with self._lock:
+                pending, self._to_place = self._to_place, None
+            if pending is None:
+                return
+            vm, bell = pending
+            ok = self._residency.make_resident(vm)
+            with self._lock:
+                running = self.dispatcher.running
+                if running is None or running.vm is not vm or running.item is not bell:
+                    continue  # removed meanwhile: the dispatcher has moved on
+                if ok:
+                    self._ring_start(vm, bell)
+                else:
+                    self.dispatcher.complete(self._now(), used=0)
+
+    def _ring_start(self, vm: object, bell: Doorbell) -> None:
         self._running = bell
         if self._last_put.get(bell.pchid, 0) == bell.put or not self._runnable(bell.pchid):
             # Nothing the GPU would run now (no new entries, or a channel not on the
@@ -273,3 +320,5 @@ class Submissions:
                     self.dispatcher.wake(now)
             if killed is not None and self._kill is not None:
                 self._kill(*killed)  # the mediator takes its own lock: never under ours
+            if self._residency is not None:
+                self._place_pending()

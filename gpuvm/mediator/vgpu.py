@@ -9,11 +9,17 @@ in a sensitive page (a shadowed instance block) are reflected into its shadow.  
 modes the safe BAR1/BAR3 pages are granted to the VMM's mapping listener (the sparse
 areas of those regions); a PV vGPU has BAR4, an I/O port whose write is the hypercall.
 System memory is reachable only through the DMA mappings the VMM made.
+
+An oversubscribed vGPU (mediator/residency.py) is served through its overlay view: the
+mediator's reads and writes of its VRAM, BAR1/BAR3 data accesses included, go to wherever
+each page is now (a pool frame or the backing store), never through the physical BARs,
+whose frames may hold another VM's pages at the time; its BAR pages are not remapped.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ctypes
@@ -37,9 +43,11 @@ from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener
 from gpuvm.vfio.pci_config import PciConfig
 from shadow.bar_window import NOT_VRAM
 from shadow.entries import EntryPolicy
+from shadow.frames import ResidentPolicy
 
 if TYPE_CHECKING:
     from gpuvm.mediator.mediator import Mediator
+    from gpuvm.mediator.residency import Tenant
 
 _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
 _UNLOCKED = frozenset({"virtual", "faked", "refused"})
@@ -50,16 +58,29 @@ _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
 
 class VGpu:
     def __init__(self, med: "Mediator", name: str, part: Partition, mode: Mode,
-                 uuid: str = "", type_id: str = "") -> None:
+                 uuid: str = "", type_id: str = "", tenant: "Tenant | None" = None) -> None:
         self.med = med
         self.name = name
         self.uuid = uuid
         self.type_id = type_id
         self.part = part
-        self.mode = mode
         self.dma = DmaMappings()  # this vGPU's IOMMU table: what the VMM DMA-mapped
-        self.policy = EntryPolicy(part.vram_base, part.vram_size, part.sys_base,
-                                  self.dma.ranges)
+        self.tenant = tenant  # oversubscribed: its residency in the shared pool
+        if tenant is None:
+            self.mode = mode
+            self._vram = med.gpu.vram
+            self.policy = EntryPolicy(part.vram_base, part.vram_size, part.sys_base,
+                                      self.dma.ranges)
+            self.space_policy = self.policy  # what its channel shadows translate with
+        else:
+            self.mode = replace(mode, remap=False)
+            self._vram = tenant.view
+            self.policy = EntryPolicy(tenant.view.base, part.vram_size, part.sys_base,
+                                      self.dma.ranges)
+            self.space_policy = ResidentPolicy(tenant.view.base, part.vram_size, part.sys_base,
+                                               self.dma.ranges, frame_base=part.vram_base,
+                                               frames=tenant.frames)
+            tenant.policy = self.space_policy
         self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: part.spec.bar1_size,
                           regs.BAR3: part.spec.bar3_size}
         bars = {bar: (size, False) for bar, size in self.bar_sizes.items()}
@@ -74,11 +95,10 @@ class VGpu:
         self._pfifo_intr = 0
         self._faults_seen = 0
         self._watchdog_faults: list[ChannelFault] = []
-        self.channels = Channels(self, med, med.gpu.vram)
-        self.shadowing = Shadowing(self, med, med.gpu.vram)
-        self.hypercalls = Hypercalls(self, med, med.gpu.vram)
+        self.channels = Channels(self, med, self._vram)
+        self.shadowing = Shadowing(self, med, self._vram)
+        self.hypercalls = Hypercalls(self, med, self._vram)
         self._install_traps()
-        self._vram = med.gpu.vram
         # Physical channels are reused by later VMs: count only what happens from now on.
         self._device_baseline = self._device_channel_counts()
 
@@ -218,9 +238,9 @@ class VGpu:
         """Device reset: stop and drop the VM's channels and shadows, start afresh."""
         with self.med.lock:
             self.teardown()
-            self.channels = Channels(self, self.med, self.med.gpu.vram)
-            self.shadowing = Shadowing(self, self.med, self.med.gpu.vram)
-            self.hypercalls = Hypercalls(self, self.med, self.med.gpu.vram)
+            self.channels = Channels(self, self.med, self._vram)
+            self.shadowing = Shadowing(self, self.med, self._vram)
+            self.hypercalls = Hypercalls(self, self.med, self._vram)
             self._install_traps()
             self.med.rebuild_runlist()
 
@@ -307,6 +327,15 @@ class VGpu:
         if offset < 0 or page >= window.pages or (offset & 0xFFF) + size > 0x1000:
             self.count(f"trap.refused.bar{bar}", 1)
             return (1 << (8 * size)) - 1
+        if self.tenant is not None:
+            host = int(window.host_pages[page])
+            if host != NOT_VRAM:  # its page, wherever it is now (never the physical BAR)
+                addr = host + (offset & 0xFFF)
+                if value is None:
+                    return self._vram.read_bytes(addr, size)
+                self._vram.write_bytes(addr, size, value)
+                self.channels.reflect(host - self.policy.vram_base)
+                return 0
         phys_pte = int(self._vram.u64[(window.phys_pt >> 3) + window.first + page])
         if not phys_pte & regs.PTE_PRESENT:
             self._bar_fault(bar, offset, value is not None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.mediator.modes import MODES
+from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.run.execute import VmResult, run_vms
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.run.tables import SUMMARY_WIDTH, TABLE_WIDTH, render, render_comparison, \
@@ -216,6 +217,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=_positive_int, default=1,
                         help="emulated GPUs in the host (mediated modes): each VM's vGPU "
                              "goes on the first with an instance of its type left")
+    parser.add_argument("--host-backing-mib", type=_positive_int, default=None,
+                        help="host memory the backing stores of oversubscribed vGPUs "
+                             "(types ending -OS) may take together, per GPU, in MiB "
+                             "(default 16384)")
     parser.add_argument("--isolated", action="store_true",
                         help="each VM in its own VMM process, its device attached over "
                              "vfio-user (same counts as in-process)")
@@ -408,6 +413,7 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
 
     options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
                          time_scale=args.time_scale, gpus=args.gpus, isolated=args.isolated,
+                         host_backing_mib=args.host_backing_mib or DEFAULT_HOST_BACKING_MIB,
                          vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
                          scheduler={"policy": args.policy} if args.policy != "fifo" else {})
     observers: list[object] = [StatusWriter(mode, args.policy)]

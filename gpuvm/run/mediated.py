@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid as uuidlib
 from dataclasses import fields
 
+from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.mediator import mdev_types
@@ -73,6 +74,8 @@ class MediatedMachine:
         self.options = options
         if options.gpus < 1:
             raise RunError(f"gpus: a machine needs at least one GPU, got {options.gpus}")
+        if options.host_backing_mib < 1:
+            raise RunError(f"host backing: must be at least 1 MiB, got {options.host_backing_mib}")
         try:
             config = SchedulerConfig.from_dict(options.scheduler) if options.scheduler \
                 else None
@@ -100,7 +103,8 @@ class MediatedMachine:
             raise RunError(str(exc)) from None
         self.gpus = [Gpu(profile, time_scale=options.time_scale).start()
                      for _ in range(options.gpus)]
-        self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy(), watchdog)
+        self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy(), watchdog,
+                                   options.host_backing_mib * regs.MiB)
                           for gpu in self.gpus]
         self.vgpus: dict[str, VGpu] = {}
         self.placement: dict[str, int] = {}  # VM -> index of the GPU its vGPU is on
@@ -120,9 +124,10 @@ class MediatedMachine:
         for i, med in enumerate(self.mediators):
             if mdev_types.fits(med.table, part):
                 return i
+        why = mdev_types.why_not(self.mediators[0].table, part) if len(self.gpus) == 1 else ""
         raise RunError(f"{spec.name}: no GPU has room for its vGPU "
                        f"({part.vram_size >> 20} MiB, {part.channels} channels) "
-                       f"on any of {len(self.gpus)} GPU(s)")
+                       f"on any of {len(self.gpus)} GPU(s)" + (f": {why}" if why else ""))
 
     def attach(self, spec: VmSpec) -> VGpu:
         part, share, type_id = requested_vgpu(spec, self.types)

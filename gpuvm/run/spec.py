@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
 from gpuvm.vmm import abi, guest_programs
 
@@ -97,6 +98,8 @@ class RunOptions:
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
     gpus: int = 1  # emulated GPUs in a mediated machine, each with its own scheduler
+    # host memory the backing stores of oversubscribed vGPUs may take together, per GPU
+    host_backing_mib: int = DEFAULT_HOST_BACKING_MIB
     isolated: bool = False  # each VM in its own VMM process, attached over vfio-user
     # The watchdog (mediated modes): device seconds one submission may hold the GPU, and
     # one VM in all (None: no limit).  Past it the channel is killed and the VM charged.

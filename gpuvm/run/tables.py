@@ -36,6 +36,14 @@ MEDIATED_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Refused", lambda c: c.get("shadow.ptes_refused", 0) + _prefix_sum(c, "trap.refused.")),
     ("Hypercalls", lambda c: c.get("hcall.calls", 0)),
 ]
+# oversubscribed vGPUs (mediator/residency.py): pages moved at scheduling boundaries
+RESIDENCY_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
+    ("Pages in", lambda c: c.get("residency_pages_in", 0)),
+    ("Pages out", lambda c: c.get("residency_pages_out", 0)),
+    ("Bytes moved", lambda c: c.get("residency_bytes", 0)),
+    ("Switches", lambda c: c.get("residency_switches", 0)),
+    ("Switch µs", lambda c: c.get("residency_switch_ns", 0) // 1000),
+]
 TABLE_WIDTH = 220  # --detail tables when piped: wide enough that no column is cut
 SUMMARY_WIDTH = 100  # the summary when stdout is not a terminal; it is built to fit 80
 
@@ -93,6 +101,16 @@ def render(result: VmResult, backend: str, mode: str) -> list[object]:
                        f"{total.get(n + '.write', 0):,}")
     driver = "  ".join(f"{k}={rec[k]}" for k in DRIVER_COUNTS if k in rec)
     out: list[object] = [table, blocks]
+    if "residency_switches" in total:  # an oversubscribed vGPU
+        moved = Table(title="Residency: pages moved between the VRAM pool and the backing "
+                      "store (copy engine)", title_justify="left")
+        moved.add_column("Phase")
+        for name, _ in RESIDENCY_COLUMNS:
+            moved.add_column(name, justify="right", no_wrap=True)
+        for i, p in enumerate(rows):
+            moved.add_row(p.name, *(f"{fn(p.counters):,}" for _, fn in RESIDENCY_COLUMNS),
+                          end_section=i == len(rows) - 2)
+        out.append(moved)
     if driver:
         out.append(Text(f"driver: {driver}"))
     return out
