@@ -207,6 +207,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale, isolated=exp.isolated,
                                  scheduler={**exp.scheduler, "policy": key.policy},
+                                 vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
                                  confined=exp.kind == "isolation")
             t0 = time.monotonic()
             try:
