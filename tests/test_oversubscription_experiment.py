@@ -43,8 +43,18 @@ def test_the_experiment_file_gives_each_vm_75_percent_of_the_vgpu_vram():
     assert exp.kind == "oversubscription" and set(exp.policies) == {"quantum", "band"}
     usable = exp.vram_mib * regs.MiB - 16 * regs.MiB
     for vm in exp.scenarios[0].vms:
-        assert working_set_bytes(vm, exp) == vm.partition["vram_size"]
-        assert vm.partition["vram_size"] == pytest.approx(0.75 * usable, rel=0.01)
+        assert vm.mdev_type == "gpuvm-Q6000-75-OS" and not vm.partition
+        assert working_set_bytes(vm, exp) == pytest.approx(0.75 * usable, rel=0.01)
+
+
+def test_the_runs_ask_for_the_vms_type_and_the_experiments_gpu():
+    from gpuvm.experiment.execute import specs_for
+    exp = load(CONFIG)
+    assert [s.mdev_type for s in specs_for(exp.scenarios[0])] == ["gpuvm-Q6000-75-OS"] * 2
+    with pytest.raises(ConfigError, match=r"vm\[0\]\.type: give a type or a partition"):
+        parse(CONFIG.read_text().replace('working_set_mib = 180        # the model',
+                                         'partition = { vram_mib = 64 }\n# the model', 1),
+              "x.toml")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -57,13 +67,16 @@ def test_a_bad_vram_size_is_one_line(text, message):
         parse(base, "x.toml")
 
 
-def test_working_set_is_a_checked_per_vm_key():
-    text = CONFIG.read_text().replace('name = "B"', 'name = "B"\nworking_set_mib = 64')
-    exp = parse(text, "x.toml")
-    b = exp.scenarios[0].vms[1]
-    assert working_set_bytes(b, exp) == 64 * regs.MiB
-    with pytest.raises(ConfigError, match=r"vm\[1\]\.working_set_mib: must be > 0"):
-        parse(text.replace("working_set_mib = 64", "working_set_mib = -1"), "x.toml")
+def test_working_set_is_a_checked_per_vm_key_defaulting_to_the_framebuffer():
+    text = CONFIG.read_text()
+    exp = parse(text.replace("working_set_mib = 180", "working_set_mib = 64"), "x.toml")
+    assert working_set_bytes(exp.scenarios[0].vms[1], exp) == 64 * regs.MiB
+    with pytest.raises(ConfigError, match=r"scenario\[0\]\.vm\[0\]\.working_set_mib: must be > 0"):
+        parse(text.replace("working_set_mib = 180", "working_set_mib = -1"), "x.toml")
+    exp = parse(text.replace("working_set_mib = 180", "").replace(
+        'type = "gpuvm-Q6000-75-OS"', 'type = "gpuvm-Q6000-2Q"'), "x.toml")
+    two_q = 64 * regs.MiB  # of the 240 MiB for vGPUs, with shadow reserves
+    assert working_set_bytes(exp.scenarios[0].vms[0], exp) == two_q
 
 
 def model(points):

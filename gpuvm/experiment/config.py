@@ -34,6 +34,8 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
+    type = "gpuvm-Q6000-4Q"   # or a vGPU (mdev) type instead of a partition (default:
+                              # the GPU's default type)
     working_set_mib = 96      # oversubscription: VRAM the model keeps resident for it
                               # (default: its partition's framebuffer)
     ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
@@ -91,6 +93,7 @@ class VmConfig:
     # VRAM oversubscription (the model's side; gpuvm.sim.residency): the VRAM this VM keeps
     # in use, which must be resident while it runs (None: its partition's framebuffer)
     working_set_mib: int | None = None
+    mdev_type: str | None = None  # the vGPU's type, where no partition is given
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ def _vm(t: _Table) -> list[VmConfig]:
         if value is not None:
             partition[field_name] = value if key == "channels" else value * regs.MiB
     part_table.done()
-    hostmem = dict(
+    extra = dict(  # host memory (issue 16), oversubscription (issue 17)
         ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
                           if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
         hostmem_report=t.get("hostmem_report", bool, False),
@@ -207,11 +210,14 @@ def _vm(t: _Table) -> list[VmConfig]:
         hot_threshold=t.get("hot_threshold", int, 1, check=lambda h: None if h >= 0
                             else "must be >= 0"),
         working_set_mib=t.get("working_set_mib", int, None, check=_positive),
+        mdev_type=t.get("type", str, None, check=lambda n: None if n else "must be a type id"),
     )
+    if extra["mdev_type"] and partition:
+        raise t.fail("type", "give a type or a partition, not both")
     t.done()
     names = [name] if count == 1 else [f"{name}{i}" for i in range(count)]
     return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject,
-                     **hostmem) for n in names]
+                     **extra) for n in names]
 
 
 def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:

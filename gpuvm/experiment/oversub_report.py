@@ -65,7 +65,8 @@ def gpu_vram_bytes(exp: Experiment) -> int:
 
 def working_set_bytes(vm: VmConfig, exp: Experiment) -> int:
     """The model's working set of a VM: what the config says, else its whole framebuffer
-    (its partition's, or the default type's on this GPU)."""
+    (its partition's, or its type's on this GPU; ValueError for a type the GPU does not
+    offer)."""
     if vm.working_set_mib is not None:
         return vm.working_set_mib * regs.MiB
     if "vram_size" in vm.partition:
@@ -74,7 +75,23 @@ def working_set_bytes(vm: VmConfig, exp: Experiment) -> int:
     if exp.vram_mib:
         profile = profile.with_vram(exp.vram_mib * regs.MiB)
     types = mdev_types.profile_types(profile)
-    return types[mdev_types.default_type_id(types)].partition.vram_size
+    type_id = vm.mdev_type or mdev_types.default_type_id(types)
+    if type_id not in types:
+        raise ValueError(f"{vm.name}: this GPU has no mdev type {type_id!r} to take the "
+                         f"model's working set from (give working_set_mib)")
+    return types[type_id].partition.vram_size
+
+
+def _vgpu_text(vm: VmConfig, exp: Experiment) -> str:
+    if vm.partition:
+        vgpu = f"framebuffer {int(vm.partition.get('vram_size', 0)) // regs.MiB} MiB"
+    else:
+        vgpu = f"type {vm.mdev_type or 'default'}"
+    try:
+        ws = f"{working_set_bytes(vm, exp) // regs.MiB} MiB"
+    except ValueError:
+        ws = "unknown"
+    return f"{vm.name}: {vm.benchmark} {list(vm.params)}, {vgpu}, model working set {ws}"
 
 
 def row_residency(row: VmRow) -> dict[str, int] | None:
@@ -221,14 +238,15 @@ def oversubscription_report(exp: Experiment, rows: list[VmRow], out: Path,
     for scenario in exp.scenarios:
         points = points_for(exp, scenario, rows, costs, load)
         fig = _figure(scenario.name, points, out / f"oversubscription-{scenario.name}.png")
-        sets = ", ".join(
-            f"{vm.name}: {vm.benchmark} {list(vm.params)}, framebuffer "
-            f"{int(vm.partition.get('vram_size', 0)) // regs.MiB or 'default'} MiB, "
-            f"working set {working_set_bytes(vm, exp) // regs.MiB} MiB" for vm in scenario.vms)
-        total = sum(working_set_bytes(vm, exp) for vm in scenario.vms)
+        sets = "; ".join(_vgpu_text(vm, exp) for vm in scenario.vms)
+        try:
+            total = sum(working_set_bytes(vm, exp) for vm in scenario.vms)
+            together = f"; the model's working sets together {total / usable:.0%} of it"
+        except ValueError:
+            together = ""
         md += [f"## {scenario.name}", "",
-               f"GPU VRAM {vram // regs.MiB} MiB, {usable // regs.MiB} MiB of it for vGPUs; "
-               f"VMs ({sets}); working sets together {total / usable:.0%} of it.  Model: "
+               f"GPU VRAM {vram // regs.MiB} MiB, {usable // regs.MiB} MiB of it for vGPUs "
+               f"(the model's physical VRAM); VMs: {sets}{together}.  Model: "
                f"priced by `{costs.name}` (copies {costs.residency_byte_ns:g} ns/byte, "
                f"{costs.residency_page_ns:g} ns per page moved, {costs.residency_switch_ns:g} "
                f"ns per switch), {int(costs.host_cores)} host cores, "

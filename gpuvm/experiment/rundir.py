@@ -70,8 +70,9 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
     scenarios = [asdict(s) for s in exp.scenarios]
     for s in scenarios:  # keys added later count only where set (older runs still match)
         for vm in s["vms"]:
-            if vm.get("working_set_mib") is None:
-                vm.pop("working_set_mib", None)
+            for key in ("working_set_mib", "mdev_type"):
+                if vm.get(key) is None:
+                    vm.pop(key, None)
     out = {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
            "policies": list(exp.policies), "repetitions": exp.repetitions,
            "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,
