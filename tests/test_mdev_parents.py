@@ -174,3 +174,19 @@ def test_a_domain_starts_on_its_mdevs_parent(state, monkeypatch):
                             RunSettings(backend="inproc"))
     assert not result.passed and result.error == "stopped before running"
     assert seen["spec"].gpu == 1 and seen["options"].gpus == 2
+
+
+def test_serve_puts_each_mdev_on_its_parents_gpu(state):
+    from gpuvm.serve import MdevServer
+
+    store = MdevStore()
+    store.set_gpu_count(2)
+    first = store.create(ONE_Q)
+    second = store.create(ONE_Q)
+    server = MdevServer(store.list())
+    try:
+        machine = server.machine
+        assert len(machine.gpus) == 2
+        assert {server.specs[d.uuid].gpu for d in (first, second)} == {0, 1}
+    finally:
+        server.machine.close()
