@@ -179,33 +179,41 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 
 def _figure(scenario: str, points: list[Point], path: Path) -> Path:
+    """Makespan per policy from each source on its own axis (the emulator's wall time
+    and the model's modelled time differ by orders of magnitude), and the pages moved
+    side by side."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    labels = sorted({(p.policy, p.mode) for p in points},
-                    key=lambda k: [(q.policy, q.mode) for q in points].index(k))
+    labels = list(dict.fromkeys((p.policy, p.mode) for p in points))
     names = [p.upper() if len({m for _, m in labels}) == 1 else f"{p.upper()}\n{m}"
              for p, m in labels]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+
+    def bars(ax, xs, vals, width, **kw) -> None:
+        drawn = ax.bar(xs, [v or 0 for v in vals], width, **kw)
+        ax.bar_label(drawn, labels=["n/a" if v is None else f"{v:,.0f}" for v in vals],
+                     fontsize=7)
+
+    for i, (ax, source, what) in enumerate(((axes[0], EMULATOR, "wall"),
+                                            (axes[1], MODEL, "modelled"))):
+        got = {(p.policy, p.mode): p.makespan_ms for p in points if p.source == source}
+        bars(ax, range(len(labels)), [got.get(k) for k in labels], 0.6, color=f"C{i}")
+        ax.set_title(f"{scenario}: {source} makespan ({what})", fontsize=10)
+        ax.set_ylabel("ms (linear)")
     width = 0.38
-    for ax, value, title, unit in (
-            (axes[0], lambda p: p.makespan_ms, "makespan (emulator: wall; model: modelled)",
-             "ms (linear)"),
-            (axes[1], lambda p: p.pages_moved, "pages moved in + out", "pages (linear)")):
-        for i, source in enumerate((EMULATOR, MODEL)):
-            got = {(p.policy, p.mode): value(p) for p in points if p.source == source}
-            xs = [j + (i - 0.5) * width for j in range(len(labels))]
-            vals = [got.get(k) for k in labels]
-            bars = ax.bar(xs, [v or 0 for v in vals], width, label=source, color=f"C{i}")
-            ax.bar_label(bars, labels=["n/a" if v is None else f"{v:,.0f}" for v in vals],
-                         fontsize=7)
+    for i, source in enumerate((EMULATOR, MODEL)):
+        got = {(p.policy, p.mode): p.pages_moved for p in points if p.source == source}
+        bars(axes[2], [j + (i - 0.5) * width for j in range(len(labels))],
+             [got.get(k) for k in labels], width, label=source, color=f"C{i}")
+    axes[2].set_title(f"{scenario}: pages moved in + out", fontsize=10)
+    axes[2].set_ylabel("pages (linear)")
+    axes[2].legend(fontsize=8)
+    for ax in axes:
         ax.set_xticks(range(len(labels)), names)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.set_ylabel(unit)
-        ax.set_title(f"{scenario}: {title}", fontsize=10)
-        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
