@@ -34,10 +34,10 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
-    type = "gpuvm-Q6000-4Q"   # or a vGPU (mdev) type instead of a partition (default:
-                              # the GPU's default type)
+                              # or, instead of a partition, a vGPU (mdev) type:
+                              # type = "gpuvm-Q6000-4Q" (default: the GPU's default type)
     working_set_mib = 96      # oversubscription: VRAM the model keeps resident for it
-                              # (default: its partition's framebuffer)
+                              # (default: its partition's or type's framebuffer)
     ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
                               # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
                               # hot_threshold (experiments/hostmem.toml uses them)
