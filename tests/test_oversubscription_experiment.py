@@ -155,3 +155,16 @@ def test_write_report_dispatches_to_the_oversubscription_report(tmp_path, monkey
     assert "## 2vm-75pct" in text and "| QUANTUM | fv-opt | model |" in text
     assert set(COUNTER_NAMES) <= set(row_residency(emulator_row(
         "band", "A", dict.fromkeys(COUNTER_NAMES, 1))))
+
+
+def test_keys_left_unset_leave_an_experiments_fingerprint_as_it_was():
+    """Run directories made before these keys existed still match their config."""
+    from gpuvm.experiment.rundir import fingerprint
+
+    old = fingerprint(load(REPO / "experiments" / "isolation.toml"))
+    assert "vram_mib" not in old
+    assert all(not {"working_set_mib", "mdev_type"} & set(vm)
+               for s in old["scenarios"] for vm in s["vms"])
+    new = fingerprint(load(CONFIG))
+    assert new["vram_mib"] == 64
+    assert new["scenarios"][0]["vms"][0]["mdev_type"] == "gpuvm-Q6000-75-OS"
