@@ -21,6 +21,7 @@ from gpuvm.run.mediated import MediatedMachine
 FIRST, SECOND = "0000:01:00.0", "0000:02:00.0"
 ONE_Q = "gpuvm-Q6000-1Q"  # one instance per GPU
 UUID = "c2177883-f1bb-47f0-914d-32a22e3a8804"
+PLAIN_TYPES = ("gpuvm-Q6000-1Q", "gpuvm-Q6000-2Q", "gpuvm-Q6000-4Q", "gpuvm-Q6000-8Q")
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def types_by_parent(out: str) -> dict[str, dict[str, int]]:
     for i, line in enumerate(lines):
         if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9]", line):
             current = parents.setdefault(line, {})
-        elif line.startswith("  gpuvm-"):
+        elif line.strip() in PLAIN_TYPES:  # oversubscribed types may be listed too
             current[line.strip()] = int(lines[i + 1].split(":")[1])
     return parents
 
