@@ -20,10 +20,11 @@ import signal
 import socket
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from gpuvm.errors import UserError
-from gpuvm.mdevctl import MdevDefinition, MdevStore, state_dir
+from gpuvm.mdevctl import MdevDefinition, MdevStore, parent_index, state_dir
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.isolated import device_memory
 from gpuvm.run.mediated import MediatedMachine
@@ -43,9 +44,9 @@ def socket_path(uuid: str, root: Path | None = None) -> Path:
 
 
 def mdev_spec(d: MdevDefinition) -> VmSpec:
-    """The VM request an mdev stands for (its type, UUID and mode)."""
+    """The VM request an mdev stands for (its type, UUID and mode, on its parent's GPU)."""
     return VmSpec(d.uuid[:8], "idle", mdev_type=d.type_id, mdev_uuid=d.uuid, mode=d.mode,
-                  paravirtual=MODES[d.mode].pv)
+                  paravirtual=MODES[d.mode].pv, gpu=parent_index(d.parent))
 
 
 class MdevServer:
@@ -58,6 +59,9 @@ class MdevServer:
         self.root = root
         self.specs = {d.uuid: mdev_spec(d) for d in definitions}
         options = options or RunOptions(mode=definitions[0].mode)
+        gpus = 1 + max(spec.gpu or 0 for spec in self.specs.values())
+        if options.gpus < gpus:  # one emulated GPU per parent up to the last one used
+            options = replace(options, gpus=gpus)
         try:
             self.machine = MediatedMachine(options, list(self.specs.values()))
         except RunError as exc:

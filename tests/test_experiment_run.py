@@ -113,4 +113,4 @@ def test_cli_bad_config_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"gpuvm: error: {bad}: experiment.kind: must be one of benchmarks, isolation, hostmem, "
-        "scaling, suite"]
+        "scaling, oversubscription, suite"]

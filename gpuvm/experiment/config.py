@@ -7,7 +7,8 @@ the field, before anything runs.
 
     [experiment]
     name = "modes"            # results go to results/<name>/ unless `output` says otherwise
-    kind = "benchmarks"       # or "isolation", "hostmem", "scaling", "suite": the report
+    kind = "benchmarks"       # or "isolation", "hostmem", "scaling", "oversubscription",
+                              # "suite": the report
     include = ["a.toml"]      # kind = "suite" only: the experiments it runs, in order
                               # (relative to this file); a suite has no scenarios
     modes = ["native", "fv", "fv-opt", "pv"]
@@ -17,6 +18,7 @@ the field, before anything runs.
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
+    vram_mib = 256            # the emulated GPU's VRAM (default: the device profile's)
     hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
 
     [scheduler]               # parameters shared by every policy (scheduler.SchedulerParams)
@@ -32,6 +34,10 @@ the field, before anything runs.
     share = 1.0
     start_s = 0.0
     partition = { vram_mib = 512 }
+                              # or, instead of a partition, a vGPU (mdev) type:
+                              # type = "gpuvm-Q6000-4Q" (default: the GPU's default type)
+    working_set_mib = 96      # oversubscription: VRAM the model keeps resident for it
+                              # (default: its partition's or type's framebuffer)
     ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
                               # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
                               # hot_threshold (experiments/hostmem.toml uses them)
@@ -55,7 +61,7 @@ from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "suite")
+KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
 
@@ -84,6 +90,10 @@ class VmConfig:
     # hot mask (params[3]): the allocations transferred more than hot_threshold times
     pin_hot_from: str = ""
     hot_threshold: int = 1
+    # VRAM oversubscription (the model's side; gpuvm.sim.residency): the VRAM this VM keeps
+    # in use, which must be resident while it runs (None: its partition's framebuffer)
+    working_set_mib: int | None = None
+    mdev_type: str | None = None  # the vGPU's type, where no partition is given
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class Experiment:
     includes: tuple[Path, ...] = ()  # kind "suite": the experiment files it runs
     # host-memory cost profiles the hostmem report prices each row with (costs.py)
     hostmem_profiles: tuple[str, ...] = ("gpu-h100",)
+    vram_mib: int | None = None  # the emulated GPU's VRAM (None: the device profile's)
 
 
 class _Table:
@@ -186,7 +197,7 @@ def _vm(t: _Table) -> list[VmConfig]:
         if value is not None:
             partition[field_name] = value if key == "channels" else value * regs.MiB
     part_table.done()
-    hostmem = dict(
+    extra = dict(  # host memory (issue 16), oversubscription (issue 17)
         ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
                           if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
         hostmem_report=t.get("hostmem_report", bool, False),
@@ -198,11 +209,15 @@ def _vm(t: _Table) -> list[VmConfig]:
                            else "must be \"scenario/vm\""),
         hot_threshold=t.get("hot_threshold", int, 1, check=lambda h: None if h >= 0
                             else "must be >= 0"),
+        working_set_mib=t.get("working_set_mib", int, None, check=_positive),
+        mdev_type=t.get("type", str, None, check=lambda n: None if n else "must be a type id"),
     )
+    if extra["mdev_type"] and partition:
+        raise t.fail("type", "give a type or a partition, not both")
     t.done()
     names = [name] if count == 1 else [f"{name}{i}" for i in range(count)]
     return [VmConfig(n, benchmark, tuple(params), share, start, ram, partition, inject,
-                     **hostmem) for n in names]
+                     **extra) for n in names]
 
 
 def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
@@ -263,6 +278,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                        check=lambda ps: None if ps and all(
                                            isinstance(p, str) for p in ps)
                                        else "must be a non-empty list of profile names")),
+        vram_mib=exp.get("vram_mib", int, None, check=_positive),
         scheduler=sched, source=source,
     )
     includes = exp.get("include", list, [], check=lambda fs: None if all(

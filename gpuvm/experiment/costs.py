@@ -48,6 +48,12 @@ class CostProfile:
     # a port I/O exit (phase marks, waits): nearly free on the paper's platform, not on
     # this emulator (gpuvm calibrate --emulator)
     io_exit_ns: float = 0.0
+    # VRAM oversubscription (gpuvm.sim.residency): one residency switch's fixed part,
+    # the mediator's work per page moved (its shadow PTE rewritten), and the copy
+    # engine's time per byte moved between VRAM and host memory
+    residency_switch_ns: float = 0.0
+    residency_page_ns: float = 0.0
+    residency_byte_ns: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

@@ -80,7 +80,7 @@ def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> li
             params[3] = hot_masks[vm.name]
         specs.append(VmSpec(vm.name, vm.benchmark, params, vm.inject, share=vm.share,
                             start_delay=vm.start_s, partition=dict(vm.partition),
-                            mdev_type=None if vm.partition else DEFAULT_TYPE,
+                            mdev_type=None if vm.partition else vm.mdev_type or DEFAULT_TYPE,
                             ram_size=vm.ram_mib * regs.MiB, ram_backing=vm.ram_backing,
                             hostmem_report=vm.hostmem_report, pin_chunks=vm.pin_chunks,
                             pin_chunk_bytes=vm.pin_chunk_kib * 1024,
@@ -207,6 +207,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale, isolated=exp.isolated,
                                  scheduler={**exp.scheduler, "policy": key.policy},
+                                 vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
                                  confined=exp.kind == "isolation")
             t0 = time.monotonic()
             try:

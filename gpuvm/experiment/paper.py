@@ -363,6 +363,11 @@ def write_paper_report(exp: Experiment, parts: list[SuitePart], out: Path) -> Pa
             md += scaling_section(part, costs, out)
         elif part.exp.kind == "isolation":
             md += isolation_section(part)
+        elif part.exp.kind == "oversubscription":
+            from gpuvm.experiment.oversub_report import oversubscription_report
+            md += ["## Oversubscription: QUANTUM vs BAND", "", f"Rows: `{part.path}`.", ""]
+            md += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
+                   for line in oversubscription_report(part.exp, part.rows, out)]
     path = out / "report.md"
     write_atomically(path, "\n".join(md) + "\n")
     return path

@@ -322,6 +322,9 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     if exp.kind == "hostmem":
         from gpuvm.experiment.hostmem_report import hostmem_report
         md += hostmem_report(exp, rows, out)
+    elif exp.kind == "oversubscription":
+        from gpuvm.experiment.oversub_report import oversubscription_report
+        md += oversubscription_report(exp, rows, out)
     else:
         md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows,
                                                                                    out)

@@ -67,10 +67,19 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
     path (words and places), the cost profile (a report may be re-priced later), the
     backend (recorded on its own: `--backend` may override the file) and `isolated`
     (VMs in processes count exactly what VM threads count)."""
-    return {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
-            "policies": list(exp.policies), "repetitions": exp.repetitions,
-            "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,
-            "scheduler": exp.scheduler, "scenarios": [asdict(s) for s in exp.scenarios]}
+    scenarios = [asdict(s) for s in exp.scenarios]
+    for s in scenarios:  # keys added later count only where set (older runs still match)
+        for vm in s["vms"]:
+            for key in ("working_set_mib", "mdev_type"):
+                if vm.get(key) is None:
+                    vm.pop(key, None)
+    out = {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
+           "policies": list(exp.policies), "repetitions": exp.repetitions,
+           "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,
+           "scheduler": exp.scheduler, "scenarios": scenarios}
+    if exp.vram_mib is not None:
+        out["vram_mib"] = exp.vram_mib
+    return out
 
 
 def config_hash(exp: Experiment) -> str:

@@ -74,12 +74,14 @@ def run_on_vgpu(spec: DomainSpec, mdev: MdevDefinition, mdev_type: MdevType,
     mode and type become the run's mode, partition and scheduler weight."""
     from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
 
+    # the machine has GPUs up to the mdev's parent, and the vGPU goes on that one
     vm = VmSpec(name=spec.name, benchmark=spec.workload.benchmark,
                 params=list(spec.workload.params), inject=spec.workload.inject,
                 ram_size=spec.memory, mdev_type=mdev_type.type_id, mode=mdev.mode,
-                mdev_uuid=mdev.uuid)
+                mdev_uuid=mdev.uuid, gpu=parent.index)
     options = RunOptions(mode=mdev.mode, backend=settings.backend, timeout=settings.timeout,
-                         time_scale=settings.time_scale, vram_size=parent.profile.vram_size)
+                         time_scale=settings.time_scale, vram_size=parent.profile.vram_size,
+                         gpus=parent.index + 1)
     t0 = time.monotonic()
     try:
         [r] = run_vms([vm], options)
@@ -167,12 +169,14 @@ class Host:
         except MdevTypeError:
             raise domain_xml.hostdev_fail(
                 spec, f"names mdev {spec.mdev_uuid}, which is not defined on "
-                      f"{self.mdevs.parent.address} (create it: gpuvm mdev create "
+                      f"{', '.join(p.address for p in self.mdevs.parents)} (create it: "
+                      f"gpuvm mdev create "
                       f"{spec.workload.vgpu_type or 'TYPE'} --uuid {spec.mdev_uuid})") from None
         if spec.workload.vgpu_type and spec.workload.vgpu_type != mdev.type_id:
             raise domain_xml.vgpu_fail(spec, f"expects a {spec.workload.vgpu_type} vGPU but "
                                              f"mdev {mdev.uuid} is a {mdev.type_id}")
-        return mdev, mdev_types.lookup(self.mdevs.parent.types(), mdev.type_id)
+        return mdev, mdev_types.lookup(self.mdevs.parent_of(mdev.parent).types(),
+                                       mdev.type_id)
 
     # -------------------------------------------------------------------- commands
     def define(self, conn: libvirt.virConnect, spec: DomainSpec) -> libvirt.virDomain:
@@ -216,7 +220,8 @@ class Host:
         self._keep(dom)
         on_running(dom, mdev)
         try:
-            result, ended = run_on_vgpu(spec, mdev, mdev_type, self.mdevs.parent, settings)
+            result, ended = run_on_vgpu(spec, mdev, mdev_type,
+                                        self.mdevs.parent_of(mdev.parent), settings)
         except BaseException:
             dom.destroy()
             self._keep(dom)

@@ -1,6 +1,6 @@
 """The host's GPU and its vGPUs as libvirt node devices, and the test driver's file.
 
-A real host shows a mediated-device parent as a PCI node device with an `mdev_types`
+A real host shows each mediated-device parent as a PCI node device with an `mdev_types`
 capability (each type's id, name, device API and available instances, as sysfs
 `mdev_supported_types/` has them) and every vGPU as an `mdev` device whose parent is that
 GPU.  gpuvm builds the same XML from its mdev store, so `virsh nodedev-dumpxml` on the
@@ -16,14 +16,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from gpuvm.device import regs
-from gpuvm.mdevctl import MdevDefinition, MdevStore
+from gpuvm.mdevctl import MdevDefinition, MdevStore, ParentGpu
 
 COMPUTER = "computer"  # the root of libvirt's node-device tree
 # PCI class code of the GPU's function (base 0x03 display controller, sub 0x00 VGA): the
 # host's view of the card in config space, which the emulated device does not model
 PCI_CLASS_VGA = 0x030000
 VENDOR_NAMES = {regs.PCI_VENDOR_NVIDIA: "NVIDIA Corporation"}
-PARENT_IOMMU_GROUP = 1
+PARENT_IOMMU_GROUP = 1  # of the first parent GPU; the i-th has 1 + i
 # a vfio-mdev instance gets an IOMMU group of its own; numbered after the host's groups
 MDEV_IOMMU_GROUP_BASE = 100
 # the test driver's own XML namespace: <test:runstate> gives a domain its state at connect
@@ -78,9 +78,10 @@ def computer_device(store: MdevStore) -> ET.Element:
     return dev
 
 
-def gpu_device(store: MdevStore) -> ET.Element:
-    """The parent GPU: a PCI device with every type it offers and what is left of each."""
-    parent = store.parent
+def gpu_device(store: MdevStore, parent: ParentGpu | None = None) -> ET.Element:
+    """A parent GPU (default the first): a PCI device with every type it offers and what
+    is left of each."""
+    parent = parent or store.parent
     dom, bus, slot, func = pci_parts(parent.address)
     dev = ET.Element("device")
     _text(dev, "name", pci_name(parent.address))
@@ -94,13 +95,13 @@ def gpu_device(store: MdevStore) -> ET.Element:
     vendor = regs.PCI_VENDOR_NVIDIA
     _text(cap, "vendor", VENDOR_NAMES[vendor], id=f"{vendor:#06x}")
     types = ET.SubElement(cap, "capability", type="mdev_types")
-    available = store.available()
+    available = store.available(parent.address)
     for t in parent.types().values():
         te = ET.SubElement(types, "type", id=t.type_id)
         _text(te, "name", t.name)
         _text(te, "deviceAPI", t.device_api)
         _text(te, "availableInstances", str(available[t.type_id]))
-    group = ET.SubElement(cap, "iommuGroup", number=str(PARENT_IOMMU_GROUP))
+    group = ET.SubElement(cap, "iommuGroup", number=str(PARENT_IOMMU_GROUP + parent.index))
     ET.SubElement(group, "address", domain=f"{dom:#06x}", bus=f"{bus:#04x}",
                   slot=f"{slot:#04x}", function=f"{func:#x}")
     return dev
@@ -119,7 +120,9 @@ def mdev_device(d: MdevDefinition) -> ET.Element:
 
 
 def node_devices(store: MdevStore) -> list[ET.Element]:
-    return [computer_device(store), gpu_device(store)] + [mdev_device(d) for d in store.list()]
+    """The host, each parent GPU, then every mdev (a child of its parent)."""
+    return [computer_device(store)] + [gpu_device(store, p) for p in store.parents] \
+        + [mdev_device(d) for d in store.list()]
 
 
 def to_text(el: ET.Element) -> str:

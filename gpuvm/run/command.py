@@ -267,13 +267,23 @@ def _probe_params(req: VmRequest, params: list[int], vram: int) -> list[int]:
 
 
 def _mdev_fields(uuid: str) -> dict[str, object]:
+    """A defined mdev's type, mode and UUID, and the GPU it is on: its parent's index
+    among the host's GPUs (the run gets at least that many)."""
     from gpuvm.mdevctl import MdevStore
     from gpuvm.mediator.mdev_types import MdevTypeError
     try:
-        d = MdevStore().get(uuid)
+        store = MdevStore()
+        d = store.get(uuid)
+        gpu = store.parent_of(d.parent).index
     except MdevTypeError as exc:
         raise RunError(str(exc)) from None
-    return {"mdev_type": d.type_id, "mode": d.mode, "mdev_uuid": d.uuid}
+    return {"mdev_type": d.type_id, "mode": d.mode, "mdev_uuid": d.uuid, "gpu": gpu}
+
+
+def machine_gpus(asked: int, specs: list[VmSpec]) -> int:
+    """The run's GPU count: what --gpus asks, or more where a VM's mdev is on a later
+    parent GPU."""
+    return max([asked] + [s.gpu + 1 for s in specs if s.gpu is not None])
 
 
 def specs_from_args(args: argparse.Namespace) -> list[VmSpec]:
@@ -412,7 +422,8 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
     from gpuvm.run.observe import ProgressObserver, StatusWriter
 
     options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
-                         time_scale=args.time_scale, gpus=args.gpus, isolated=args.isolated,
+                         time_scale=args.time_scale, gpus=machine_gpus(args.gpus, specs),
+                         isolated=args.isolated,
                          host_backing_mib=args.host_backing_mib or DEFAULT_HOST_BACKING_MIB,
                          vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
                          scheduler={"policy": args.policy} if args.policy != "fifo" else {})

@@ -14,6 +14,7 @@ from typing import Generator
 import numpy as np
 import simpy
 
+from gpuvm.sim.residency import Residency
 from gpuvm.sim.results import SimResult
 from gpuvm.sim.scenarios import Scenario
 from gpuvm.sim.workload import WorkloadSpec
@@ -32,20 +33,27 @@ class Kernel:
 
 class EngineModel:
     """Wires a Dispatcher into simpy: the engine is a process per running kernel, and
-    BAND's "ask again at t" is a process that sleeps until t."""
+    BAND's "ask again at t" is a process that sleeps until t.
 
-    def __init__(self, env: simpy.Environment, scheduler: SchedulerConfig) -> None:
+    With a `residency` (an oversubscribed GPU), a kernel first waits, on the engine,
+    for its VM's working set to be made resident; the VM is charged only its kernel's
+    time, so the policy sees the same work as on a GPU with room for everyone."""
+
+    def __init__(self, env: simpy.Environment, scheduler: SchedulerConfig,
+                 residency: Residency | None = None) -> None:
         self.env = env
         self.policy = scheduler.build()
+        self.residency = residency
         self.dispatcher: Dispatcher[Kernel] = Dispatcher(self.policy, self._start,
                                                          self._request_wakeup)
 
     def _start(self, vm: object, kernel: Kernel) -> None:
-        self.env.process(self._run(kernel))
+        switch = self.residency.make_resident(vm) if self.residency is not None else 0
+        self.env.process(self._run(kernel, switch))
 
-    def _run(self, kernel: Kernel) -> Generator[simpy.Event, None, None]:
-        yield self.env.timeout(kernel.duration_ns)
-        self.dispatcher.complete(self.env.now)
+    def _run(self, kernel: Kernel, switch_ns: int) -> Generator[simpy.Event, None, None]:
+        yield self.env.timeout(switch_ns + kernel.duration_ns)
+        self.dispatcher.complete(self.env.now, used=kernel.duration_ns)
         kernel.done.succeed()
 
     def _request_wakeup(self, at: int) -> None:

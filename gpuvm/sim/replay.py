@@ -22,13 +22,14 @@ Everything is integer ns and deterministic: the same rows give the same makespan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generator, Iterable, Mapping, Sequence
 
 import simpy
 
 from gpuvm.experiment.costs import CostProfile
 from gpuvm.sim.model import EngineModel, Kernel
+from gpuvm.sim.residency import Residency
 from scheduler.config import SchedulerConfig
 
 PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
@@ -51,6 +52,7 @@ class VmTrace:
     steps: tuple[Step, ...]
     start_ns: int = 0
     share: float = 1.0
+    working_set_bytes: int = 0  # VRAM it needs resident to run (an oversubscribed GPU)
 
     @property
     def alone_ns(self) -> int:
@@ -94,6 +96,8 @@ class ReplayResult:
     finish_ns: dict[str, int]  # per VM, from the run's start
     alone_ns: dict[str, int]
     events: int  # simpy events processed
+    # per VM, residency.COUNTER_NAMES (only when the GPU was oversubscribed)
+    residency: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def mean_vm_ns(self) -> float:
@@ -102,11 +106,12 @@ class ReplayResult:
 
 
 class _System:
-    def __init__(self, env: simpy.Environment, cores: int, policy: str) -> None:
+    def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
+                 residency: Residency | None) -> None:
         self.env = env
         self.cores = simpy.Resource(env, capacity=cores)
         self.mediator = simpy.Resource(env, capacity=1)
-        self.engine = EngineModel(env, SchedulerConfig(policy))
+        self.engine = EngineModel(env, scheduler, residency)
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -115,6 +120,9 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
         yield env.timeout(trace.start_ns)
     dispatcher = system.engine.dispatcher
     dispatcher.add_vm(trace.name, trace.share, env.now)
+    residency = system.engine.residency
+    if residency is not None:
+        residency.add_vm(trace.name, trace.working_set_bytes)
     for step in trace.steps:
         if step.resource == ENGINE:
             kernel = Kernel(trace.name, step.ns, env.event())
@@ -130,15 +138,28 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
             else:
                 yield env.timeout(step.ns)
     dispatcher.remove_vm(trace.name, env.now)
+    if residency is not None:
+        residency.remove_vm(trace.name)
     finish[trace.name] = env.now
 
 
-def replay(traces: Sequence[VmTrace], cores: int = 2, policy: str = "fifo") -> ReplayResult:
-    """Run the traces together; the makespan is when the last VM finishes."""
+def replay(traces: Sequence[VmTrace], cores: int = 2,
+           policy: str | SchedulerConfig = "fifo",
+           residency: Residency | None = None) -> ReplayResult:
+    """Run the traces together; the makespan is when the last VM finishes.
+
+    `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
+    period).  With a `residency` the GPU has that much VRAM and each trace's
+    working_set_bytes must be resident while its kernels run (gpuvm.sim.residency);
+    a trace whose working set alone does not fit raises ResidencyError."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
+    if residency is not None:
+        for trace in traces:  # before anything runs
+            residency.check(trace.name, trace.working_set_bytes)
     env = simpy.Environment()
-    system = _System(env, cores, policy)
+    config = SchedulerConfig(policy) if isinstance(policy, str) else policy
+    system = _System(env, cores, config, residency)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
@@ -149,14 +170,16 @@ def replay(traces: Sequence[VmTrace], cores: int = 2, policy: str = "fifo") -> R
         except simpy.core.EmptySchedule:
             break
         events += 1
+    counters = {} if residency is None else \
+        {str(vm): c.as_dict() for vm, c in residency.counters.items()}
     return ReplayResult(max(finish.values(), default=0), finish,
-                        {t.name: t.alone_ns for t in traces}, events)
+                        {t.name: t.alone_ns for t in traces}, events, counters)
 
 
 def replicate(trace: VmTrace, count: int) -> list[VmTrace]:
     """`count` VMs of one kind (a scenario may say "1,024 VMs of this kind")."""
-    return [VmTrace(f"{trace.name}{i}", trace.steps, trace.start_ns, trace.share)
-            for i in range(count)]
+    return [VmTrace(f"{trace.name}{i}", trace.steps, trace.start_ns, trace.share,
+                    trace.working_set_bytes) for i in range(count)]
 
 
 def traces_for_run(rows: Iterable[Mapping], costs: CostProfile, mediated: bool
