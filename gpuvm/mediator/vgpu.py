@@ -334,7 +334,9 @@ class VGpu:
                 if value is None:
                     return self._vram.read_bytes(addr, size)
                 self._vram.write_bytes(addr, size, value)
-                self.channels.reflect(host - self.policy.vram_base)
+                guest = host - self.policy.vram_base + (offset & 0xFFF)
+                self.shadowing.note_write(guest, size)  # (the incremental shadows' history)
+                self.channels.reflect(guest)
                 return 0
         phys_pte = int(self._vram.u64[(window.phys_pt >> 3) + window.first + page])
         if not phys_pte & regs.PTE_PRESENT:
