@@ -75,10 +75,13 @@ class VGpu:
         else:
             self.mode = replace(mode, remap=False)
             self._vram = tenant.view
+            # read through the overlay view; its engines write pool frame p for page p,
+            # which is where the engine write log names their stores (engine_base)
             self.policy = EntryPolicy(tenant.view.base, part.vram_size, part.sys_base,
-                                      self.dma.ranges)
+                                      self.dma.ranges, engine_base=part.vram_base)
             self.space_policy = ResidentPolicy(tenant.view.base, part.vram_size, part.sys_base,
-                                               self.dma.ranges, frame_base=part.vram_base,
+                                               self.dma.ranges, engine_base=part.vram_base,
+                                               frame_base=part.vram_base,
                                                frames=tenant.frames)
             tenant.policy = self.space_policy
         self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: part.spec.bar1_size,
