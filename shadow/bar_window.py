@@ -88,26 +88,30 @@ class BarWindow:
 
     def pending(self) -> bool:
         """Whether a sync now could find anything changed since the last one."""
-        if any(t.pending(self._host(t.guest)) for t in self._walk):
+        if any(t.pending(self._engine(t.guest)) for t in self._walk):
             return True
         if self._table is not None:
-            return self._table.pending(self._host(self._table.guest))
+            return self._table.pending(self._engine(self._table.guest))
         return self._snapshot is not None  # a table in the guest's RAM: no write history
 
     def changed_offsets(self) -> np.ndarray:
         """Window pages whose entries may have changed since the last sync: those stored
         to, or all of them when the history cannot say (walk or engine writes, sysram)."""
         everything = np.arange(self.pages)
-        if any(t.pending(self._host(t.guest)) for t in self._walk):
+        if any(t.pending(self._engine(t.guest)) for t in self._walk):
             return everything
         if self._table is None:
             return everything if self._snapshot is not None else np.zeros(0, dtype=np.intp)
-        if self._table.engine_written(self._host(self._table.guest)):
+        if self._table.engine_written(self._engine(self._table.guest)):
             return everything
         return self._table.stored()
 
     def _host(self, addr: int) -> int:
         return self.policy.host_vram(addr)
+
+    def _engine(self, addr: int) -> int:
+        """Where the engine write log records engine stores to guest `addr`."""
+        return self.policy.engine_vram(addr)
 
     def _guest_u32(self, addr: int) -> int:
         return int(self.vram.u32[self.policy.host_vram(addr) >> 2])
@@ -115,7 +119,7 @@ class BarWindow:
     def sync(self, incremental: bool) -> SyncStats:
         stats = SyncStats()
         if incremental and self._snapshot is not None and self._table is not None and \
-                not any(t.pending(self._host(t.guest)) for t in self._walk):
+                not any(t.pending(self._engine(t.guest)) for t in self._walk):
             self._sync_listed(stats)
         else:
             self._sync_walk(incremental, stats)
@@ -129,7 +133,7 @@ class BarWindow:
         table = self._table
         assert table is not None and self._snapshot is not None
         host = self._host(table.guest)
-        idx = table.take(host)
+        idx = table.take(self._engine(table.guest))
         view = self.vram.u64[host >> 3:(host >> 3) + table.entries]
         window = self._window()
         if idx is None:  # most of the table rewritten: compare it whole

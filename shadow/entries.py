@@ -28,6 +28,11 @@ class EntryPolicy:
     # the VM's DMA mappings now, as sorted (start, end) iova ranges (read at each use, so
     # a later map or unmap is seen by every table already built with this policy)
     sys_ranges: Callable[[], list[tuple[int, int]]]
+    # physical VRAM address at which the device's engines reach guest VRAM address 0, when
+    # it is not vram_base: an oversubscribed vGPU's tables are read through its overlay
+    # view, but its engines write the pool frames (direct-mapped), and the engine write
+    # log names physical pages
+    engine_base: int | None = None
 
     def guest_vram_ok(self, addr: int, length: int) -> bool:
         return 0 <= addr and addr + length <= self.vram_size
@@ -39,6 +44,11 @@ class EntryPolicy:
 
     def host_vram(self, addr: int) -> int:
         return self.vram_base + addr
+
+    def engine_vram(self, addr: int) -> int:
+        """Where the device's engine write log records an engine store to guest VRAM
+        address `addr` (what write trackers ask it about)."""
+        return (self.vram_base if self.engine_base is None else self.engine_base) + addr
 
     def translate(self, ptes: np.ndarray, page: int = regs.SMALL_PAGE) -> tuple[np.ndarray, np.ndarray]:
         """(shadow entries, refused mask) for guest entries describing pages of `page` bytes."""

@@ -219,7 +219,8 @@ class ResidentPolicy(EntryPolicy):
     frames: FrameTable | None = None
 
     def plain(self) -> EntryPolicy:
-        return EntryPolicy(self.vram_base, self.vram_size, self.sys_base, self.sys_ranges)
+        return EntryPolicy(self.vram_base, self.vram_size, self.sys_base, self.sys_ranges,
+                           self.engine_base)
 
     def translate(self, ptes: np.ndarray, page: int = regs.SMALL_PAGE) -> tuple[np.ndarray, np.ndarray]:
         shadow, refused = self.plain().translate(ptes, page)

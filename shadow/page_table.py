@@ -204,7 +204,7 @@ class ShadowSpace:
             guest_pd = np.zeros(regs.PDE_COUNT, dtype=np.uint64)
             stats.ptes_refused += 1
         else:
-            self._pd_tracker.take(self.policy.host_vram(self.guest_pd))  # history restarts
+            self._pd_tracker.take(self.policy.engine_vram(self.guest_pd))  # history restarts
             guest_pd = self._u64(self.policy.host_vram(self.guest_pd), regs.PDE_COUNT).copy()
         stats.pdes_scanned = regs.PDE_COUNT
         # Absent PDEs shadow to zero in one vector write; only present ones (and ones that
@@ -219,7 +219,7 @@ class ShadowSpace:
         """Only the PDEs and entries the write history names (and sysram tables, which
         have none): O(changed)."""
         host_pd = self.policy.host_vram(self.guest_pd)
-        idx = self._pd_tracker.take(host_pd)
+        idx = self._pd_tracker.take(self.policy.engine_vram(self.guest_pd))
         snapshot = self._pd_snapshot
         assert snapshot is not None
         guest_pd = self._u64(host_pd, regs.PDE_COUNT)
@@ -233,7 +233,7 @@ class ShadowSpace:
             snapshot[idx[differ]] = values[differ]
             visit.update(idx[differ].tolist())
         for (index, _), pt in self._pts.items():
-            if pt.tracker is None or pt.tracker.pending(self.policy.host_vram(pt.guest)):
+            if pt.tracker is None or pt.tracker.pending(self.policy.engine_vram(pt.guest)):
                 visit.add(index)
         for index in sorted(visit):
             self._sync_pde(index, int(snapshot[index]), True, stats)
@@ -290,7 +290,7 @@ class ShadowSpace:
             incremental = False
         dest = self._u64(old.shadow, entries)
         if old.tracker is not None:
-            idx = old.tracker.take(self.policy.host_vram(guest))  # history restarts here
+            idx = old.tracker.take(self.policy.engine_vram(guest))  # history restarts here
             if incremental and idx is not None:
                 sync_listed(idx, current, old.snapshot, dest, self.policy, page, stats)
                 return old

@@ -13,6 +13,7 @@ from gpuvm.device import regs
 from gpuvm.device.host_driver import pte
 from gpuvm.device.profile import load_profile
 from gpuvm.device.vram import Vram
+from gpuvm.device.write_log import EngineWriteLog
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.mediator.partition import PartitionError, residency_pool_size
@@ -20,6 +21,8 @@ from gpuvm.mediator.residency import COUNTERS
 from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.vmm.backends import kvm_usable
 from shadow.frames import BackingStore, FrameTable, OverlayView, ResidentPolicy
+from shadow.page_table import ShadowSpace
+from shadow.vram_pool import VramPool
 
 PAGE = regs.SMALL_PAGE
 VRAM = 384 * regs.MiB
@@ -118,6 +121,44 @@ def test_shadow_entries_reach_only_resident_frames():
     assert shadow[1] == 0 and not refused[1]  # not resident: absent, not refused
     assert shadow[2] == 0 and refused[2]  # outside the guest's VRAM: refused as ever
     assert shadow[3] == 0 and not refused[3]
+
+
+def test_an_engine_store_to_a_resident_table_reaches_the_incremental_shadow():
+    """An oversubscribed guest's table is read through its overlay view, but its engines
+    write the pool frame, and the device's engine write log names that physical page: the
+    incremental resync must ask the log there (not at the view's address) to see it."""
+    vram = Vram(32 * regs.MiB)
+    backing = BackingStore(8 * regs.MiB)
+    view = OverlayView(vram, backing)
+    try:
+        pool = 4 * regs.MiB  # frame p of the pool: physical pool + p * PAGE
+        frames = FrameTable(backing.size // PAGE)
+        policy = ResidentPolicy(view.base, backing.size, 1 << 36, lambda: [], engine_base=pool,
+                                frame_base=pool, frames=frames)
+        pd, table, data = 0x10000, 0x100000, 0x200000
+        for page in (pd, table, data):  # resident (nothing in them yet: no copy)
+            frames.frame[page // PAGE] = page // PAGE
+            view.place(page // PAGE, 1, pool + page)
+        view.u64[(view.base + pd) >> 3] = regs.PDE_SMALL_PRESENT | \
+            ((table >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        log = EngineWriteLog(vram.size)
+        counts: dict[str, int] = {}
+        space = ShadowSpace(view, policy, VramPool(16 * regs.MiB, 8 * regs.MiB, "shadow"), pd,
+                            lambda name, n: counts.__setitem__(name, counts.get(name, 0) + n),
+                            None, log)
+        space.sync(incremental=False)
+        entry = 77
+        vram.u64[(pool + table) // 8 + entry] = pte(data)  # the guest's copy engine stores
+        log.mark_range(pool + table + entry * 8, 8)  # ... and the device logs its frame
+        scanned = counts["shadow.ptes_scanned"]
+        space.sync(incremental=True)
+        assert counts["shadow.ptes_scanned"] - scanned == PAGE // 8  # that page, no more
+        (_, pt), = space._pts.items()
+        assert int(vram.u64[pt.shadow // 8 + entry]) == pte(pool + data)
+    finally:
+        view.close()
+        backing.close()
+        vram.close()
 
 
 # ---------------------------------------------------------------------- real guests

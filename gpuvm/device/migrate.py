@@ -5,6 +5,12 @@ engine, as a kernel driver would submit it on a channel of its own: the bytes re
 move, and the engine is occupied for the time the device profile gives a copy of that
 many bytes over PCIe (one launch per contiguous run).  The caller waits until the device
 clock has passed the end of the work, so the switch costs device time like any copy.
+
+These copies are not entered in the engine write log (device/write_log.py): that log
+tells incremental shadows which guest entries changed, and a migration changes none --
+the guest's bytes are the same in the frame and in the backing store, and the shadow
+entries a move does affect are rewritten by the mediator itself (shadow.frames.repoint).
+Logging them would only make the next resync of every moved table compare it again.
 """
 
 from __future__ import annotations

@@ -75,10 +75,13 @@ class VGpu:
         else:
             self.mode = replace(mode, remap=False)
             self._vram = tenant.view
+            # read through the overlay view; its engines write pool frame p for page p,
+            # which is where the engine write log names their stores (engine_base)
             self.policy = EntryPolicy(tenant.view.base, part.vram_size, part.sys_base,
-                                      self.dma.ranges)
+                                      self.dma.ranges, engine_base=part.vram_base)
             self.space_policy = ResidentPolicy(tenant.view.base, part.vram_size, part.sys_base,
-                                               self.dma.ranges, frame_base=part.vram_base,
+                                               self.dma.ranges, engine_base=part.vram_base,
+                                               frame_base=part.vram_base,
                                                frames=tenant.frames)
             tenant.policy = self.space_policy
         self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: part.spec.bar1_size,
@@ -334,7 +337,9 @@ class VGpu:
                 if value is None:
                     return self._vram.read_bytes(addr, size)
                 self._vram.write_bytes(addr, size, value)
-                self.channels.reflect(host - self.policy.vram_base)
+                guest = host - self.policy.vram_base + (offset & 0xFFF)
+                self.shadowing.note_write(guest, size)  # (the incremental shadows' history)
+                self.channels.reflect(guest)
                 return 0
         phys_pte = int(self._vram.u64[(window.phys_pt >> 3) + window.first + page])
         if not phys_pte & regs.PTE_PRESENT:
