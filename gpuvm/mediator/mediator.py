@@ -158,6 +158,11 @@ class Mediator:
         share.  The VMM then attaches it and DMA-maps the guest's memory."""
         with self.lock:
             part = self.table.allocate(spec or PartitionSpec())
+            try:  # the slice gets a memfd of its own: the one its VMM may be handed
+                self.gpu.vram.carve(part.vram_base, part.vram_size, f"gpuvm-vram-{name}")
+            except (OSError, ValueError):
+                self.table.release(part)
+                raise
             self._scrub(part.vram_base, part.vram_size)
             self._scrub(part.shadow_pool.base, part.shadow_pool.size)
             part.shadow_pool.scrub = self.gpu.vram.zero
@@ -189,6 +194,7 @@ class Mediator:
                 self.owner.pop(c, None)
             self.bus.remove(vgpu.part.sys_base)
             self.table.release(vgpu.part)
+            self.gpu.vram.merge(vgpu.part.vram_base)
 
     def close(self) -> None:
         for vgpu in list(self.vgpus):
