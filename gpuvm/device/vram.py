@@ -55,7 +55,10 @@ def _reservation_type(size: int) -> type:
 
     class Reservation(ctypes.c_uint8 * size):  # type: ignore[misc]
         def __del__(self) -> None:
-            host_memory.unmap(ctypes.addressof(self), size)
+            try:
+                host_memory.unmap(ctypes.addressof(self), size)
+            except Exception:  # interpreter shutdown: the process's end unmaps it
+                pass
     return Reservation
 
 
