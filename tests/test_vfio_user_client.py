@@ -26,8 +26,8 @@ def reply(sock, header, payload=b"", fds=()):
                  if fds else [])
 
 
-def scripted_server(sock, memfd):
-    """Answers VERSION, then every access with an eventfd attached (which no access reply
+def scripted_server(sock, memfd, stray):
+    """Answers VERSION, then every access with `stray` attached (which no access reply
     may carry), and GET_REGION_INFO with `memfd`, until the client hangs up."""
     while True:
         try:
@@ -39,35 +39,43 @@ def scripted_server(sock, memfd):
         if header[1] == CMD_VERSION:
             reply(sock, header, struct.pack("<HH", 0, 1) + b'{"capabilities": {}}\0')
         elif header[1] in (CMD_READ, CMD_WRITE):
-            stray = os.eventfd(0)
             data = payload[:16] + (b"\x2a\0\0\0" if header[1] == CMD_READ else b"")
             reply(sock, header, data, [stray])
-            os.close(stray)
         elif header[1] == CMD_GET_REGION_INFO:
             reply(sock, header, SPARSE_BAR, [memfd])
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def fds_open_on(name: str) -> int:
+    """How many of this process's fds are the memfd called `name` (other tests' threads
+    may open and close fds meanwhile: only this file's are counted)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{name} ")
+        except OSError:
+            pass
+    return count
 
 
 def test_stray_fds_on_access_replies_are_not_kept_and_region_fds_are():
     ours, theirs = socket.socketpair()
-    memfd = os.memfd_create("test-region")
+    region_name, stray_name = f"test-region-{os.getpid()}", f"test-stray-{os.getpid()}"
+    memfd, stray = os.memfd_create(region_name), os.memfd_create(stray_name)
     os.ftruncate(memfd, 1 << 20)
-    server = threading.Thread(target=scripted_server, args=(theirs, memfd), daemon=True)
+    server = threading.Thread(target=scripted_server, args=(theirs, memfd, stray),
+                              daemon=True)
     server.start()
     device = VfioUserDevice(ours, "scripted")
     try:
-        before = open_fds()
         for i in range(50):
             device.write(regs.BAR0, regs.PMC_INTR_EN, 4, i)
             assert device.read(regs.BAR0, regs.PMC_INTR_EN, 4) == 0x2A
-        assert open_fds() == before  # 100 stray fds came; none stayed
+        assert fds_open_on(stray_name) == 1  # the server's own: 100 came, none stayed
         info = device.get_region_info(regs.BAR1)
-        assert info.sparse and open_fds() == before + 1  # the region's fd is kept
+        assert info.sparse and fds_open_on(region_name) == 2  # the region's fd is kept
     finally:
         device.close()
         theirs.close()
         server.join(5)
         os.close(memfd)
+        os.close(stray)

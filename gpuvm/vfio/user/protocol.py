@@ -74,7 +74,9 @@ MAX_MSG_FDS = 8
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
-# needs (measured: 6x slower on 2 cores, 1.4x faster on 16).
+# needs (measured: 6x slower on 2 cores, 1.4x faster on 16).  Polling with a sched_yield
+# between tries was measured too on 2 cores (load ~11, Python ping-pong): no faster than
+# blocking, and plain polling 1.1-3.7x slower.
 SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
 
 DMA_FLAG_READ = 1 << 0
