@@ -145,7 +145,7 @@ class OverlayView:
         self.size = self.base + backing.size
         self._addr = _mmap(None, self.size, _PROT_NONE,
                            mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-        _mmap(self._addr, vram.size, _RW, mmap.MAP_SHARED | _MAP_FIXED, vram.fd, 0)
+        vram.map_onto(self._addr)  # physical VRAM below base (its pool frames are not carved)
         _mmap(self._addr + self.base, backing.size, _RW, mmap.MAP_SHARED | _MAP_FIXED,
               backing.fd, 0)
         buf = (ctypes.c_uint8 * self.size).from_address(self._addr)
@@ -165,8 +165,8 @@ class OverlayView:
             _mmap(at, count * PAGE, _RW, mmap.MAP_SHARED | _MAP_FIXED, self.backing.fd,
                   first * PAGE)
         else:
-            _mmap(at, count * PAGE, _RW, mmap.MAP_SHARED | _MAP_FIXED, self.vram.fd,
-                  frame_addr)
+            fd, offset = self.vram.backing(frame_addr)
+            _mmap(at, count * PAGE, _RW, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
 
     def contains(self, addr: int, length: int) -> bool:
         return 0 <= addr and length >= 0 and addr + length <= self.size

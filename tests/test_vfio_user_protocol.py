@@ -19,7 +19,8 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
-from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
+from gpuvm.run.isolated import device_memory
+from gpuvm.vfio.user.server import DeviceServer, ServerLoop
 
 HEADER = "<HHIII"  # msg id, command, size, flags, error
 CMD_VERSION, CMD_DMA_MAP, CMD_DMA_UNMAP, CMD_GET_INFO, CMD_GET_REGION_INFO = 1, 2, 3, 4, 5
@@ -36,9 +37,8 @@ def served(request):
     vgpu = med.add_vm("vm0", MODES["fv-opt"], PartitionSpec(vram_size=64 * regs.MiB))
     ours, theirs = socket.socketpair()
     gone = []
-    server = DeviceServer(ours, vgpu, vgpu, SharedMemory(gpu.vram.host_address,
-                                                         gpu.vram.size, gpu.vram.fd),
-                          "vm0", on_disconnect=gone.append)
+    server = DeviceServer(ours, vgpu, vgpu, device_memory(vgpu), "vm0",
+                          on_disconnect=gone.append)
     loop = ServerLoop() if request.param == "loop" else None
     loop.add(server) if loop else server.start()
     yield theirs, vgpu, server, gone
@@ -116,7 +116,7 @@ def test_each_reply_byte_exact(served):
     assert header == (5, CMD_GET_REGION_INFO, 16 + 64, REPLY, 0)
     assert payload == struct.pack("<IIIIQQ", 64, 0b1111, 1, 32, bar1, 0) + \
         struct.pack("<HHIII", 1, 1, 0, 1, 0) + struct.pack("<QQ", 0, bar1)
-    assert len(fds) == 1 and os.fstat(fds[0]).st_size == 256 * regs.MiB  # the VRAM memfd
+    assert len(fds) == 1 and os.fstat(fds[0]).st_size == 64 * regs.MiB  # its partition
     os.close(fds[0])
 
     send(sock, 6, CMD_GET_IRQ_INFO, struct.pack("<IIII", 16, 0, 1, 0))

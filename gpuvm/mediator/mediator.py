@@ -199,7 +199,12 @@ class Mediator:
                 if self.residency is None:
                     self.residency = Residency(self.gpu, part.vram_base, self.table.pool_size)
                 tenant = self.residency.join(name, part.vram_size)
-            else:
+            else:  # the slice gets a memfd of its own: the one its VMM may be handed
+                try:
+                    self.gpu.vram.carve(part.vram_base, part.vram_size, f"gpuvm-vram-{name}")
+                except (OSError, ValueError):
+                    self.table.release(part)
+                    raise
                 self._scrub(part.vram_base, part.vram_size)
             self._scrub(part.shadow_pool.base, part.shadow_pool.size)
             part.shadow_pool.scrub = self.gpu.vram.zero
@@ -239,6 +244,8 @@ class Mediator:
             if vgpu.tenant is not None and self.residency is not None:
                 self.residency.leave(vgpu.tenant)
             self.table.release(vgpu.part)
+            if vgpu.tenant is None:  # an oversubscribed vGPU's pool was never carved
+                self.gpu.vram.merge(vgpu.part.vram_base)
             if self.table.pool_base is None:
                 self.residency = None
 

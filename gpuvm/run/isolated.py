@@ -28,12 +28,16 @@ POLL_S = 0.01
 
 
 def device_memory(device: Any) -> SharedMemory | None:
-    """The VRAM memfd behind a device's mappable regions (vGPU or whole GPU)."""
-    gpu = getattr(getattr(device, "med", None), "gpu", None) or getattr(device, "gpu", None)
-    vram = getattr(gpu, "vram", None)
-    if vram is None or getattr(vram, "fd", -1) < 0:
+    """The memory a device's mappable regions may be backed by, as the fd to hand out: a
+    vGPU's own partition's VRAM piece (gpuvm/device/vram.py), never the rest of VRAM.  A
+    GPU passed through whole maps nothing (every BAR traps), so it has none."""
+    med, part = getattr(device, "med", None), getattr(device, "part", None)
+    if med is None or part is None:
         return None
-    return SharedMemory(vram.host_address, vram.size, vram.fd)
+    piece = med.gpu.vram.piece(part.vram_base)
+    if piece is None:
+        return None
+    return SharedMemory(piece.host_address, piece.size, piece.fd)
 
 
 @dataclass

@@ -35,6 +35,10 @@ CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
                        "gpuvm": ["mapping", "stats"]}
 
+# The only replies that bring fds (a mappable region's memory); others are read without
+# room for ancillary data (protocol.Channel._fill)
+REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO})
+
 
 class VfioUserDevice:
     """A device served over `sock` (connected); see the module docstring."""
@@ -72,10 +76,11 @@ class VfioUserDevice:
                 raise VfioError(f"{self.name}: the device is closed")
             self._msg_id = (self._msg_id + 1) & 0xFFFF
             msg_id = self._msg_id
+            with_fds = command in REPLIES_WITH_FDS
             try:
                 p.send(self.sock, p.encode(msg_id, command, payload), fds)
                 while True:
-                    msg = self._channel.receive()
+                    msg = self._channel.receive(with_fds)
                     if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
                         self._mapping_event(msg)
                         continue
@@ -138,17 +143,17 @@ class VfioUserDevice:
         raise p.ProtocolError(f"{self.name}: region {index} info keeps growing")
 
     def read(self, region: int, offset: int, size: int) -> int:
-        reply = self._call(p.REGION_READ, bytes(p.RegionAccess(offset, region, size)))
-        head = p.unpack(p.RegionAccess, reply.payload, "REGION_READ reply")
-        data = reply.payload[ctypes.sizeof(p.RegionAccess):]
-        if head.count != size or len(data) != size:
+        reply = self._call(p.REGION_READ, p.ACCESS.pack(offset, region, size))
+        payload = reply.payload
+        if len(payload) != p.ACCESS.size + size or \
+                p.ACCESS.unpack_from(payload)[2] != size:
             raise p.ProtocolError(f"{self.name}: REGION_READ of {size} returned "
-                                  f"{len(data)} bytes")
-        return int.from_bytes(data, "little")
+                                  f"{len(payload) - p.ACCESS.size} bytes")
+        return int.from_bytes(payload[p.ACCESS.size:], "little")
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
         data = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
-        self._call(p.REGION_WRITE, bytes(p.RegionAccess(offset, region, size)) + data)
+        self._call(p.REGION_WRITE, p.ACCESS.pack(offset, region, size) + data)
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         with self._lock:

@@ -21,8 +21,10 @@ import array
 import ctypes
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpuvm.vfio.device import VfioError
 
@@ -72,7 +74,9 @@ MAX_MSG_FDS = 8
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
-# needs (measured: 6x slower on 2 cores, 1.4x faster on 16).
+# needs (measured: 6x slower on 2 cores, 1.4x faster on 16).  Polling with a sched_yield
+# between tries was measured too on 2 cores (load ~11, Python ping-pong): no faster than
+# blocking, and plain polling 1.1-3.7x slower.
 SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
 
 DMA_FLAG_READ = 1 << 0
@@ -167,14 +171,31 @@ class DeviceStatsRequest(ctypes.LittleEndianStructure):
 HEADER_SIZE = ctypes.sizeof(Header)
 assert HEADER_SIZE == 16
 
+# The same layouts as precompiled structs, for the per-access path (a trapped BAR access
+# is one REGION_READ/WRITE and its reply): packing a struct.Struct costs a fraction of
+# building a ctypes structure and copying it to bytes.  The ctypes classes above stay the
+# reference the tests compare against; these must agree with them (asserted below).
+HEADER = struct.Struct("<HHIII")
+ACCESS = struct.Struct("<QII")  # RegionAccess
+assert HEADER.size == HEADER_SIZE and ACCESS.size == ctypes.sizeof(RegionAccess)
+
 
 class ProtocolError(VfioError):
     """The peer broke the protocol (malformed, oversized, wrong reply, hung up)."""
 
 
-@dataclass
+class MessageHeader(NamedTuple):
+    """A received header, decoded (the fields of `Header`)."""
+    msg_id: int
+    command: int
+    size: int
+    flags: int
+    error: int
+
+
+@dataclass(slots=True)
 class Message:
-    header: Header
+    header: MessageHeader
     payload: bytes
     fds: list[int] = field(default_factory=list)
 
@@ -189,8 +210,8 @@ class Message:
 
 def encode(msg_id: int, command: int, payload: bytes = b"", flags: int = TYPE_COMMAND,
            error: int = 0) -> bytes:
-    return bytes(Header(msg_id & 0xFFFF, command, HEADER_SIZE + len(payload), flags,
-                        error)) + payload
+    return HEADER.pack(msg_id & 0xFFFF, command, HEADER_SIZE + len(payload), flags,
+                       error) + payload
 
 
 def send(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -227,7 +248,7 @@ def receive(sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> Message:
     ProtocolError (with the header read, when there was one) when it is malformed."""
     fds: list[int] = []
     raw = _recv_exact(sock, HEADER_SIZE, fds)
-    header = Header.from_buffer_copy(raw)
+    header = MessageHeader._make(HEADER.unpack(raw))
     if header.size < HEADER_SIZE or header.size > max_size:
         for fd in fds:
             _close(fd)
@@ -258,8 +279,23 @@ class Channel:
         self._fds: list[int] = []
         self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
 
-    def _fill(self) -> None:
-        chunk = ancillary = None
+    def _read(self, fds: bool, flags: int = 0) -> bytes:
+        """One read.  fds=False reads without room for ancillary data -- a few
+        microseconds cheaper, which a trapped access pays on each reply -- for a reader
+        that expects no fds: any that come anyway are closed by the kernel (MSG_CTRUNC),
+        never leaked."""
+        if not fds:
+            return self.sock.recv(self.READ_SIZE, flags)
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space, flags)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(data[:len(data) - len(data) % got.itemsize])
+                self._fds.extend(got)
+        return chunk
+
+    def _fill(self, fds: bool = True) -> None:
+        chunk = None
         if self.spin_s:
             # A reply usually comes within microseconds; sleeping in recvmsg for it costs
             # a wake-up, which in a virtual machine is an interprocessor interrupt and
@@ -267,18 +303,12 @@ class Channel:
             deadline = time.perf_counter() + self.spin_s
             while time.perf_counter() < deadline:
                 try:
-                    chunk, ancillary, _flags, _addr = self.sock.recvmsg(
-                        self.READ_SIZE, self._space, socket.MSG_DONTWAIT)
+                    chunk = self._read(fds, socket.MSG_DONTWAIT)
                     break
                 except BlockingIOError:
                     continue
         if chunk is None:
-            chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space)
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                got = array.array("i")
-                got.frombytes(data[:len(data) - len(data) % got.itemsize])
-                self._fds.extend(got)
+            chunk = self._read(fds)
         if not chunk:
             if self._buf or self._fds:
                 raise ProtocolError(f"peer hung up inside a message ({len(self._buf)} "
@@ -304,11 +334,12 @@ class Channel:
             return None
         return self.receive()  # complete, or malformed: receive() raises
 
-    def receive(self) -> Message:
-        """As `receive(sock)`: EOFError between messages, ProtocolError if malformed."""
+    def receive(self, fds: bool = True) -> Message:
+        """As `receive(sock)`: EOFError between messages, ProtocolError if malformed.
+        fds=False: the caller expects a message without fds (see `_read`)."""
         while len(self._buf) < HEADER_SIZE:
-            self._fill()
-        header = Header.from_buffer_copy(self._buf)
+            self._fill(fds)
+        header = MessageHeader._make(HEADER.unpack_from(self._buf))
         if header.size < HEADER_SIZE or header.size > self.max_size:
             for fd in self._fds:
                 _close(fd)
@@ -320,7 +351,7 @@ class Channel:
             err.header = header  # type: ignore[attr-defined]
             raise err
         while len(self._buf) < header.size:
-            self._fill()
+            self._fill(fds)
         payload = bytes(self._buf[HEADER_SIZE:header.size])
         del self._buf[:header.size]
         fds, self._fds = self._fds, []

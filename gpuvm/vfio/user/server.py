@@ -13,7 +13,7 @@ Memory:
 - DMA_MAP carries the fd of the client's RAM; the server maps it (MAP_SHARED) and hands
   the view to `device.dma_map`, so the device reads and writes guest memory directly.
 - A mappable region's GET_REGION_INFO reply carries the fd of the memory behind it (the
-  VRAM memfd); `memory` translates the host addresses the device grants into offsets of
+  memfd of the vGPU's own VRAM partition); `memory` translates the host addresses the device grants into offsets of
   that fd for GPUVM_MAPPING_EVENT (see gpuvm/vfio/user/__init__.py).
 """
 
@@ -377,22 +377,26 @@ class DeviceServer:
 
     def _access(self, msg: p.Message, write: bool) -> tuple[bytes, list[int]]:
         name = "REGION_WRITE" if write else "REGION_READ"
-        a = p.unpack(p.RegionAccess, msg.payload, name)
-        data = msg.payload[ctypes.sizeof(p.RegionAccess):]
-        if a.count > p.MAX_DATA_XFER_SIZE:
-            raise p.ProtocolError(f"{name} count {a.count} exceeds max_data_xfer_size")
-        if write and len(data) != a.count:
-            raise p.ProtocolError(f"{name} count {a.count} with {len(data)} data bytes")
+        payload = msg.payload
+        if len(payload) < p.ACCESS.size:
+            raise p.ProtocolError(f"{name}: payload of {len(payload)} bytes, needs "
+                                  f"{p.ACCESS.size}")
+        offset, region, count = p.ACCESS.unpack_from(payload)
+        data = payload[p.ACCESS.size:]
+        if count > p.MAX_DATA_XFER_SIZE:
+            raise p.ProtocolError(f"{name} count {count} exceeds max_data_xfer_size")
+        if write and len(data) != count:
+            raise p.ProtocolError(f"{name} count {count} with {len(data)} data bytes")
         if not write and data:
             raise p.ProtocolError(f"{name} request carries {len(data)} data bytes")
-        if a.count not in (1, 2, 4, 8):
-            raise VfioError(f"{name} of {a.count} bytes: gpuvm devices take 1, 2, 4 or 8")
-        head = bytes(p.RegionAccess(a.offset, a.region, a.count))
+        if count not in (1, 2, 4, 8):
+            raise VfioError(f"{name} of {count} bytes: gpuvm devices take 1, 2, 4 or 8")
+        head = payload[:p.ACCESS.size]  # the reply echoes offset, region and count
         if write:
-            self.device.write(a.region, a.offset, a.count, int.from_bytes(data, "little"))
+            self.device.write(region, offset, count, int.from_bytes(data, "little"))
             return head, []
-        value = self.device.read(a.region, a.offset, a.count)
-        return head + (value & ((1 << (8 * a.count)) - 1)).to_bytes(a.count, "little"), []
+        value = self.device.read(region, offset, count)
+        return head + (value & ((1 << (8 * count)) - 1)).to_bytes(count, "little"), []
 
     def _region_read(self, msg: p.Message) -> tuple[bytes, list[int]]:
         return self._access(msg, False)
