@@ -52,7 +52,7 @@ class Mediator:
                 gpu.mmu.monitor = self.monitor
         self._bring_up()
         self.submissions = Submissions(self, policy or FifoPolicy(), self._kill,
-                                       watchdog or WatchdogLimits())
+                                       watchdog or WatchdogLimits(), gpu.clock)
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
 
