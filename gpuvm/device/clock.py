@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Callable
 
+CLOCKS = ("wall", "virtual")  # the names a run or an experiment file chooses by
 DEFAULT_EXIT_NS = 12_000  # experiments/costs/xen-2014.toml trap_ns
 WAKE_POLL_S = 0.002  # a waiter that may have missed its wake-up looks again this often
 

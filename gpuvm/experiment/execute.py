@@ -206,6 +206,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale, isolated=exp.isolated,
+                                 clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
                                  scheduler={**exp.scheduler, "policy": key.policy},
                                  confined=exp.kind == "isolation")
             t0 = time.monotonic()

@@ -67,10 +67,14 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
     path (words and places), the cost profile (a report may be re-priced later), the
     backend (recorded on its own: `--backend` may override the file) and `isolated`
     (VMs in processes count exactly what VM threads count)."""
-    return {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
-            "policies": list(exp.policies), "repetitions": exp.repetitions,
-            "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,
-            "scheduler": exp.scheduler, "scenarios": [asdict(s) for s in exp.scenarios]}
+    out = {"name": exp.name, "kind": exp.kind, "modes": list(exp.modes),
+           "policies": list(exp.policies), "repetitions": exp.repetitions,
+           "time_scale": exp.time_scale, "timeout_s": exp.timeout_s,
+           "scheduler": exp.scheduler, "scenarios": [asdict(s) for s in exp.scenarios]}
+    if exp.clock != "wall":  # (so wall-clock experiments keep the hash they had)
+        out["clock"] = exp.clock
+        out["guest_exit_ns"] = exp.guest_exit_ns
+    return out
 
 
 def config_hash(exp: Experiment) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuvm.vfio.device import DeviceStats, VfioDevice
-from gpuvm.device.clock import DEFAULT_EXIT_NS, DeviceClock, VirtualClock
+from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
 from gpuvm.vmm import abi, guest_programs
 
 
@@ -111,9 +111,6 @@ class RunOptions:
     # Tenants must be confined from one another: refuses the in-process backend for more
     # than one VM (its guests are native code inside the VMM process, with no isolation).
     confined: bool = False
-
-
-CLOCKS = ("wall", "virtual")
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
