@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -18,9 +19,11 @@ from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import rows_for, specs_for
 from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.rundir import config_hash
+from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.vmm.kvm import kvm_usable
+from scheduler import FifoPolicy
 
 
 # ----------------------------------------------------------------------- the clock alone
@@ -145,3 +148,73 @@ def test_band_shares_do_not_move_with_host_load():
         assert q.sched["completions"] == h.sched["completions"]
         assert abs(q.sched["gpu_time_ns"] - h.sched["gpu_time_ns"]) <= \
             0.01 * q.sched["gpu_time_ns"]
+
+
+# ------------------------------------------------------------- the watchdog, virtually
+class StuckGpu:
+    """A GPU port on a virtual clock whose rung work never completes."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.rung: list[int] = []
+
+    def now_ns(self) -> int:
+        return self.clock.now_ns()
+
+    def ring(self, pchid: int, put: int) -> None:
+        self.rung.append(pchid)
+
+    def runnable(self, pchid: int) -> bool:
+        return True
+
+
+def watched(clock: VirtualClock, limits: WatchdogLimits):
+    killed: list[tuple[int, str, float]] = []
+    sub = Submissions(StuckGpu(clock), FifoPolicy(),
+                      lambda pchid, reason: killed.append((pchid, reason, time.monotonic())),
+                      limits, clock)
+    vm = object()
+    sub.add_vm(vm, 1.0)
+    return sub, vm, killed
+
+
+def test_virtual_watchdog_cuts_off_at_exactly_its_device_time():
+    clock = VirtualClock()
+    sub, vm, killed = watched(clock, WatchdogLimits(submission_ns=50_000_000))
+    try:
+        sub.submit(vm, 3, 1)
+        assert wait_for(lambda: killed)  # nothing else happens: time jumps to the limit
+        assert killed[0][0] == 3 and "held the GPU 50 ms" in killed[0][1]
+        assert sub.used(vm) == 50_000_000  # charged exactly the limit, on every host
+    finally:
+        sub.close()
+
+
+def test_virtual_watchdog_catches_a_stopped_clock_in_wall_seconds_only_if_guests_sleep():
+    clock = VirtualClock()
+    stuck = clock.timer("stuck")  # something that never lets device time reach 1 ms
+    stuck.set_alarm(1_000_000)
+    guest = clock.guest("A")
+    sub, vm, killed = watched(clock, WatchdogLimits(submission_ns=300_000_000,
+                                                    wall_floor_s=0.2))
+    try:
+        t0 = time.monotonic()
+        sub.submit(vm, 5, 1)
+        time.sleep(0.8)
+        assert not killed  # a running guest may be what holds time back: not a hang
+        guest.block(guest.generation())
+        assert wait_for(lambda: killed)
+        assert "wall time with every guest asleep" in killed[0][1]
+        assert killed[0][2] - t0 >= 0.3
+    finally:
+        sub.close()
+        stuck.leave()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False

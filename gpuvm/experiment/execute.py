@@ -248,7 +248,8 @@ def row_from_dict(d: dict[str, Any]) -> VmRow:
     return VmRow(**d)
 
 
-# What depends on the wall clock (the device clock follows it): everything else in a row
+# What depends on the wall clock (a wall device clock follows it; a virtual one does not,
+# but comparing without these fields holds for both): everything else in a row
 # -- counts, records, modelled time, verdicts -- is the same on every rerun.
 WALL_CLOCK_FIELDS = ("wall_ns", "device_ns", "busy")
 WALL_CLOCK_SCHED = ("gpu_time_ns", "mean_queue_delay_ns", "max_queue_delay_ns", "added_at",
