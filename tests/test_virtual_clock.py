@@ -192,20 +192,24 @@ def test_virtual_watchdog_cuts_off_at_exactly_its_device_time():
 
 def test_virtual_watchdog_catches_a_stopped_clock_in_wall_seconds_only_if_guests_sleep():
     clock = VirtualClock()
-    stuck = clock.timer("stuck")  # something that never lets device time reach 1 ms
-    stuck.set_alarm(1_000_000)
     guest = clock.guest("A")
+    guest.block(guest.generation())
     sub, vm, killed = watched(clock, WatchdogLimits(submission_ns=300_000_000,
                                                     wall_floor_s=0.2))
+    stuck = clock.timer("stuck")  # something that never lets device time past 1 ms
+    stuck.set_alarm(1_000_000)
     try:
         t0 = time.monotonic()
         sub.submit(vm, 5, 1)
+        assert wait_for(lambda: sub.dispatcher.running is not None)
+        guest.unblock()
         time.sleep(0.8)
         assert not killed  # a running guest may be what holds time back: not a hang
         guest.block(guest.generation())
         assert wait_for(lambda: killed)
         assert "wall time with every guest asleep" in killed[0][1]
         assert killed[0][2] - t0 >= 0.3
+        assert clock.now_ns() == 1_000_000
     finally:
         sub.close()
         stuck.leave()

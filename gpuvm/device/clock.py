@@ -60,6 +60,9 @@ class NullParty:
 
     def update(self, handled: list[int], alarm: int | None) -> None: ...
 
+    def due_at(self) -> int | None:
+        return None
+
     def leave(self) -> None: ...
 
 
@@ -86,7 +89,8 @@ class DeviceClock:
         """How long to sleep (wall seconds) until the device clock reaches device_ns."""
         return max(0.0, (device_ns - self.now_ns()) / self.time_scale / 1e9)
 
-    def timer(self, name: str, waker: Callable[[], None] | None = None) -> NullParty:
+    def timer(self, name: str, waker: Callable[[], None] | None = None,
+              ordered: bool = False) -> NullParty:
         return NULL_PARTY
 
     def signal(self, scope: object = None) -> None:
@@ -99,12 +103,19 @@ class TimerParty:
     with no clock lock held) when device time reaches its horizon; it must not block."""
 
     def __init__(self, clock: VirtualClock, name: str,
-                 waker: Callable[[], None] | None) -> None:
+                 waker: Callable[[], None] | None, ordered: bool) -> None:
         self.clock = clock
         self.name = name
         self.waker = waker
+        self.ordered = ordered
         self._pending: dict[int, int] = {}  # time -> how many events at it
         self._alarm: int | None = None
+        self._was_due = False
+
+    def due_at(self) -> int | None:
+        """The time this party may act at now, or None (see VirtualClock.timer)."""
+        with self.clock._lock:
+            return self.clock._due_at(self)
 
     def horizon(self) -> int | None:
         times = list(self._pending)
@@ -117,6 +128,7 @@ class TimerParty:
         with self.clock._lock:
             now = self.clock._now
             self._alarm = now if self._alarm is None else min(self._alarm, now)
+        self.clock.advance()  # others may no longer be due
 
     def set_alarm(self, t: int | None) -> None:
         """Replace the alarm (None: none); may let the clock move on."""
@@ -129,6 +141,7 @@ class TimerParty:
         with self.clock._lock:
             t = max(t, self.clock._now)
             self._pending[t] = self._pending.get(t, 0) + 1
+        self.clock.advance()  # others may no longer be due
 
     def update(self, handled: list[int], alarm: int | None) -> None:
         """Events handled (their times, as given to pending) and the new alarm, at once."""
@@ -212,8 +225,13 @@ class VirtualClock:
         self._local = threading.local()
 
     # ------------------------------------------------------------------ parties
-    def timer(self, name: str, waker: Callable[[], None] | None = None) -> TimerParty:
-        party = TimerParty(self, name, waker)
+    def timer(self, name: str, waker: Callable[[], None] | None = None,
+              ordered: bool = False) -> TimerParty:
+        """A timer party.  An `ordered` one acts at time T only after every running guest
+        is past T and every timer made before it is done with T: so events of one
+        virtual time are handled in one order (guests' first, then the timers' in the
+        order they were made), whatever the order the threads reached them in."""
+        party = TimerParty(self, name, waker, ordered)
         with self._lock:
             self._timers.append(party)
         return party
@@ -226,7 +244,7 @@ class VirtualClock:
             self._guests.append(party)
         return party
 
-    def bind_thread(self, party: GuestParty) -> None:
+    def bind_thread(self, party: GuestParty | None) -> None:
         """The calling thread is `party`'s vCPU: events it causes carry its time."""
         self._local.party = party
 
@@ -271,20 +289,41 @@ class VirtualClock:
                     g.blocked = False
                     g.v = max(g.v, self._now)
 
+    def _due_at(self, party: TimerParty) -> int | None:
+        """(lock held) party's horizon if it may act at it now."""
+        h = party.horizon()
+        if h is None or h > self._now:
+            return None
+        if not party.ordered:
+            return h
+        if any(not g.blocked and g.v <= h for g in self._guests):
+            return None
+        for t in self._timers:
+            if t is party:
+                return h
+            th = t.horizon()
+            if th is not None and th <= h:
+                return None
+        return h
+
     def advance(self) -> int:
         """Move device time to the earliest time any party may still act at; wake the
-        timers that are due.  Returns device time."""
+        timers that have become due.  Returns device time."""
         with self._lock:
             horizons = [g.v for g in self._guests if not g.blocked]
-            timer_times = [(h, t) for t in self._timers if (h := t.horizon()) is not None]
-            self._due = min((h for h, _ in timer_times), default=None)
+            timer_times = [h for t in self._timers if (h := t.horizon()) is not None]
+            self._due = min(timer_times, default=None)
             if self._due is not None:
                 horizons.append(self._due)
-            if not horizons or min(horizons) <= self._now:
-                return self._now
-            self._now = min(horizons)
-            due = [t.waker for h, t in timer_times if h <= self._now and t.waker is not None]
+            if horizons and min(horizons) > self._now:
+                self._now = min(horizons)
+            wakers = []
+            for t in self._timers:
+                due = self._due_at(t) is not None
+                if due and not t._was_due and t.waker is not None:
+                    wakers.append(t.waker)
+                t._was_due = due
             now = self._now
-        for waker in due:
+        for waker in wakers:
             waker()
         return now

@@ -44,6 +44,7 @@ from scheduler.policy import Policy
 
 log = logging.getLogger(__name__)
 STALL_CHECK_S = 0.05
+REMOVE_WAIT_S = 10.0  # a virtual-clock removal the loop has not handled by then is forced
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,9 @@ class Submissions:
         self._now = gpu.now_ns
         self._clock = clock
         self._virtual = bool(clock is not None and clock.virtual)
-        self._party = clock.timer("scheduler", self._nudge) if clock is not None else None
+        self._party = clock.timer("scheduler", self._nudge, ordered=True) \
+            if clock is not None else None
+        self._rank: dict[object, int] = {}  # VMs in the order they were added (ties)
         self._ring = gpu.ring
         self._runnable = gpu.runnable
         self._kill = kill
@@ -108,7 +111,10 @@ class Submissions:
         self._started_at = 0
         self._started_wall = 0.0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._ready: list[tuple] = []  # (stamp, seq, kind, a, b): taken, not yet due
+        # taken from the queue, not yet handled: (stamp, kind rank, VM rank, seq, kind,
+        # a, b) -- events of one time in one order: completions first, then doorbells by
+        # VM (a vCPU's events never share a time: each exit moves its clock)
+        self._ready: list[tuple] = []
         self._lock = threading.Lock()
         # no request_wakeup callback: the loop reads dispatcher.wake_at every turn, so a
         # wake-up asked for from any thread (or asked for twice) is never missed
@@ -135,21 +141,40 @@ class Submissions:
 
     def add_vm(self, vm: object, share: float) -> None:
         with self._lock:
+            self._rank.setdefault(vm, len(self._rank))
             self.dispatcher.add_vm(vm, share, self._now())
         self._nudge()
 
     def remove_vm(self, vm: object, pchids: set[int]) -> None:
         """Forget the VM; if its submission holds the GPU, it is ended now (the mediator
-        then unbinds its channels): nothing keeps the GPU for a VM that is gone."""
+        then unbinds its channels): nothing keeps the GPU for a VM that is gone.
+
+        Under a virtual clock the removal is an event like the others: stamped with the
+        caller's time (the VMM removes a VM with its vCPU's last time; gpuvm/run) and
+        handled by the loop in time order, while this call waits for it."""
+        if self._virtual and self._thread.is_alive():
+            done = threading.Event()
+            self._events.put(("remove", vm, (pchids, done), self._stamp()))
+            if done.wait(REMOVE_WAIT_S):
+                return
+            log.error("scheduler: removal of %r not handled in %g s; removing it now",
+                      vm, REMOVE_WAIT_S)
         with self._lock:
-            running = self.dispatcher.running
-            if running is not None and running.vm is vm:
-                self._running = None
-                self.dispatcher.complete(self._now())
-            self.dispatcher.remove_vm(vm, self._now())
-            for c in pchids:
-                self._last_put.pop(c, None)
+            self._remove(vm, pchids, self._now())
         self._nudge()
+
+    def _remove(self, vm: object, pchids: set[int], now: int) -> None:
+        """(lock held)"""
+        if vm not in self.dispatcher.metrics or \
+                self.dispatcher.metrics[vm].removed_at is not None:
+            return
+        running = self.dispatcher.running
+        if running is not None and running.vm is vm:
+            self._running = None
+            self.dispatcher.complete(now)
+        self.dispatcher.remove_vm(vm, now)
+        for c in pchids:
+            self._last_put.pop(c, None)
 
     def submit(self, vm: object, pchid: int, put: int) -> None:
         self._events.put(("submit", vm, Doorbell(pchid, put), self._stamp()))
@@ -222,9 +247,10 @@ class Submissions:
             out = left if out is None else min(out, left)
         return out
 
-    def _watchdog(self, now: int) -> tuple[int, str] | None:
+    def _watchdog(self, now: int, settled: bool = True) -> tuple[int, str] | None:
         """Cut off the running submission if it is past its limit (lock held); returns
-        (pchid, reason) for the mediator to kill, outside the lock."""
+        (pchid, reason) for the mediator to kill, outside the lock.  `settled`: a
+        virtual clock's `now` may be acted at (else only the wall-time last resort)."""
         deadline = self._deadline()
         if deadline is None:
             return None
@@ -237,14 +263,14 @@ class Submissions:
             hung_wall = limit is not None and \
                 held_wall >= max(limit / 1e9, self.limits.wall_floor_s) and \
                 self._clock.guests_running() == 0
-            if now < deadline and not hung_wall:
+            if (now < deadline or not settled) and not hung_wall:
                 return None
         elif now < deadline or held_wall < self.limits.wall_floor_s:
             return None
         bell, running = self._running, self.dispatcher.running
         held = now - self._started_at
         total = self._used.get(running.vm, 0) + held
-        if hung_wall and now < deadline:
+        if hung_wall and (now < deadline or not settled):
             reason = f"watchdog: submission held the GPU {held_wall:.1f} s of wall time " \
                 f"with every guest asleep (limit {self.limits.submission_ns / 1e9:g} s)"
         elif self.limits.vm_ns is not None and total >= self.limits.vm_ns:
@@ -295,6 +321,8 @@ class Submissions:
         """Under a virtual clock the waker (a nudge) says when device time has reached
         what we wait for; look again now and then anyway (the watchdog's wall time, a
         stalled policy)."""
+        if self._party.due_at() is not None:
+            return 0.0  # due already (e.g. more events of the time just handled)
         with self._lock:
             idle = not self._ready and self.dispatcher.wake_at is None and \
                 self.dispatcher.running is None and not self._stalled()
@@ -308,7 +336,13 @@ class Submissions:
         return min(times) if times else None
 
     def _handle(self, kind: str, a: object, b: object, now: int) -> None:
-        if kind == "submit":
+        if kind == "remove":
+            pchids, done = b
+            try:
+                self._remove(a, pchids, now)
+            finally:
+                done.set()
+        elif kind == "submit":
             if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
                 self.dispatcher.submit(a, b, now)
         elif kind == "idle":
@@ -337,17 +371,26 @@ class Submissions:
             handled: list[int] = []
             with self._lock:
                 for kind, a, b, t in items:
-                    if kind in ("submit", "idle"):
-                        heapq.heappush(self._ready, (t, seq, kind, a, b))
-                        seq += 1
-                now = self._now()
-                while self._ready and self._ready[0][0] <= now:
-                    t, _, kind, a, b = heapq.heappop(self._ready)
+                    if kind == "idle":
+                        heapq.heappush(self._ready, (t, 0, 0, seq, kind, a, b))
+                    elif kind in ("submit", "remove"):
+                        heapq.heappush(self._ready, (t, 1, self._rank.get(a, -1), seq,
+                                                     kind, a, b))
+                    seq += 1
+                # under a virtual clock, act only once this time is settled (every guest
+                # and the engines are past it): the events of one time all at once
+                due = self._party.due_at() if self._virtual else None
+                acting = due is not None or not self._virtual
+                now = due if due is not None else self._now()
+                while acting and self._ready and self._ready[0][0] <= now:
+                    t, _, _, _, kind, a, b = heapq.heappop(self._ready)
                     handled.append(t)
                     self._handle(kind, a, b, now)
-                killed = self._watchdog(now)
+                killed = self._watchdog(now, acting)
                 wake_at = self.dispatcher.wake_at
-                if wake_at is not None and now >= wake_at:
+                if not acting:
+                    pass
+                elif wake_at is not None and now >= wake_at:
                     woken_for = wake_at
                     self.dispatcher.wake(now)
                 elif "wake" in kinds and self._stalled():

@@ -157,6 +157,26 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     return attached, runner, session
 
 
+def _detach_at_last_time(machine: Machine, r: _Running) -> None:
+    """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
+    vCPU's last time: a timer holds device time there while the vCPU leaves the clock
+    (an ended guest must not hold back the scheduler's handling of that very time) and
+    this thread stamps the removal with that time."""
+    if r.party is None:
+        machine.detach(r.spec)
+        return
+    clock = r.party.clock
+    leaving = clock.timer(f"{r.spec.name} leaving", ordered=True)
+    leaving.set_alarm(r.party.v)
+    r.party.leave()
+    clock.bind_thread(r.party)  # stamps: its (last) time
+    try:
+        machine.detach(r.spec)
+    finally:
+        clock.bind_thread(None)
+        leaving.leave()
+
+
 def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             programs: dict, backend: str, options: RunOptions,
             observers: Sequence[RunObserver] = ()) -> list[VmResult]:
@@ -174,7 +194,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     clock = getattr(machine, "clock", None)
     virtual = clock is not None and clock.virtual
     woken = threading.Event()
-    arrivals = clock.timer("arrivals", woken.set) if virtual else None
+    arrivals = clock.timer("arrivals", woken.set, ordered=True) if virtual else None
 
     def start_ns(b: tuple[VmSpec, list[int], int]) -> int:
         return round(b[0].start_delay * 1e9)
@@ -186,8 +206,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
         while pending or running:
             now = time.monotonic()
             due: list[_Running] = []  # attached together, then started together
-            while pending and (clock.now_ns() >= start_ns(pending[0]) if virtual
-                               else now - t0 >= pending[0][0].start_delay):
+            arrived = arrivals.due_at() if virtual else None  # a settled arrival time
+            while pending and (arrived is not None and arrived >= start_ns(pending[0])
+                               if virtual else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
                 rams.append(ram)
@@ -208,8 +229,6 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
             for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
-                if r.party is not None:
-                    r.party.leave()  # a VM that ended holds no device time back
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
                 metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
                 results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
@@ -221,7 +240,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
-                    machine.detach(r.spec)
+                    _detach_at_last_time(machine, r)
+                if r.party is not None:
+                    r.party.leave()  # an ended VM holds no device time back
             for o in observers:
                 o.tick(machine)
             if (pending or running) and virtual:

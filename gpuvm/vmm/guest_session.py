@@ -131,8 +131,8 @@ class GuestSession:
     def finish(self) -> None:
         self._cut_phase(None)
         self.hostmem.finish()
-        if self.clock_party is not None:
-            self.clock_party.leave()  # the guest has ended: it holds no device time back
+        # a virtual clock's vCPU stays at its last time until the VMM has removed its
+        # vGPU at that time (gpuvm/run/execute.py), then leaves the clock
 
     # ---------------------------------------------------------------- ports
     def _count(self, name: str) -> None:
