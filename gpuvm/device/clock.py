@@ -31,6 +31,11 @@ earliest pending event; a sleeping guest does not hold it back), and it only mov
 forward.  Each event is therefore seen at its own virtual time, in virtual-time order,
 whatever the wall-clock order in which the threads got there.  Guests that run ahead in
 wall time simply wait (in wall time) at their next sleep for the others to catch up.
+Events of one and the same time are put in one order too: an *ordered* timer (the
+scheduler, the VM arrivals) acts at T only once every running guest is past T and every
+timer made before it (the engines) is done with T.  A VM that ends is removed at its
+vCPU's last time, as an event of the scheduler.  So a run gives the same schedule, bit
+for bit, on every host.
 
 What stays on wall time: timeouts (a guest's wait, a run's limit) and the watchdog's
 last resort (gpuvm/mediator/submission.py): a hung guest is still caught in real
