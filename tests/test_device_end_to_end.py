@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gpuvm.device import regs
+from gpuvm.device.clock import DeviceClock
 from gpuvm.device.host_driver import HostDriver, method
 from gpuvm.device.kernels import kernel_object
 
@@ -236,13 +237,13 @@ def test_bar1_unmapped_access_faults(gpu, drv):
     assert drv.rd(rec + regs.PFIFO_FAULT_FLAGS) & 0xF == regs.FAULT_PDE_NOT_PRESENT  # empty PD
 
 
-class JumpyClock:
+class JumpyClock(DeviceClock):
     """A device clock that leaps 3 ms at every reading: work always ends 'between' two
     readings, the race a loaded host produces now and then with short kernels."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.t = 0
-        self.time_scale = 1.0
 
     def now_ns(self) -> int:
         self.t += 3_000_000

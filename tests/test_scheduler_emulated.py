@@ -1,6 +1,10 @@
 """The schedulers on the emulator with real guests: a VM with short kernels against one
 with long kernels that arrives later.  FIFO hands the GPU to the long kernels; BAND holds
-both near their shares; the event counts do not depend on the policy's timing."""
+both near their shares; the event counts do not depend on the policy's timing.
+
+The shares are measured on the virtual device clock, so they do not move with the load
+of the host running the suite (on the wall clock BAND's error reached 8 pp on a host at
+load 15); the counts are compared between the two clocks."""
 
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ EXP = Experiment("t", "isolation", (SCENARIO,))
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"
 
 
-def run(policy: str):
+def run(policy: str, clock: str = "virtual"):
     results = run_vms(specs_for(SCENARIO), RunOptions(mode="fv-opt", backend=BACKEND,
-                                                      scheduler={"policy": policy}))
+                                                      scheduler={"policy": policy},
+                                                      clock=clock))
     assert all(r.passed for r in results), [r.error() for r in results]
     rows = rows_for(EXP, SCENARIO, "fv-opt", policy, 0, results, load_costs("xen-2014"))
     return rows, shares_in_window(rows)[1]
@@ -54,7 +59,7 @@ def test_band_keeps_both_near_their_shares(band, fifo):
 
 def test_event_counts_do_not_depend_on_timing(band):
     rows, _ = band
-    again, _ = run("band")
+    again, _ = run("band", clock="wall")
     keys = ("compute.kernels", "pfifo.doorbells", "doorbells", "trap.bar1.userd.write")
     for first, second in zip(rows, again):
         assert {k: first.counters.get(k) for k in keys} == \

@@ -53,6 +53,8 @@ class Gpu:
         self._events = threading.Condition(self.lock)  # guests waiting for completions
         self.counts = Counters()
         self.clock = clock or DeviceClock(time_scale)
+        # the engines as a party of a virtual clock: device time waits for their work
+        self._clock_party = self.clock.timer("engines", self._wake_engines)
         self.vram = Vram(profile.vram_size)
         self.mmu = Mmu(self.vram, self.counts)
         self.engines = Engines.create()
@@ -103,6 +105,7 @@ class Gpu:
                 self._work.notify_all()
             thread.join()
             self._thread = None
+        self._clock_party.leave()
         with self.lock:
             self._events.notify_all()
 
@@ -212,7 +215,17 @@ class Gpu:
     # ------------------------------------------------------------------ internal hooks
     def kick_engines(self) -> None:
         """Something may be runnable now (called with the lock held)."""
+        self._clock_party.hold_now()  # a virtual clock waits until the engines looked
         self._work.notify()
+
+    def _wake_engines(self) -> None:
+        """A virtual clock reached the engines' alarm (any thread, must not block: a
+        missed notify is made up by the engine loop's short wait)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._work.notify()
+            finally:
+                self.lock.release()
 
     def signal(self) -> None:
         """GPU work completed or faulted: wake guests waiting on memory (lock held)."""
@@ -242,9 +255,11 @@ class Gpu:
                 wake = self.pfifo.service(self.clock.now_ns())
                 if self._signalled:
                     self._signalled = False
+                    self.clock.signal(self)  # sleeping guests wake at this device time
                     self._events.notify_all()
                     for listener in self.event_listeners:
                         listener()
+                self._clock_party.set_alarm(wake)  # only now may a virtual clock move on
                 timeout = None if wake is None else self.clock.wall_seconds_until(wake)
                 if self.pfifo.cut_short:
                     self._work.wait(0.0002)  # let whoever waits for the lock have it

@@ -17,6 +17,9 @@ the field, before anything runs.
     isolated = false          # each VM in its own VMM process over vfio-user (same rows)
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
+    clock = "wall"            # or "virtual": device time advances with GPU work and
+                              # guest exits only, so results do not move with host load
+    guest_exit_ns = 12000     # clock "virtual": guest time one exit costs (trap_ns)
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
     vram_mib = 256            # the emulated GPU's VRAM (default: the device profile's)
     hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvm.device import regs
+from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
@@ -114,6 +118,8 @@ class Experiment:
     repetitions: int = 1
     time_scale: float = 1.0
     timeout_s: float = 600.0
+    clock: str = "wall"  # "wall" | "virtual" (gpuvm/device/clock.py)
+    guest_exit_ns: int = DEFAULT_EXIT_NS
     cost_profile: str = "xen-2014"
     scheduler: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -271,6 +277,10 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
+        clock=exp.get("clock", str, "wall", check=lambda c: None if c in CLOCKS
+                      else f"must be one of {', '.join(CLOCKS)}"),
+        guest_exit_ns=exp.get("guest_exit_ns", int, DEFAULT_EXIT_NS,
+                              check=lambda n: None if n >= 0 else "must be >= 0"),
         cost_profile=exp.get("cost_profile", str, "xen-2014"),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),

@@ -206,6 +206,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
             options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                                  time_scale=exp.time_scale, isolated=exp.isolated,
+                                 clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
                                  scheduler={**exp.scheduler, "policy": key.policy},
                                  vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
                                  confined=exp.kind == "isolation")
@@ -248,7 +249,8 @@ def row_from_dict(d: dict[str, Any]) -> VmRow:
     return VmRow(**d)
 
 
-# What depends on the wall clock (the device clock follows it): everything else in a row
+# What depends on the wall clock (a wall device clock follows it; a virtual one does not,
+# but comparing without these fields holds for both): everything else in a row
 # -- counts, records, modelled time, verdicts -- is the same on every rerun.
 WALL_CLOCK_FIELDS = ("wall_ns", "device_ns", "busy")
 WALL_CLOCK_SCHED = ("gpu_time_ns", "mean_queue_delay_ns", "max_queue_delay_ns", "added_at",

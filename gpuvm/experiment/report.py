@@ -311,7 +311,11 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
                f"planned VM runs" + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
     md += [exp.description, "",
            f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
-           f"{exp.repetitions}; device time scale: {exp.time_scale:g}; backend: "
+           f"{exp.repetitions}; " + (
+               f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
+               f"exit; device time does not follow the host's load); "
+               if exp.clock == "virtual" else
+               f"device clock: wall time, scale {exp.time_scale:g}; ") + "backend: "
            f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
            f"Runs: {len(rows)} of {planned} planned VM runs, {sum(r.passed for r in rows)} "
            "passed.  Raw rows: `runs.jsonl`; table: `results.csv`.", ""]

@@ -79,6 +79,9 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
            "scheduler": exp.scheduler, "scenarios": scenarios}
     if exp.vram_mib is not None:
         out["vram_mib"] = exp.vram_mib
+    if exp.clock != "wall":  # (so wall-clock experiments keep the hash they had)
+        out["clock"] = exp.clock
+        out["guest_exit_ns"] = exp.guest_exit_ns
     return out
 
 

@@ -60,7 +60,8 @@ class Mediator:
                 gpu.mmu.monitor = self.monitor
         self._bring_up()
         self.submissions = Submissions(self, policy or FifoPolicy(), self._kill,
-                                       watchdog or WatchdogLimits(), self)
+                                       watchdog or WatchdogLimits(), residency=self,
+                                       clock=gpu.clock)
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
 

@@ -19,11 +19,22 @@ A VM whose pages must be made resident first (an oversubscribed vGPU) has its su
 rung only after the mediator has switched residency to it.  That takes the mediator's
 lock, which is never taken under ours (the mediator calls in here holding it), so the
 dispatch is only noted under our lock and the switch runs on this thread after it.
+
+Every event is stamped with the time it happened at: a doorbell with the ringing vCPU's
+time, a completion with device time.  Under the wall clock that is simply "now".  Under
+a virtual clock (gpuvm/device/clock.py) this thread is a timer party: it holds device
+time at its earliest unhandled event and at the dispatcher's wake-up, so each is handled
+exactly at its own virtual time -- BAND's wait ends, a credit period turns over, a
+doorbell arrives, in virtual-time order, however late the host ran any of the threads.
+The watchdog then cuts a submission off at `submission_ns` of virtual device time (a
+deterministic verdict), and, as the wall-time last resort, after that many wall seconds
+held while no guest runs (nothing but the GPU itself could be holding device time back).
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 import logging
 import queue
 import threading
@@ -31,12 +42,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from gpuvm.device.clock import DeviceClock
 from scheduler import Dispatcher
 from scheduler.policy import Policy
 
 
 log = logging.getLogger(__name__)
 STALL_CHECK_S = 0.05
+REMOVE_WAIT_S = 10.0  # a virtual-clock removal the loop has not handled by then is forced
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,14 @@ class Submissions:
     def __init__(self, gpu: GpuPort, policy: Policy,
                  kill: Callable[[int, str], None] | None = None,
                  limits: WatchdogLimits | None = None,
-                 residency: ResidencyPort | None = None) -> None:
+                 residency: ResidencyPort | None = None,
+                 clock: DeviceClock | None = None) -> None:
         self._now = gpu.now_ns
+        self._clock = clock
+        self._virtual = bool(clock is not None and clock.virtual)
+        self._party = clock.timer("scheduler", self._nudge, ordered=True) \
+            if clock is not None else None
+        self._rank: dict[object, int] = {}  # VMs in the order they were added (ties)
         self._ring = gpu.ring
         self._runnable = gpu.runnable
         self._kill = kill
@@ -112,6 +131,10 @@ class Submissions:
         self._started_at = 0
         self._started_wall = 0.0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
+        # taken from the queue, not yet handled: (stamp, kind rank, VM rank, seq, kind,
+        # a, b) -- events of one time in one order: completions first, then doorbells by
+        # VM (a vCPU's events never share a time: each exit moves its clock)
+        self._ready: list[tuple] = []
         self._lock = threading.Lock()
         # no request_wakeup callback: the loop reads dispatcher.wake_at every turn, so a
         # wake-up asked for from any thread (or asked for twice) is never missed
@@ -124,32 +147,63 @@ class Submissions:
         self._thread.start()
 
     # ----------------------------------------------------------- called by anyone
+    def _nudge(self) -> None:
+        """The loop re-reads the wake-up time (a virtual clock's waker: never blocks)."""
+        self._events.put(("nudge", None, None, None))
+
+    def _stamp(self) -> int:
+        """When an event caused by the calling thread happens (held until handled)."""
+        if not self._virtual:
+            return self._now()
+        t = self._clock.local_now()
+        self._party.pending(t)
+        return t
+
     def add_vm(self, vm: object, share: float) -> None:
         with self._lock:
+            self._rank.setdefault(vm, len(self._rank))
             self.dispatcher.add_vm(vm, share, self._now())
-        self._events.put(("nudge", None, None))  # the loop re-reads the wake-up time
+        self._nudge()
 
     def remove_vm(self, vm: object, pchids: set[int]) -> None:
         """Forget the VM; if its submission holds the GPU, it is ended now (the mediator
-        then unbinds its channels): nothing keeps the GPU for a VM that is gone."""
+        then unbinds its channels): nothing keeps the GPU for a VM that is gone.
+
+        Under a virtual clock the removal is an event like the others: stamped with the
+        caller's time (the VMM removes a VM with its vCPU's last time; gpuvm/run) and
+        handled by the loop in time order, while this call waits for it."""
+        if self._virtual and self._thread.is_alive():
+            done = threading.Event()
+            self._events.put(("remove", vm, (pchids, done), self._stamp()))
+            if done.wait(REMOVE_WAIT_S):
+                return
+            log.error("scheduler: removal of %r not handled in %g s; removing it now",
+                      vm, REMOVE_WAIT_S)
         with self._lock:
-            running = self.dispatcher.running
-            if running is not None and running.vm is vm:
-                self._running = None
-                if self._to_place is not None and self._to_place[0] is vm:
-                    self._to_place = None
-                self.dispatcher.complete(self._now())
-            self.dispatcher.remove_vm(vm, self._now())
-            for c in pchids:
-                self._last_put.pop(c, None)
-        self._events.put(("nudge", None, None))
+            self._remove(vm, pchids, self._now())
+        self._nudge()
+
+    def _remove(self, vm: object, pchids: set[int], now: int) -> None:
+        """(lock held)"""
+        if vm not in self.dispatcher.metrics or \
+                self.dispatcher.metrics[vm].removed_at is not None:
+            return
+        running = self.dispatcher.running
+        if running is not None and running.vm is vm:
+            self._running = None
+            if self._to_place is not None and self._to_place[0] is vm:
+                self._to_place = None
+            self.dispatcher.complete(now)
+        self.dispatcher.remove_vm(vm, now)
+        for c in pchids:
+            self._last_put.pop(c, None)
 
     def submit(self, vm: object, pchid: int, put: int) -> None:
-        self._events.put(("submit", vm, Doorbell(pchid, put)))
+        self._events.put(("submit", vm, Doorbell(pchid, put), self._stamp()))
 
     def on_idle(self, pchid: int, busy_ns: int) -> None:
         """Device engine thread (device lock held): only enqueue."""
-        self._events.put(("idle", pchid, None))
+        self._events.put(("idle", pchid, None, self._stamp()))
 
     def channel_reset(self, pchid: int) -> None:
         """A (re)bound channel starts at GP_GET 0: forget the put we last rang."""
@@ -169,15 +223,17 @@ class Submissions:
             with self._lock:
                 running = self.dispatcher.running
                 if not self.dispatcher.queued(vm) and (running is None or running.vm is not vm) \
-                        and self._events.empty():
+                        and self._events.empty() and not self._ready:
                     return True
             time.sleep(0.001)
         return False
 
     def close(self) -> None:
         self._stopping = True
-        self._events.put(("stop", None, None))
+        self._events.put(("stop", None, None, None))
         self._thread.join()
+        if self._party is not None:
+            self._party.leave()
 
     # ----------------------------------------------------------- dispatcher side
     def _start(self, vm: object, bell: Doorbell) -> None:
@@ -238,17 +294,33 @@ class Submissions:
             out = left if out is None else min(out, left)
         return out
 
-    def _watchdog(self, now: int) -> tuple[int, str] | None:
+    def _watchdog(self, now: int, settled: bool = True) -> tuple[int, str] | None:
         """Cut off the running submission if it is past its limit (lock held); returns
-        (pchid, reason) for the mediator to kill, outside the lock."""
+        (pchid, reason) for the mediator to kill, outside the lock.  `settled`: a
+        virtual clock's `now` may be acted at (else only the wall-time last resort)."""
         deadline = self._deadline()
-        if deadline is None or now < deadline or \
-                time.monotonic() - self._started_wall < self.limits.wall_floor_s:
+        if deadline is None:
+            return None
+        held_wall = time.monotonic() - self._started_wall
+        hung_wall = False
+        if self._virtual:
+            # virtual time: the device deadline is exact; the wall-time last resort needs
+            # every guest asleep (a running guest may be what holds device time back)
+            limit = self.limits.submission_ns
+            hung_wall = limit is not None and \
+                held_wall >= max(limit / 1e9, self.limits.wall_floor_s) and \
+                self._clock.guests_running() == 0
+            if (now < deadline or not settled) and not hung_wall:
+                return None
+        elif now < deadline or held_wall < self.limits.wall_floor_s:
             return None
         bell, running = self._running, self.dispatcher.running
         held = now - self._started_at
         total = self._used.get(running.vm, 0) + held
-        if self.limits.vm_ns is not None and total >= self.limits.vm_ns:
+        if hung_wall and (now < deadline or not settled):
+            reason = f"watchdog: submission held the GPU {held_wall:.1f} s of wall time " \
+                f"with every guest asleep (limit {self.limits.submission_ns / 1e9:g} s)"
+        elif self.limits.vm_ns is not None and total >= self.limits.vm_ns:
             reason = f"watchdog: VM used {total / 1e6:.0f} ms of GPU time (limit " \
                 f"{self.limits.vm_ns / 1e6:.0f} ms)"
         else:
@@ -270,55 +342,113 @@ class Submissions:
         return d.running is None and d.wake_at is None and \
             any(d.queued(vm) for vm, m in d.metrics.items() if m.removed_at is None)
 
+    def _wall_timeout(self, woken_for: int | None) -> float | None:
+        """How long the loop may sleep under the wall clock."""
+        with self._lock:
+            wake_at = self.dispatcher.wake_at
+            stalled = self._stalled()
+            deadline = self._deadline()
+        timeout = None
+        if wake_at is not None:
+            timeout = max(0.0, (wake_at - self._now()) / 1e9)
+            if wake_at == woken_for:
+                timeout = max(timeout, STALL_CHECK_S / 50)  # a wait that did not move
+        if stalled:
+            timeout = STALL_CHECK_S if timeout is None else min(timeout, STALL_CHECK_S)
+        if deadline is not None:
+            # the cut-off is the later of the device deadline and the wall floor; the
+            # device clock may run faster than wall time: look again soon enough
+            until = max(0.0, (deadline - self._now()) / 1e9,
+                        self.limits.wall_floor_s - (time.monotonic() - self._started_wall))
+            until = min(until, STALL_CHECK_S)
+            timeout = until if timeout is None else min(timeout, until)
+        return timeout
+
+    def _virtual_timeout(self) -> float | None:
+        """Under a virtual clock the waker (a nudge) says when device time has reached
+        what we wait for; look again now and then anyway (the watchdog's wall time, a
+        stalled policy)."""
+        if self._party.due_at() is not None:
+            return 0.0  # due already (e.g. more events of the time just handled)
+        with self._lock:
+            idle = not self._ready and self.dispatcher.wake_at is None and \
+                self.dispatcher.running is None and not self._stalled()
+        return None if idle else STALL_CHECK_S
+
+    def _alarm(self, now: int) -> int | None:
+        """What device time must wait for besides queued events (lock held): the
+        dispatcher's wake-up and the watchdog's device deadline, if still ahead."""
+        times = [t for t in (self.dispatcher.wake_at, self._deadline())
+                 if t is not None and t > now]
+        return min(times) if times else None
+
+    def _handle(self, kind: str, a: object, b: object, now: int) -> None:
+        if kind == "remove":
+            pchids, done = b
+            try:
+                self._remove(a, pchids, now)
+            finally:
+                done.set()
+        elif kind == "submit":
+            if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
+                self.dispatcher.submit(a, b, now)
+        elif kind == "idle":
+            if self._running is not None and self._running.pchid == a:
+                self._running = None
+                running = self.dispatcher.running
+                if running is not None:
+                    self._charge(running.vm, now - self._started_at)
+                self.dispatcher.complete(now)
+
     def _loop(self) -> None:
         woken_for: int | None = None  # the wake-up time last handed to the dispatcher
+        seq = 0  # ties between equal stamps go in arrival order
         while not self._stopping:
-            with self._lock:
-                wake_at = self.dispatcher.wake_at
-                stalled = self._stalled()
-            timeout = None
-            if wake_at is not None:
-                timeout = max(0.0, (wake_at - self._now()) / 1e9)
-                if wake_at == woken_for:
-                    timeout = max(timeout, STALL_CHECK_S / 50)  # a wait that did not move
-            if stalled:
-                timeout = STALL_CHECK_S if timeout is None else min(timeout, STALL_CHECK_S)
-            with self._lock:
-                deadline = self._deadline()
-            if deadline is not None:
-                # the cut-off is the later of the device deadline and the wall floor; the
-                # device clock may run faster than wall time: look again soon enough
-                until = max(0.0, (deadline - self._now()) / 1e9,
-                            self.limits.wall_floor_s - (time.monotonic() - self._started_wall))
-                until = min(until, STALL_CHECK_S)
-                timeout = until if timeout is None else min(timeout, until)
+            timeout = self._virtual_timeout() if self._virtual else self._wall_timeout(woken_for)
             try:
-                kind, a, b = self._events.get(timeout=timeout)
+                items = [self._events.get(timeout=timeout)]
             except queue.Empty:
-                kind, a, b = "wake", None, None
+                items = [("wake", None, None, None)]
+            while True:  # everything queued: handled in stamp order, not arrival order
+                try:
+                    items.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            kinds = {item[0] for item in items}
+            handled: list[int] = []
             with self._lock:
-                now = self._now()
-                if kind == "submit":
-                    if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
-                        self.dispatcher.submit(a, b, now)
-                elif kind == "idle":
-                    if self._running is not None and self._running.pchid == a:
-                        self._running = None
-                        running = self.dispatcher.running
-                        if running is not None:
-                            self._charge(running.vm, now - self._started_at)
-                        self.dispatcher.complete(now)
-                killed = self._watchdog(now)
+                for kind, a, b, t in items:
+                    if kind == "idle":
+                        heapq.heappush(self._ready, (t, 0, 0, seq, kind, a, b))
+                    elif kind in ("submit", "remove"):
+                        heapq.heappush(self._ready, (t, 1, self._rank.get(a, -1), seq,
+                                                     kind, a, b))
+                    seq += 1
+                # under a virtual clock, act only once this time is settled (every guest
+                # and the engines are past it): the events of one time all at once
+                due = self._party.due_at() if self._virtual else None
+                acting = due is not None or not self._virtual
+                now = due if due is not None else self._now()
+                while acting and self._ready and self._ready[0][0] <= now:
+                    t, _, _, _, kind, a, b = heapq.heappop(self._ready)
+                    handled.append(t)
+                    self._handle(kind, a, b, now)
+                killed = self._watchdog(now, acting)
                 wake_at = self.dispatcher.wake_at
-                if wake_at is not None and now >= wake_at:
+                if not acting:
+                    pass
+                elif wake_at is not None and now >= wake_at:
                     woken_for = wake_at
                     self.dispatcher.wake(now)
-                elif kind == "wake" and self._stalled():
+                elif "wake" in kinds and self._stalled():
                     self.stalls += 1
                     log.error("scheduler %s left queued work with nothing running and no "
                               "wake-up; driving it again", type(self.dispatcher.policy).__name__)
                     self.dispatcher.wake(now)
+                alarm = self._alarm(now)
             if killed is not None and self._kill is not None:
                 self._kill(*killed)  # the mediator takes its own lock: never under ours
             if self._residency is not None:
                 self._place_pending()
+            if self._party is not None:
+                self._party.update(handled, alarm)  # only now may a virtual clock move on

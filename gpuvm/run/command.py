@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpuvm.device import regs
+from gpuvm.device.clock import CLOCKS
 from gpuvm.errors import UserError
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
@@ -204,6 +205,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=_scale, default=1.0,
                         help="device clock speed relative to wall time: 2 makes GPU work "
                              "take half the wall time (default 1)")
+    parser.add_argument("--clock", default="wall", choices=CLOCKS,
+                        help="device clock: wall (default) or virtual -- device time "
+                             "advances with GPU work and guest exits only, so scheduling "
+                             "results do not depend on host load")
     parser.add_argument("--vram-mib", type=_positive_int,
                         help="VRAM of the emulated GPU in MiB (default: the device "
                              "profile's); the vGPU types are sized from it")
@@ -332,7 +337,7 @@ def parse_modes(text: str) -> list[str]:
 
 
 RUN_ONLY = ("policy", "benchmark", "vm", "size", "pinned", "inject", "vms", "pv", "pv_batch",
-            "timeout", "time_scale", "vram_mib", "mdev_type", "mdev", "detail", "json",
+            "timeout", "time_scale", "clock", "vram_mib", "mdev_type", "mdev", "detail", "json",
             "out", "trace")
 
 
@@ -342,7 +347,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
 
 
 _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
-             "vms": None, "pv": False, "pv_batch": 0, "timeout": 600.0, "time_scale": 1.0,
+             "vms": None, "pv": False, "pv_batch": 0, "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
 
@@ -423,7 +428,7 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
 
     options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
                          time_scale=args.time_scale, gpus=machine_gpus(args.gpus, specs),
-                         isolated=args.isolated,
+                         isolated=args.isolated, clock=args.clock,
                          host_backing_mib=args.host_backing_mib or DEFAULT_HOST_BACKING_MIB,
                          vram_size=args.vram_mib * regs.MiB if args.vram_mib else None,
                          scheduler={"policy": args.policy} if args.policy != "fifo" else {})

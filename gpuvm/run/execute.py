@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -132,6 +133,7 @@ class _Running:
     runner: GuestRunner
     deadline: float
     session: GuestSession
+    party: object = None  # its vCPU on a virtual device clock
 
 
 def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: GuestRam,
@@ -155,29 +157,72 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     return attached, runner, session
 
 
+def _detach_at_last_time(machine: Machine, r: _Running) -> None:
+    """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
+    vCPU's last time: a timer holds device time there while the vCPU leaves the clock
+    (an ended guest must not hold back the scheduler's handling of that very time) and
+    this thread stamps the removal with that time."""
+    if r.party is None:
+        machine.detach(r.spec)
+        return
+    clock = r.party.clock
+    leaving = clock.timer(f"{r.spec.name} leaving", ordered=True)
+    leaving.set_alarm(r.party.v)
+    r.party.leave()
+    clock.bind_thread(r.party)  # stamps: its (last) time
+    try:
+        machine.detach(r.spec)
+    finally:
+        clock.bind_thread(None)
+        leaving.leave()
+
+
 def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             programs: dict, backend: str, options: RunOptions,
             observers: Sequence[RunObserver] = ()) -> list[VmResult]:
     """Start each VM at its start_delay (its device is created then), collect each as it
-    ends (its device is given back then, while the others keep running)."""
+    ends (its device is given back then, while the others keep running).
+
+    On a virtual device clock start_delay is device time: the arrivals are a timer of
+    that clock, so a VM arrives when the GPU's time reaches its start, and its vCPU
+    joins the clock at that time (gpuvm/device/clock.py)."""
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[_Running] = []
     results: dict[str, VmResult] = {}
     rams: list[GuestRam] = []
     stuck = False
+    clock = getattr(machine, "clock", None)
+    virtual = clock is not None and clock.virtual
+    woken = threading.Event()
+    arrivals = clock.timer("arrivals", woken.set, ordered=True) if virtual else None
+
+    def start_ns(b: tuple[VmSpec, list[int], int]) -> int:
+        return round(b[0].start_delay * 1e9)
+
+    if arrivals is not None and pending:
+        arrivals.set_alarm(start_ns(pending[0]))
     t0 = time.monotonic()
     try:
         while pending or running:
             now = time.monotonic()
             due: list[_Running] = []  # attached together, then started together
-            while pending and now - t0 >= pending[0][0].start_delay:
+            arrived = arrivals.due_at() if virtual else None  # a settled arrival time
+            while pending and (arrived is not None and arrived >= start_ns(pending[0])
+                               if virtual else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
                 rams.append(ram)
                 attached, runner, session = _start(machine, spec, params, flags, ram,
                                                    programs, backend, options)
+                party = None
+                if virtual:
+                    party = clock.guest(spec.name, start_ns((spec, params, flags)),
+                                        machine.clock_scope(spec))
+                    session.use_clock(clock, party)
                 due.append(_Running(spec, ram, attached, runner, now + options.timeout,
-                                    session))
+                                    session, party))
+            if arrivals is not None:  # only now that the arrived vCPUs hold the clock
+                arrivals.set_alarm(start_ns(pending[0]) if pending else None)
             for r in due:
                 r.runner.start()
                 running.append(r)
@@ -195,16 +240,25 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
-                    machine.detach(r.spec)
+                    _detach_at_last_time(machine, r)
+                if r.party is not None:
+                    r.party.leave()  # an ended VM holds no device time back
             for o in observers:
                 o.tick(machine)
-            if pending or running:
+            if (pending or running) and virtual:
+                woken.wait(POLL_S)  # the arrivals' waker, or a look at the VMs
+                woken.clear()
+            elif pending or running:
                 next_start = pending[0][0].start_delay - (time.monotonic() - t0) if pending \
                     else POLL_S
                 time.sleep(max(0.0, min(POLL_S, next_start)))
         return [results[spec.name] for spec, _, _ in boot]
     finally:
+        if arrivals is not None:
+            arrivals.leave()
         for r in running:  # only on an exception: stop what still runs
+            if r.party is not None:
+                r.party.leave()
             r.runner.stop("the run was aborted")
             r.runner.join(5)
             stuck = stuck or r.runner.alive()

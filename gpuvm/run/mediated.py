@@ -21,7 +21,7 @@ from gpuvm.mediator.modes import MODES as MODE_TABLE
 from gpuvm.mediator.partition import PartitionError, PartitionSpec
 from gpuvm.mediator.submission import WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
-from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
 from scheduler import FifoPolicy, SchedulerConfig
 from scheduler.metrics import VmMetrics
 
@@ -101,7 +101,9 @@ class MediatedMachine:
                 None if options.watchdog_vm_s is None else int(options.watchdog_vm_s * 1e9))
         except ValueError as exc:
             raise RunError(str(exc)) from None
-        self.gpus = [Gpu(profile, time_scale=options.time_scale).start()
+        self.clock = device_clock(options)
+        self.gpus = [Gpu(profile, clock=self.clock if self.clock.virtual else None,
+                         time_scale=options.time_scale).start()
                      for _ in range(options.gpus)]
         self.mediators = [Mediator(gpu, config.build() if config else FifoPolicy(), watchdog,
                                    options.host_backing_mib * regs.MiB)
@@ -146,6 +148,11 @@ class MediatedMachine:
         vgpu = self.vgpus.pop(spec.name, None)
         if vgpu is not None:
             self.mediators[self.placement.pop(spec.name)].remove_vm(vgpu)
+
+    def clock_scope(self, spec: VmSpec) -> object:
+        """What a VM's guest waits on: the GPU its vGPU is on (a virtual clock wakes a
+        sleeping guest only for its own GPU's events)."""
+        return self.gpus[self.placement[spec.name]] if spec.name in self.placement else None
 
     def metrics(self, spec: VmSpec) -> VmMetrics | None:
         """The scheduler's record of this VM (read before it is detached)."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from gpuvm.device.gpu import Gpu
 from gpuvm.run.mediated import gpu_types, machine_profile, requested_vgpu
-from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
 from gpuvm.vfio.passthrough import PassthroughGpu
 
 
@@ -27,6 +27,7 @@ class NativeMachine:
         self.profile = machine_profile(options)
         self.types = gpu_types(self.profile)
         self.time_scale = options.time_scale
+        self.clock = device_clock(options)  # a virtual one is shared by every VM's GPU
         for spec in specs:
             requested_vgpu(spec, self.types)
         self.devices: dict[str, PassthroughGpu] = {}
@@ -38,11 +39,18 @@ class NativeMachine:
             # a vGPU reports its slice as one memory partition; so does this GPU
             profile = replace(profile, vram_size=part.vram_size, bar1_size=part.bar1_size,
                               bar3_size=part.bar3_size, partitions=1)
-        device = self.device_class(Gpu(profile, time_scale=self.time_scale).start())
+        device = self.device_class(Gpu(profile, time_scale=self.time_scale,
+                                       clock=self.clock if self.clock.virtual else None
+                                       ).start())
         self.devices[spec.name] = device
         return device
 
     device_class: type[PassthroughGpu] = PassthroughGpu  # tests pass instrumented GPUs
+
+    def clock_scope(self, spec: VmSpec) -> object:
+        """The VM's own GPU (see MediatedMachine.clock_scope)."""
+        device = self.devices.get(spec.name)
+        return None if device is None else device.gpu
 
     def detach(self, spec: VmSpec) -> None:
         device = self.devices.pop(spec.name, None)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
+from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
 from gpuvm.vmm import abi, guest_programs
 
 
@@ -93,7 +94,12 @@ class RunOptions:
     # Longest single PORT_WAIT; the driver re-waits while its channel is healthy, so this
     # only bounds how late a fault the wait did not see is noticed.
     wait_slice: float = 30.0
-    time_scale: float = 1.0  # device clock speed relative to wall time
+    time_scale: float = 1.0  # device clock speed relative to wall time (clock "wall")
+    # "wall": device time is wall time; "virtual": it advances with modelled progress
+    # only -- GPU work, and guest_exit_ns per guest exit -- so scheduling results do not
+    # depend on host load (gpuvm/device/clock.py)
+    clock: str = "wall"
+    guest_exit_ns: int = DEFAULT_EXIT_NS
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
@@ -108,6 +114,22 @@ class RunOptions:
     # Tenants must be confined from one another: refuses the in-process backend for more
     # than one VM (its guests are native code inside the VMM process, with no isolation).
     confined: bool = False
+
+
+def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
+    """The clock a run's GPUs share (a wall clock: one per GPU is the same thing)."""
+    if options.clock not in CLOCKS:
+        raise RunError(f"clock: unknown device clock {options.clock!r} (have "
+                       f"{', '.join(CLOCKS)})")
+    if options.clock == "virtual":
+        if options.isolated:
+            raise RunError("clock: a virtual device clock needs the VMs in the mediator's "
+                           "process (not --isolated)")
+        try:
+            return VirtualClock(options.guest_exit_ns)
+        except ValueError as exc:
+            raise RunError(f"clock: {exc}") from None
+    return DeviceClock(options.time_scale)
 
 
 # ------------------------------------------------------------------------------ machines

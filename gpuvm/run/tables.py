@@ -196,7 +196,8 @@ SUMMARY_NOTES = (
     "Model ms: engine time + every counted event priced by the cost profile {profile} "
     "(experiments/costs/{profile}.toml), the time to compare with the paper; "
     "xNat: Model ms over native's for the same VM and phase (when native ran); "
-    "Dev ms: the emulated device's clock; Wall ms: this machine's; "
+    "Dev ms: the emulated device's clock (--clock virtual: the VM's own virtual time); "
+    "Wall ms: this machine's; "
     "Traps: guest MMIO the mediator trapped; Syncs: shadow page-table syncs; "
     "Hcalls: PV hypercalls.  Rows are per VM and mode; 'all' sums the VM's phases.")
 

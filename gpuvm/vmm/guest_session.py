@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from gpuvm.vmm import abi
 from gpuvm.vfio.device import VfioError
@@ -77,6 +77,20 @@ class GuestSession:
         self._phase_start: tuple[int, int, dict[str, int]] | None = None
         self._faults_reported = 0
         self._current: str | None = None
+        # the vCPU's party of a virtual device clock (gpuvm/device/clock.py), or None
+        self.clock: Any = None
+        self.clock_party: Any = None
+
+    def use_clock(self, clock: Any, party: Any) -> None:
+        """Run on a virtual device clock: every exit the backends report through `tick`
+        is guest time, and a wait sleeps in that clock until the GPU signals."""
+        self.clock, self.clock_party = clock, party
+
+    def tick(self) -> None:
+        """One exit of this guest's vCPU (backends call it on every exit)."""
+        party = self.clock_party
+        if party is not None:
+            party.tick()
 
     # ---------------------------------------------------------------- accounting
     def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
@@ -96,7 +110,9 @@ class GuestSession:
 
     def _cut_phase(self, next_phase: str | None) -> None:
         now_wall = time.perf_counter_ns()
-        now_dev = self.stats.device_time_ns()
+        # on a virtual clock a phase lasts what its vCPU's own virtual time says
+        now_dev = self.clock_party.v if self.clock_party is not None \
+            else self.stats.device_time_ns()
         counts = self.snapshot()
         if self._current is not None and self._phase_start is not None:
             wall0, dev0, counts0 = self._phase_start
@@ -106,12 +122,17 @@ class GuestSession:
         self._phase_start = (now_wall, now_dev, counts)
 
     def start(self) -> None:
-        """Begin accounting; anything before the guest's first phase mark is 'Init'."""
+        """Begin accounting; anything before the guest's first phase mark is 'Init'.
+        Called on the vCPU's own thread: doorbells it rings carry its virtual time."""
+        if self.clock is not None:
+            self.clock.bind_thread(self.clock_party)
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
 
     def finish(self) -> None:
         self._cut_phase(None)
         self.hostmem.finish()
+        # a virtual clock's vCPU stays at its last time until the VMM has removed its
+        # vGPU at that time (gpuvm/run/execute.py), then leaves the clock
 
     # ---------------------------------------------------------------- ports
     def _count(self, name: str) -> None:
@@ -177,7 +198,20 @@ class GuestSession:
         def done() -> bool:
             return fence_reached() or len(self.stats.faults()) > reported
 
+        party = self.clock_party
+        if party is not None:
+            plain = done
+
+            def done() -> bool:  # noqa: F811 -- asleep in virtual time while not done
+                generation = party.generation()  # read before looking (see block)
+                if plain():
+                    return True
+                party.block(generation)
+                return False
+
         ok = self.attached.wait_event(done, timeout)
+        if party is not None:
+            party.unblock()
         faults = len(self.stats.faults())
         if fence_reached():
             rec.status = abi.WAIT_OK

@@ -117,6 +117,7 @@ class InprocRunner(GuestThread):
         try:
             self._bar_check(bar, offset, size, "read")
             self.counts.slots[self.counts.slot[bar]] += 1
+            self.session.tick()
             return self.session.device.read(bar, offset, size) & ((1 << (8 * size)) - 1)
         except BaseException as exc:  # never unwind into C
             self._callback_failed(exc)
@@ -128,6 +129,7 @@ class InprocRunner(GuestThread):
         try:
             self._bar_check(bar, offset, size, "write")
             self.counts.slots[self.counts.slot[bar] + 1] += 1
+            self.session.tick()
             self.session.device.write(bar, offset, size, value & ((1 << (8 * size)) - 1))
         except BaseException as exc:
             self._callback_failed(exc)
@@ -137,6 +139,7 @@ class InprocRunner(GuestThread):
             return
         try:
             self.counts.slots[0] += 1
+            self.session.tick()
             if self.session.port_out(port, value):
                 self._exited = True
         except BaseException as exc:
@@ -147,6 +150,7 @@ class InprocRunner(GuestThread):
             return 0
         try:
             self.counts.slots[0] += 1
+            self.session.tick()
             return self.session.port_in(port) & 0xFFFFFFFF
         except BaseException as exc:
             self._callback_failed(exc)

@@ -115,8 +115,10 @@ class ExitLoop:
         mmio_write = device.write
         port_out = self.session.port_out
         port_in = self.session.port_in
+        tick = self.session.tick  # the vCPU's time on a virtual device clock
         while True:
             ioctl(fd, KVM_RUN)
+            tick()
             reason = u32[reason_at]
             if reason == EXIT_MMIO:
                 offset = u64[addr_at] - base0

@@ -1,0 +1,224 @@
+"""The virtual device clock (issue 12): device time follows modelled progress only, so a
+scheduling result is the same whatever the host's load.
+
+The unit tests drive the clock's parties by hand; the end-to-end test runs a short BAND
+scenario of two real guests twice, the second time beside a CPU-bound process, and
+compares what the scheduler recorded (virtual device time), never wall timings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuvm.device.clock import DeviceClock, VirtualClock
+from gpuvm.experiment.config import ConfigError, Experiment, Scenario, VmConfig, parse
+from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.execute import rows_for, specs_for
+from gpuvm.experiment.report import shares_in_window
+from gpuvm.experiment.rundir import config_hash
+from gpuvm.mediator.submission import Submissions, WatchdogLimits
+from gpuvm.run import run_vms
+from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.vmm.kvm import kvm_usable
+from scheduler import FifoPolicy
+
+
+# ----------------------------------------------------------------------- the clock alone
+def test_time_jumps_to_the_earliest_timer_when_no_guest_runs():
+    clock = VirtualClock()
+    woken = []
+    engine = clock.timer("engine", lambda: woken.append("engine"))
+    sched = clock.timer("scheduler", lambda: woken.append("scheduler"))
+    sched.set_alarm(500_000)
+    engine.set_alarm(2_000_000)
+    assert clock.now_ns() == 500_000 and woken == ["scheduler"]
+    sched.set_alarm(None)
+    assert clock.now_ns() == 2_000_000 and woken[-1] == "engine"
+    engine.set_alarm(None)
+    assert clock.now_ns() == 2_000_000  # nothing left to wait for: time stands still
+
+
+def test_a_running_guest_holds_time_back_until_its_exits_catch_up():
+    clock = VirtualClock(exit_ns=10_000)
+    engine = clock.timer("engine")
+    guest = clock.guest("A")
+    engine.set_alarm(25_000)
+    assert clock.now_ns() == 0  # the guest may still ring a doorbell before 25 us
+    guest.tick()
+    guest.tick()
+    assert clock.now_ns() == 20_000
+    guest.tick()
+    assert clock.now_ns() == 25_000  # past the engine's alarm: the engine goes first
+
+
+def test_a_sleeping_guest_wakes_at_the_device_time_of_the_signal():
+    clock = VirtualClock(exit_ns=1_000)
+    engine = clock.timer("engine")
+    guest = clock.guest("A")
+    guest.tick()
+    engine.set_alarm(2_000_000)  # its kernel ends at 2 ms
+    guest.block(guest.generation())
+    assert clock.now_ns() == 2_000_000  # nothing else can happen earlier
+    clock.signal()
+    engine.set_alarm(None)
+    assert not guest.blocked and guest.v == 2_000_000
+    assert clock.now_ns() == 2_000_000  # the woken guest holds time at its wake-up
+
+
+def test_a_signal_between_looking_and_sleeping_is_not_lost():
+    clock = VirtualClock()
+    guest = clock.guest("A")
+    generation = guest.generation()  # the guest reads the generation, looks: not done
+    clock.signal()  # the GPU signals before the guest went to sleep
+    guest.block(generation)
+    assert not guest.blocked  # it looks again instead of sleeping through its event
+
+
+def test_a_pending_event_holds_time_until_it_is_handled():
+    clock = VirtualClock()
+    sched = clock.timer("scheduler")
+    guest = clock.guest("A")
+    for _ in range(5):
+        guest.tick()
+    sched.pending(guest.v)  # a doorbell rung at the guest's time
+    guest.block(guest.generation())
+    assert clock.now_ns() == 5 * clock.exit_ns
+    sched.update([5 * clock.exit_ns], alarm=None)
+    assert clock.now_ns() == 5 * clock.exit_ns  # handled; nothing else to do
+
+
+def test_the_wall_clock_is_still_the_default():
+    assert not DeviceClock().virtual
+    assert RunOptions().clock == "wall"
+
+
+def test_unknown_clock_and_isolated_virtual_runs_are_refused():
+    with pytest.raises(RunError, match="clock: unknown device clock 'cpu'"):
+        run_vms([VmSpec("A", "idle", [])], RunOptions(mode="fv-opt", clock="cpu"))
+    with pytest.raises(RunError, match="not --isolated"):
+        run_vms([VmSpec("A", "idle", [])], RunOptions(mode="fv-opt", clock="virtual",
+                                                      isolated=True))
+
+
+def test_experiment_files_choose_the_clock():
+    base = '[experiment]\nname = "x"\nkind = "isolation"\n{extra}\n' \
+           '[[scenario]]\nname = "s"\n[[scenario.vm]]\nname = "a"\nbenchmark = "idle"\n'
+    wall = parse(base.format(extra=""))
+    virtual = parse(base.format(extra='clock = "virtual"\nguest_exit_ns = 5000'))
+    assert wall.clock == "wall" and virtual.clock == "virtual"
+    assert virtual.guest_exit_ns == 5000
+    assert config_hash(wall) != config_hash(virtual)
+    with pytest.raises(ConfigError, match="experiment.clock: must be one of wall, virtual"):
+        parse(base.format(extra='clock = "host"'))
+
+
+# ------------------------------------------------------------------ real guests, BAND
+SCENARIO = Scenario("2vm", (VmConfig("A", "loop", (2_000_000, 300)),
+                            VmConfig("B", "loop", (20_000_000, 25), start_s=0.1)))
+EXP = Experiment("t", "isolation", (SCENARIO,), clock="virtual")
+BACKEND = "kvm" if kvm_usable()[0] else "inproc"
+
+
+def band_run():
+    options = RunOptions(mode="fv-opt", backend=BACKEND, clock="virtual",
+                         scheduler={"policy": "band", "period_ms": 30, "band_wait_us": 500})
+    results = run_vms(specs_for(SCENARIO), options)
+    assert all(r.passed for r in results), [r.error() for r in results]
+    rows = rows_for(EXP, SCENARIO, "fv-opt", "band", 0, results, load_costs("xen-2014"))
+    return rows, shares_in_window(rows)
+
+
+def test_band_shares_do_not_move_with_host_load():
+    quiet_rows, (quiet_window, quiet) = band_run()
+    hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    try:
+        loaded_rows, (_, loaded) = band_run()
+        assert hog.poll() is None  # it really ran beside the second run
+    finally:
+        hog.kill()
+        hog.wait()
+    assert quiet_window[1] - quiet_window[0] > 200_000_000  # both VMs competed a while
+    for q, h in zip(quiet, loaded):
+        assert abs(q.utilisation - h.utilisation) < 0.01, (q, h)
+        assert abs(q.utilisation - q.share) < 0.15, q  # BAND holds both near their share
+    for q, h in zip(quiet_rows, loaded_rows):  # the same work, charged the same GPU time
+        assert q.sched["completions"] == h.sched["completions"]
+        assert abs(q.sched["gpu_time_ns"] - h.sched["gpu_time_ns"]) <= \
+            0.01 * q.sched["gpu_time_ns"]
+
+
+# ------------------------------------------------------------- the watchdog, virtually
+class StuckGpu:
+    """A GPU port on a virtual clock whose rung work never completes."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.rung: list[int] = []
+
+    def now_ns(self) -> int:
+        return self.clock.now_ns()
+
+    def ring(self, pchid: int, put: int) -> None:
+        self.rung.append(pchid)
+
+    def runnable(self, pchid: int) -> bool:
+        return True
+
+
+def watched(clock: VirtualClock, limits: WatchdogLimits):
+    killed: list[tuple[int, str, float]] = []
+    sub = Submissions(StuckGpu(clock), FifoPolicy(),
+                      lambda pchid, reason: killed.append((pchid, reason, time.monotonic())),
+                      limits, clock)
+    vm = object()
+    sub.add_vm(vm, 1.0)
+    return sub, vm, killed
+
+
+def test_virtual_watchdog_cuts_off_at_exactly_its_device_time():
+    clock = VirtualClock()
+    sub, vm, killed = watched(clock, WatchdogLimits(submission_ns=50_000_000))
+    try:
+        sub.submit(vm, 3, 1)
+        assert wait_for(lambda: killed)  # nothing else happens: time jumps to the limit
+        assert killed[0][0] == 3 and "held the GPU 50 ms" in killed[0][1]
+        assert sub.used(vm) == 50_000_000  # charged exactly the limit, on every host
+    finally:
+        sub.close()
+
+
+def test_virtual_watchdog_catches_a_stopped_clock_in_wall_seconds_only_if_guests_sleep():
+    clock = VirtualClock()
+    guest = clock.guest("A")
+    guest.block(guest.generation())
+    sub, vm, killed = watched(clock, WatchdogLimits(submission_ns=300_000_000,
+                                                    wall_floor_s=0.2))
+    stuck = clock.timer("stuck")  # something that never lets device time past 1 ms
+    stuck.set_alarm(1_000_000)
+    try:
+        t0 = time.monotonic()
+        sub.submit(vm, 5, 1)
+        assert wait_for(lambda: sub.dispatcher.running is not None)
+        guest.unblock()
+        time.sleep(0.8)
+        assert not killed  # a running guest may be what holds time back: not a hang
+        guest.block(guest.generation())
+        assert wait_for(lambda: killed)
+        assert "wall time with every guest asleep" in killed[0][1]
+        assert killed[0][2] - t0 >= 0.3
+        assert clock.now_ns() == 1_000_000
+    finally:
+        sub.close()
+        stuck.leave()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
