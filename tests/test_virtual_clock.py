@@ -172,7 +172,7 @@ def watched(clock: VirtualClock, limits: WatchdogLimits):
     killed: list[tuple[int, str, float]] = []
     sub = Submissions(StuckGpu(clock), FifoPolicy(),
                       lambda pchid, reason: killed.append((pchid, reason, time.monotonic())),
-                      limits, clock)
+                      limits, clock=clock)
     vm = object()
     sub.add_vm(vm, 1.0)
     return sub, vm, killed
