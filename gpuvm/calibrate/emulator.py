@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -206,3 +206,100 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ from per-event traces
+# Per-event traces (gpuvm.vmm.event_trace) give one equation per run of equal events
+# instead of one per phase: the time in the VMM's handlers (holding the interpreter lock)
+# and, apart, the time between events (the guest and the KVM exit, off the lock).
+TRACE_FEATURES = FEATURES + ("wait_ns",)
+MIN_RUN_FOR_EXIT = 8  # runs of at least this many traps give the off-lock exit time
+
+
+def _trace_matrix(mode: str, events) -> tuple[np.ndarray, np.ndarray]:
+    """Per run: the features of its counters, and its handler time less engine time."""
+    mediated = MODES[mode].mediated
+    rows = []
+    for r in range(len(events)):
+        counts = {n: int(v) for n, v in zip(events.names, events.deltas[r]) if v}
+        rows.append(feature_row(counts, mediated) + [counts.get("port.wait", 0)])
+    a = np.array(rows, dtype=float).reshape(len(events), len(TRACE_FEATURES))
+    b = events.handler_ns - events.counter("engine.busy_ns")
+    return a, b.astype(float)
+
+
+def exit_free_ns(traces: Iterable[tuple[str, Mapping]]) -> float:
+    """The time between two traps when the guest does nothing else between them (the
+    KVM exit and re-entry): the median over long runs of traps of time between / traps."""
+    from gpuvm.vmm.event_trace import PORT_BASE
+
+    per = []
+    for _, trace in traces:
+        ev = trace["events"]
+        long_runs = (ev.code < PORT_BASE) & (ev.events >= MIN_RUN_FOR_EXIT)
+        per.extend((ev.gap_ns[long_runs] / ev.events[long_runs]).tolist())
+    return float(statistics.median(per)) if per else 0.0
+
+
+def fit_trace_costs(traces: Sequence[tuple[str, Mapping]]) -> dict[str, float]:
+    """Per-event wall costs from (mode, trace) pairs of single VMs: the handler part by
+    non-negative least squares over every run of every trace, plus the off-lock exit
+    part (exit_free_ns) added to each kind of exit."""
+    parts = [_trace_matrix(mode, t["events"]) for mode, t in traces]
+    if not parts:
+        raise ValueError("no traces to fit")
+    am = np.vstack([a for a, _ in parts])
+    bm = np.concatenate([b for _, b in parts])
+    used = am.any(axis=0)
+    x = np.zeros(am.shape[1])
+    scale = np.where(used, am.max(axis=0), 1.0)
+    x[used] = nnls(am[:, used] / scale[used], bm)[: used.sum()] / scale[used]
+    costs = dict(zip(TRACE_FEATURES, x.tolist()))
+    free = exit_free_ns(traces)
+    costs["exit_free_ns"] = free
+    for key in ("mmio_native_ns", "trap_ns", "io_exit_ns"):
+        costs[key] += free
+    return costs
+
+
+def trace_profile(costs: Mapping[str, float], name: str = "emulator",
+                  cores: int | None = None) -> CostProfile:
+    """This emulator's profile: the fitted costs, the interpreter lock, the guest's time."""
+    return replace(profile_from(costs, name, cores), exit_free_ns=costs["exit_free_ns"],
+                   wait_ns=costs["wait_ns"], interpreter_lock=1.0, guest_time=1.0)
+
+
+def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,
+                          policy: str = "fifo") -> int:
+    """The model's makespan of `count` VMs each replaying `trace` at once."""
+    from gpuvm.sim.replay import replicate, trace_from_events
+
+    one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
+    return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
+                  interpreter_lock=bool(profile.interpreter_lock)).makespan_ns
+
+
+def predicted_phases_ms(mode: str, trace: Mapping, profile: CostProfile) -> dict[str, float]:
+    """One VM alone: the model's time per phase (the sum of its steps there)."""
+    from gpuvm.sim.replay import trace_from_events
+
+    out: dict[str, float] = {}
+    for step in trace_from_events("vm", trace, profile, MODES[mode].mediated).steps:
+        out[step.phase] = out.get(step.phase, 0.0) + step.ns / 1e6
+    return out
+
+
+def validate_traces(rows: Iterable, profile: CostProfile,
+                    trace_of: Callable[[str, str], Mapping]) -> list[ValidationPoint]:
+    """Model vs emulator makespan for every scenario x mode in `rows` (its fastest rep),
+    the model replaying the recorded per-event trace `trace_of(mode, scenario)` once per
+    VM of the run (a run's VMs all run that one benchmark)."""
+    points = []
+    for (scenario, mode, rep), run in _runs(fastest_reps(rows)).items():
+        if rep:
+            continue
+        trace = trace_of(mode, scenario)
+        points.append(ValidationPoint(mode, len(run), measured_makespan_ns(run) / 1e6,
+                                      predicted_from_traces(mode, len(run), trace, profile)
+                                      / 1e6))
+    return sorted(points, key=lambda p: (p.mode, p.vms))

@@ -48,6 +48,17 @@ class CostProfile:
     # a port I/O exit (phase marks, waits): nearly free on the paper's platform, not on
     # this emulator (gpuvm calibrate --emulator)
     io_exit_ns: float = 0.0
+    # This emulator's host side (gpuvm calibrate --emulator): of each exit's price, the
+    # part spent off the interpreter lock (KVM_RUN: the exit and re-entry); how long a
+    # port wait takes beyond the engine time it waits for (the doorbell-to-interrupt
+    # round trip through the scheduler and engine threads); whether the VMs' Python work
+    # is serialised by one interpreter lock (1: they are threads of one process); and
+    # whether a replay adds the guest's own time between exits recorded in its trace (1:
+    # predicting this emulator, where the guest runs on the same cores).
+    exit_free_ns: float = 0.0
+    wait_ns: float = 0.0
+    interpreter_lock: float = 0.0
+    guest_time: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
@@ -84,6 +95,7 @@ class CostProfile:
                 + self.pv_zero_words(counters) * self.pt_zero_word_ns
                 + counters.get("copy.bounce_bytes", 0) * self.bounce_byte_ns
                 + counters.get("exits.io", 0) * self.io_exit_ns
+                + counters.get("port.wait", 0) * self.wait_ns
                 + counters.get("hcall.calls", 0) * self.hypercall_ns
                 + counters.get("hcall.entries", 0) * self.hcall_entry_ns
                 + counters.get("shadow.ptes_scanned", 0) * self.pte_scanned_ns

@@ -77,6 +77,7 @@ class GuestSession:
         self._phase_start: tuple[int, int, dict[str, int]] | None = None
         self._faults_reported = 0
         self._current: str | None = None
+        self.recorder = None  # an event_trace.EventRecorder when the run records events
 
     # ---------------------------------------------------------------- accounting
     def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
