@@ -59,6 +59,12 @@ class CostProfile:
     wait_ns: float = 0.0
     interpreter_lock: float = 0.0
     guest_time: float = 0.0
+    # 1: a replay of a per-event trace takes each run's times as recorded (handler time
+    # under the interpreter lock, time between events off it, a wait's latency) and
+    # models only the contention; the prices above still price counts (reports, rows).
+    # It is how the model is validated on a host whose load moves the prices between
+    # calibration and validation: the trace is recorded just before the runs it predicts.
+    recorded_times: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

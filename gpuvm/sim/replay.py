@@ -144,13 +144,26 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         phase = PHASES[int(events.phase[r])] if events.phase[r] < len(PHASES) else phase
         counts = {n: int(v) for n, v in zip(names, events.deltas[r]) if v}
         engine = counts.get("engine.busy_ns", 0)
-        sleep = int(counts.get("port.wait", 0) * costs.wait_ns)
         mediator = int(costs.mediator_ns(counts, mediated))
-        priced = int(costs.modelled_ns(counts, mediated)) - engine - sleep - mediator
-        free = min(max(0, priced), int(exits[r] * costs.exit_free_ns))
-        cpu = max(0, priced - free)
-        if costs.guest_time:  # the guest's own time between exits, as recorded
-            free += max(0, int(events.gap_ns[r]) - int(exits[r] * costs.exit_free_ns))
+        if costs.recorded_times:
+            # a handler's time beyond what its counted work costs is time blocked on
+            # another thread (a wait on the engine, a BAR0 write that waits for the
+            # scheduler): asleep, holding nothing
+            handler = max(0, int(events.handler_ns[r]) - engine)
+            mediator = min(mediator, handler)
+            work = int(costs.modelled_ns(counts, mediated)) - engine - mediator \
+                - int(counts.get("port.wait", 0) * costs.wait_ns) \
+                - int(exits[r] * costs.exit_free_ns)
+            cpu = min(handler - mediator, max(0, work))
+            sleep = handler - mediator - cpu
+            free = int(events.gap_ns[r])
+        else:
+            sleep = int(counts.get("port.wait", 0) * costs.wait_ns)
+            priced = int(costs.modelled_ns(counts, mediated)) - engine - sleep - mediator
+            free = min(max(0, priced), int(exits[r] * costs.exit_free_ns))
+            cpu = max(0, priced - free)
+            if costs.guest_time:  # the guest's own time between exits, as recorded
+                free += max(0, int(events.gap_ns[r]) - int(exits[r] * costs.exit_free_ns))
         pending[0] += free
         pending[1] += mediator
         pending[2] += cpu

@@ -46,7 +46,7 @@ def class_name(code: int) -> str:
     return f"bar{code // 2}.{'write' if code & 1 else 'read'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EventTrace:
     """One VM's runs, as columns (one entry per run)."""
 
@@ -60,6 +60,17 @@ class EventTrace:
 
     def __len__(self) -> int:
         return int(self.code.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EventTrace):
+            return NotImplemented
+        return self.names == other.names and all(
+            np.array_equal(a, b) for a, b in zip(self._columns(), other._columns()))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (self.code, self.phase, self.events, self.handler_ns, self.gap_ns, self.deltas)
 
     def counter(self, name: str) -> np.ndarray:
         """One counter's difference per run (zeros if no run changed it)."""
