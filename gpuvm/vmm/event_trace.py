@@ -38,6 +38,15 @@ PORT_LABELS = {abi.PORT_CONSOLE: "console", abi.PORT_RESULT: "result", abi.PORT_
                abi.PORT_PHASE: "phase", abi.PORT_HOSTMEM: "hostmem"}
 
 
+def _exit_counter(code: int) -> str | None:
+    """The exit counter an event of class `code` bumps (None: no event, code -1)."""
+    if code < 0:
+        return None
+    if code >= PORT_BASE:
+        return "exits.io"
+    return f"exits.mmio.bar{code // 2}.{'write' if code & 1 else 'read'}"
+
+
 def class_name(code: int) -> str:
     """'bar3.write', 'port.wait', ..."""
     if code >= PORT_BASE:
@@ -111,15 +120,19 @@ class EventRecorder:
     # ------------------------------------------------------------------ the hot path
     def _switch(self, code: int) -> None:
         """An event of another class comes: close the run (its counters are read before
-        the new event changes them) and leave the snapshot's own time out of the gap."""
+        the new event's handler changes them) and leave the snapshot's own time out of
+        the gap.  Both backends count an exit before handing it over, so the new event's
+        own exit is already counted: it is moved to the run it opens."""
         t = time.perf_counter_ns()
-        self._close()
+        self._close(_exit_counter(code))
         self._code = code
         self._last_end += time.perf_counter_ns() - t
 
-    def _close(self) -> None:
+    def _close(self, counted_ahead: str | None = None) -> None:
         if self._n:
             after = self._snapshot()
+            if counted_ahead is not None and after.get(counted_ahead):
+                after[counted_ahead] -= 1
             before = self._before
             self._deltas.append({k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)})
