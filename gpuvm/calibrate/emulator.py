@@ -208,7 +208,7 @@ def to_toml(profile: CostProfile, command: str) -> str:
     for key in ("mmio_native_ns", "aperture_native_ns", "trap_ns", "trap_mediator_ns",
                 "io_exit_ns", "hypercall_ns", "hcall_entry_ns", "pt_alloc_ns", "pt_zero_word_ns",
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores",
-                "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time"):
+                "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     return "\n".join(lines) + "\n"
 
@@ -246,20 +246,37 @@ def exit_free_ns(traces: Iterable[tuple[str, Mapping]]) -> float:
     return float(statistics.median(per)) if per else 0.0
 
 
+OUTLIER = 3.0  # a run whose handler took this many times its fitted price was blocked
+
+
 def fit_trace_costs(traces: Sequence[tuple[str, Mapping]]) -> dict[str, float]:
     """Per-event wall costs from (mode, trace) pairs of single VMs: the handler part by
-    non-negative least squares over every run of every trace, plus the off-lock exit
-    part (exit_free_ns) added to each kind of exit."""
+    non-negative least squares over every run of every trace but the port waits, fitted
+    twice, the second time without the runs that took over OUTLIER times their price
+    (a handler blocked on another thread, or a thread the host preempted: least squares
+    would spread that over every event); a port wait's latency as the median of the
+    waits (their time is the engine and scheduler threads', not a price of counts); and
+    the off-lock exit part (exit_free_ns) added to each kind of exit."""
     parts = [_trace_matrix(mode, t["events"]) for mode, t in traces]
     if not parts:
         raise ValueError("no traces to fit")
     am = np.vstack([a for a, _ in parts])
     bm = np.concatenate([b for _, b in parts])
-    used = am.any(axis=0)
-    x = np.zeros(am.shape[1])
-    scale = np.where(used, am.max(axis=0), 1.0)
-    x[used] = nnls(am[:, used] / scale[used], bm)[: used.sum()] / scale[used]
-    costs = dict(zip(TRACE_FEATURES, x.tolist()))
+    wait_col = TRACE_FEATURES.index("wait_ns")
+    waits = am[:, wait_col] > 0
+    a, b = am[~waits][:, :wait_col], bm[~waits]
+    keep = np.ones(len(b), dtype=bool)
+    x = np.zeros(wait_col)
+    for _ in range(2):
+        used = a[keep].any(axis=0)
+        x = np.zeros(wait_col)
+        scale = np.where(used, a[keep].max(axis=0), 1.0)
+        x[used] = nnls(a[keep][:, used] / scale[used], b[keep])[: used.sum()] / scale[used]
+        keep = b <= OUTLIER * (a @ x) + 1.0
+    costs = dict(zip(TRACE_FEATURES[:wait_col], x.tolist()))
+    # a wait run is one port exit and the wait: its latency beyond the exit's handler
+    per_wait = (bm[waits] - am[waits] @ np.append(x, 0.0)) / am[waits][:, wait_col]
+    costs["wait_ns"] = float(max(0.0, np.median(per_wait))) if per_wait.size else 0.0
     free = exit_free_ns(traces)
     costs["exit_free_ns"] = free
     for key in ("mmio_native_ns", "trap_ns", "io_exit_ns"):

@@ -89,18 +89,18 @@ TIE = 0.005  # predictions this close count as equal: the most cores among them 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
               ) -> CostProfile:
     """The host cores (1 .. `most`, default the machine's) for which the FIT_VMS-VM
-    points come closest in sum.  Two VMs cannot tell 2 cores from 16 (each VM uses at
-    most one), so of counts that predict alike the largest is kept: fewer cores than the
-    machine has are chosen only where the 2-VM runs show it."""
+    points come closest: the least mean relative error, so a long mode (fv, seconds)
+    does not outweigh a short one (pv, milliseconds).  Two VMs cannot tell 2 cores from
+    16 (each VM uses at most one), so of counts that predict alike the largest is kept:
+    fewer cores than the machine has are chosen only where the 2-VM runs show it."""
     fit = [m for m in points if m.vms == FIT_VMS]
     if not fit:
         return profile
-    target = sum(m.makespan_ns for m in fit)
     errors = {}
     for cores in range(1, (most or os.cpu_count() or 1) + 1):
         p = replace(profile, host_cores=float(cores))
-        errors[cores] = abs(sum(predicted_from_traces(m.mode, m.vms, m.trace, p)
-                                for m in fit) - target)
+        errors[cores] = sum(abs(predicted_from_traces(m.mode, m.vms, m.trace, p)
+                                / m.makespan_ns - 1) for m in fit) / len(fit)
     least = min(errors.values())
-    cores = max(c for c, e in errors.items() if e <= least + TIE * target)
+    cores = max(c for c, e in errors.items() if e <= least + TIE)
     return replace(profile, host_cores=float(cores))
