@@ -147,6 +147,11 @@ class EventRecorder:
         self._gap += t0 - self._last_end
         self._last_end = t1
 
+    def begin(self) -> None:
+        """The guest starts now: time before this (building the VM) is not between
+        events."""
+        self._last_end = time.perf_counter_ns()
+
     def install(self, session) -> None:
         """Put the recorder between the session's VMM loop and its device and ports."""
         device, port_out = session.device, session.port_out

@@ -109,6 +109,8 @@ class GuestSession:
     def start(self) -> None:
         """Begin accounting; anything before the guest's first phase mark is 'Init'."""
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
+        if self.recorder is not None:
+            self.recorder.begin()  # the VM's setup before this is not the guest's time
 
     def finish(self) -> None:
         self._cut_phase(None)
