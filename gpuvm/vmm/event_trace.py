@@ -16,7 +16,8 @@ trace carries whatever counters exist without knowing their names.  Port writes 
 marks, waits, hypercalls) each close their run: they are where the guest's work changes.
 
 The cost when recording: two clock reads and a few integer operations per event, and one
-counter snapshot per run (taken outside the timed intervals).  Nothing is recorded
+counter snapshot per run (counted as the run's handler time: it can wait for the device
+lock, which is then the guest's wait).  Nothing is recorded
 unless a run asks for it (RunOptions.record_events).
 """
 
@@ -120,22 +121,28 @@ class EventRecorder:
     # ------------------------------------------------------------------ the hot path
     def _switch(self, code: int) -> None:
         """An event of another class comes: close the run (its counters are read before
-        the new event's handler changes them) and leave the snapshot's own time out of
-        the gap.  Both backends count an exit before handing it over, so the new event's
-        own exit is already counted: it is moved to the run it opens."""
-        t = time.perf_counter_ns()
-        self._close(_exit_counter(code))
+        the new event's handler changes them).  Both backends count an exit before
+        handing it over, so the new event's own exit is already counted: it is moved to
+        the run it opens."""
+        if self._n:
+            self._close(_exit_counter(code))
         self._code = code
-        self._last_end += time.perf_counter_ns() - t
 
     def _close(self, counted_ahead: str | None = None) -> None:
+        """Close the run.  Reading the counters can wait for the device lock (held by
+        the engine thread while it runs a kernel): that time is the guest's wait, so it
+        is added to the run's handler time (a replay takes a handler's time beyond its
+        priced work as blocked), and the next gap starts after it."""
         if self._n:
+            t = time.perf_counter_ns()
             after = self._snapshot()
             if counted_ahead is not None and after.get(counted_ahead):
                 after[counted_ahead] -= 1
             before = self._before
             self._deltas.append({k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)})
+            self._last_end = time.perf_counter_ns()
+            self._handler += self._last_end - t
             self._rows.append((self._code, self._phase, self._n, self._handler, self._gap))
             self._before = after
             self._n = self._handler = self._gap = 0
