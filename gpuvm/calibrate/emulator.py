@@ -201,7 +201,9 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# exit's price), a port wait's latency, and the host cores the VMs effectively got",
         "# (fitted to 2-VM makespans).  VMs are threads of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
-        "# (guest_time = 1).  Used by the model of the whole system to predict this",
+        "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
+        "# telling lock-held work from blocked time (recorded_times = 1).  Used by the",
+        "# model of the whole system to predict this",
         "# emulator's makespans; not a statement about the paper's platform.  Host load",
         "# moves these numbers.",
         "", "[costs]"]
