@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from gpuvm.calibrate.stats import MIN_REPS
@@ -77,12 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
     e = parser.add_argument_group("--emulator")
-    e.add_argument("--rows", type=Path, metavar="RUN_DIR",
-                   help="fit from this run directory of experiments/calibrate-emulator.toml "
-                        "instead of running it")
-    e.add_argument("--validate", type=Path, metavar="RUN_DIR",
-                   help="multi-VM runs to validate on (default: a run of "
-                        "experiments/scaling.toml made now; with --rows: results/scaling/latest)")
+    e.add_argument("--trace-reps", dest="emulator_reps", type=int, default=2, metavar="N",
+                   help="repetitions of each trace and each validation run (default 2; "
+                        "the fastest is kept)")
+    e.add_argument("--modes", dest="emulator_modes", default=None,
+                   help="validate these modes only (default: experiments/scaling.toml's)")
     e.add_argument("--profile-out", type=Path, default=COSTS_DIR / "emulator.toml",
                    help="profile to write (default experiments/costs/emulator.toml)")
     f = parser.add_argument_group("--pt-footprint")
@@ -203,87 +204,96 @@ def print_profile(profile) -> None:
 
 
 # ------------------------------------------------------------------ --emulator
-def _load_rows(path: Path, config: Path | None = None) -> tuple[Path, list[dict]]:
-    from gpuvm.experiment.rundir import RunDir, RunDirError
-
-    try:
-        run = RunDir.open(path)
-        if config is not None:
-            from gpuvm.experiment.config import load
-            run.check(load(config))
-        return run.path, run.read_rows().rows
-    except RunDirError as exc:
-        raise UserError(str(exc)) from None
-
-
-VALIDATION_REPS = 3
-
-
-def _run_experiment(config: Path, as_name: str | None = None, reps: int = VALIDATION_REPS
-                    ) -> Path:
-    """Run an experiment file the way `gpuvm experiment` does, `reps` times (the fastest
-    rep of each run is used: host load only adds time); its complete directory."""
-    from dataclasses import replace
-
-    from gpuvm.experiment.config import load
-    from gpuvm.experiment.execute import execute
-    from gpuvm.experiment.rundir import RunDir
-
-    exp = replace(load(config), repetitions=reps)
-    if as_name:
-        exp = replace(exp, name=as_name, output=Path("results") / as_name)
-    run = RunDir.create(exp)
-    print(f"… running {config.name} -> {run.path}", file=sys.stderr)
-    rows = execute(exp, run, progress=lambda line: print(f"… {line}", file=sys.stderr))
-    from gpuvm.experiment.report import write_report
-    write_report(exp, rows, run.path)
-    run.mark_complete(len(rows))
-    run.point_latest()
-    return run.path
-
-
 def main_emulator(args: argparse.Namespace) -> int:
+    """Fit this emulator's per-event costs from per-event traces, then validate the model
+    on 1/2/4/8-VM runs each predicted from a trace recorded just before it
+    (gpuvm.calibrate.validation says why)."""
+    from dataclasses import asdict, replace
+
     from rich.console import Console
     from rich.table import Table
 
-    from gpuvm.calibrate import emulator
-    from gpuvm.experiment.config import REPO
+    from gpuvm.calibrate import emulator, validation
+    from gpuvm.experiment.config import REPO, load
+    from gpuvm.sim.traces import TraceKey, record_fastest
 
-    config = REPO / "experiments" / "calibrate-emulator.toml"
-    if args.rows is None:
-        args.rows = _run_experiment(config)
-        if args.validate is None:  # validate on runs made now, under the same host load
-            args.validate = _run_experiment(REPO / "experiments" / "scaling.toml",
-                                            as_name="scaling-validation")
-    fit_dir, rows = _load_rows(args.rows)
-    single = [r for r in rows if r["passed"] and r["scenario"].endswith("-1vm")]
-    multi = [r for r in rows if r["passed"] and not r["scenario"].endswith("-1vm")]
-    if not single:
-        raise UserError(f"{fit_dir}: no passed single-VM runs to fit")
-    profile = emulator.profile_from(emulator.fit_event_costs(single))
-    profile = emulator.fit_serialised_share(multi, profile)
-    shown = fit_dir.relative_to(REPO) if fit_dir.is_relative_to(REPO) else fit_dir
-    command = f"gpuvm calibrate --emulator --rows {shown}"
+    reps = args.emulator_reps
+    if reps < 1:
+        raise UserError(f"--trace-reps must be >= 1, got {reps}")
+    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
+    fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
+    scaling = load(REPO / "experiments" / "scaling.toml")
+    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
+    unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
+    if unknown:
+        raise UserError(f"--modes: unknown mode {unknown[0]!r}")
+    # 1. single VMs of the calibration file, traced (fastest of `reps` each)
+    traces = []
+    for scenario in fit_exp.scenarios:
+        if len(scenario.vms) != 1:
+            continue
+        for mode in fit_exp.modes:
+            key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode)
+            progress(f"tracing {key.file_name}")
+            traces.append((mode, record_fastest(key, reps)))
+    # 2. the scaling runs, each VM count right after a trace of one VM
+    bench = scaling.scenarios[0].vms[0]
+    counts = sorted({len(s.vms) for s in scaling.scenarios})
+    measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
+                                  progress=progress)
+    traces += [(m.mode, m.trace) for m in measured if m.vms == 1]
+    # 3. prices from every trace; the host cores from the 2-VM runs
+    profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
+                      recorded_times=1.0)
+    kept = validation.fastest(measured)
+    profile = validation.fit_cores(kept, profile)
+    command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "")
     args.profile_out.parent.mkdir(parents=True, exist_ok=True)
     args.profile_out.write_text(emulator.to_toml(profile, command))
     console = Console(width=120)
-    t = Table(title=f"this emulator's costs (ns), fitted from {fit_dir}")
+    t = Table(title="this emulator's costs (ns), fitted from per-event traces")
     t.add_column("event")
     t.add_column("ns", justify="right")
-    for key in ("trap_ns", "trap_mediator_ns", "mmio_native_ns", "io_exit_ns", "hypercall_ns",
-                "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns", "pt_zero_word_ns",
-                "remap_ns", "host_cores"):
+    for key in ("trap_ns", "exit_free_ns", "mmio_native_ns", "io_exit_ns", "wait_ns",
+                "hypercall_ns", "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns",
+                "pt_zero_word_ns", "remap_ns", "host_cores"):
         t.add_row(key, f"{getattr(profile, key):,.2f}")
     console.print(t)
     print(f"profile written to {args.profile_out}")
-    validate = args.validate or REPO / "results" / "scaling" / "latest"
-    if not validate.exists():
-        print(f"gpuvm: no runs to validate on ({validate}); run `gpuvm experiment "
-              f"experiments/scaling.toml` or give --validate RUN_DIR", file=sys.stderr)
-        return 0
-    vdir, vrows = _load_rows(validate)
-    points = emulator.validate(vrows, profile)
-    t = Table(title=f"model vs emulator makespan ({vdir})")
+    # one VM per phase, priced by counts (not by its recorded times): where prices miss
+    priced = replace(profile, recorded_times=0.0)
+    t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
+    for col in ("mode", "phase", "recorded", "priced", "error %"):
+        t.add_column(col, justify="right")
+    for m in kept:
+        if m.vms != 1:
+            continue
+        for phase, rec, mod in emulator.trace_phase_points(m.mode, m.trace, priced):
+            t.add_row(m.mode, phase, f"{rec:,.1f}", f"{mod:,.1f}",
+                      f"{100 * (mod - rec) / rec:+.1f}" if rec else "-")
+    console.print(t)
+    points = validation.predict(kept, profile)
+    print_validation(console, points, f"model vs emulator makespan, {bench.benchmark} "
+                     f"{list(bench.params)} (cores fitted on {validation.FIT_VMS} VMs; "
+                     f"fastest of {reps})")
+    out = REPO / "results" / "validation"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"{stamp}.json").write_text(json.dumps({
+        "command": command, "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
+        "profile": asdict(profile), "points": [asdict(p) | {"error_pct": p.error_pct}
+                                               for p in points]}, indent=1) + "\n")
+    print(f"points written to {out / (stamp + '.json')}; host load "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    return 0
+
+
+def print_validation(console, points, title: str) -> None:
+    from rich.table import Table
+
+    from gpuvm.calibrate import emulator
+
+    t = Table(title=title)
     for col in ("mode", "VMs", "emulator ms", "model ms", "error %"):
         t.add_column(col, justify="right")
     for p in points:
@@ -291,7 +301,6 @@ def main_emulator(args: argparse.Namespace) -> int:
                   f"{p.error_pct:+.1f}")
     console.print(t)
     print(emulator.summary(points))
-    return 0
 
 
 # ------------------------------------------------------------------ --pt-footprint

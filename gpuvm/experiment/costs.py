@@ -54,6 +54,23 @@ class CostProfile:
     residency_switch_ns: float = 0.0
     residency_page_ns: float = 0.0
     residency_byte_ns: float = 0.0
+    # This emulator's host side (gpuvm calibrate --emulator): of each exit's price, the
+    # part spent off the interpreter lock (KVM_RUN: the exit and re-entry); how long a
+    # port wait takes beyond the engine time it waits for (the doorbell-to-interrupt
+    # round trip through the scheduler and engine threads); whether the VMs' Python work
+    # is serialised by one interpreter lock (1: they are threads of one process); and
+    # whether a replay adds the guest's own time between exits recorded in its trace (1:
+    # predicting this emulator, where the guest runs on the same cores).
+    exit_free_ns: float = 0.0
+    wait_ns: float = 0.0
+    interpreter_lock: float = 0.0
+    guest_time: float = 0.0
+    # 1: a replay of a per-event trace takes each run's times as recorded (handler time
+    # under the interpreter lock, time between events off it, a wait's latency) and
+    # models only the contention; the prices above still price counts (reports, rows).
+    # It is how the model is validated on a host whose load moves the prices between
+    # calibration and validation: the trace is recorded just before the runs it predicts.
+    recorded_times: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
@@ -90,6 +107,7 @@ class CostProfile:
                 + self.pv_zero_words(counters) * self.pt_zero_word_ns
                 + counters.get("copy.bounce_bytes", 0) * self.bounce_byte_ns
                 + counters.get("exits.io", 0) * self.io_exit_ns
+                + counters.get("port.wait", 0) * self.wait_ns
                 + counters.get("hcall.calls", 0) * self.hypercall_ns
                 + counters.get("hcall.entries", 0) * self.hcall_entry_ns
                 + counters.get("shadow.ptes_scanned", 0) * self.pte_scanned_ns

@@ -291,18 +291,31 @@ EMULATOR_PROFILE = "emulator"  # written by `gpuvm calibrate --emulator`
 def _validation(part: SuitePart) -> list[str]:
     """The model, priced by this emulator's measured profile, against the emulator's own
     wall-clock makespans: the model's validation."""
-    from gpuvm.calibrate.emulator import summary, validate
+    from dataclasses import asdict
+
+    from gpuvm.calibrate.emulator import summary, validate_traces
+    from gpuvm.sim.traces import TraceKey, load_trace
 
     try:
         profile = load_costs(EMULATOR_PROFILE)
     except ValueError:
         return ["No emulator profile (experiments/costs/emulator.toml): run `gpuvm "
                 "calibrate --emulator` to validate the model against this emulator.", ""]
-    points = validate(part.rows, profile)
+    scenarios = {s.name: s for s in part.exp.scenarios}
+
+    def trace_of(mode: str, scenario: str) -> dict:
+        vm = scenarios[scenario].vms[0]
+        return load_trace(TraceKey(vm.benchmark, vm.params, mode), part.exp.backend)
+
+    points = validate_traces([asdict(r) for r in part.rows], profile, trace_of)
     md = ["### Validation: the model predicts this emulator", "",
           f"The same model priced by `{EMULATOR_PROFILE}` (this emulator's per-event wall "
-          f"costs and serialised share, measured by `gpuvm calibrate --emulator` on other "
-          f"runs: single VMs and 2 VMs) against the emulator's measured makespan.", "",
+          f"costs, the interpreter lock and the host cores its VMs got, measured by `gpuvm "
+          f"calibrate --emulator`), replaying each VM's cached per-event trace "
+          f"(results/traces/), against the emulator's measured makespan.  The traces were "
+          f"recorded at another moment than these runs: on a loaded host the errors here "
+          f"include the load's change; `gpuvm calibrate --emulator` prints the table "
+          f"measured with each run right after its trace.", "",
           "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|"]
     for p in points:
         md.append(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "

@@ -26,6 +26,7 @@ from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.event_trace import EventRecorder
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
@@ -149,6 +150,9 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     session = GuestSession(spec.name, ram, attached,
                            wait_timeout=min(options.wait_slice, options.timeout),
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
+    if options.record_events:
+        session.recorder = EventRecorder(session.snapshot)
+        session.recorder.install(session)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,

@@ -114,6 +114,9 @@ class RunOptions:
     # Tenants must be confined from one another: refuses the in-process backend for more
     # than one VM (its guests are native code inside the VMM process, with no isolation).
     confined: bool = False
+    # Record each VM's per-event trace (gpuvm.vmm.event_trace; session.recorder): only
+    # where a trace is wanted (gpuvm.sim.traces), since it adds a little to every trap.
+    record_events: bool = False
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

@@ -12,9 +12,20 @@ phase becomes a sequence of steps, and each step needs one shared resource:
 - `engine`: kernels and copies on the one non-preemptive engine, dispatched through the
   real scheduler classes (scheduler.Dispatcher + the FIFO / CREDIT / BAND policy).
 
-The steps of a phase are interleaved in as many rounds as the phase has shadow syncs or
-doorbells (at most MAX_ROUNDS), which is how the guest really alternates between
-trapping, syncing and waiting on the engine.  The prices are a cost profile's: the
+- `free`: time on a host core that holds no lock -- the guest running between exits and
+  the KVM exit itself (on this emulator most of a trap's wall time);
+- `sleep`: a port wait's latency beyond the engine time (a thread asleep holds nothing).
+
+Where the profile says the VMs' Python work shares one interpreter lock (this emulator:
+VMs are threads of one process), `cpu` and `mediator` steps also hold that lock: host
+CPU for the VMM's own work is then the lock, not the N cores.
+
+A trace recorded per event (gpuvm.vmm.event_trace) is replayed in its order: each run
+of equal events is priced by the profile and cut into steps of at most CHUNK_NS, so VMs
+interleave at that grain (runs of equal events stay compressed: a run of 40,000 stores
+is a few hundred steps, not 40,000).  A trace of per-phase counts only (a row of
+runs.jsonl) is replayed as before: each phase's steps interleaved in as many rounds as
+it has shadow syncs or doorbells (at most MAX_ROUNDS).  The prices are a cost profile's: the
 paper-platform profile (xen-2014) predicts the paper's orderings; a profile measured on
 this emulator (`gpuvm calibrate --emulator`) predicts the emulator's own wall time.
 Everything is integer ns and deterministic: the same rows give the same makespan.
@@ -25,16 +36,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generator, Iterable, Mapping, Sequence
 
+import numpy as np
 import simpy
 
 from gpuvm.experiment.costs import CostProfile
 from gpuvm.sim.model import EngineModel, Kernel
 from gpuvm.sim.residency import Residency
+from gpuvm.vmm.event_trace import EventTrace
 from scheduler.config import SchedulerConfig
 
 PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
-CPU, MEDIATOR, ENGINE = "cpu", "mediator", "engine"
+CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
+CHUNK_NS = 1_000_000  # replay grain of a per-event trace
 
 
 @dataclass(frozen=True)
@@ -105,12 +119,83 @@ class ReplayResult:
         return sum(self.finish_ns.values()) / max(1, len(self.finish_ns))
 
 
+def _mmio_exits(names: Sequence[str], deltas: np.ndarray) -> np.ndarray:
+    cols = [i for i, n in enumerate(names) if n.startswith("exits.mmio.")]
+    return deltas[:, cols].sum(axis=1) if cols else np.zeros(len(deltas), dtype=np.int64)
+
+
+def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[Step]:
+    """A per-event trace as steps, in its order (see the module docstring)."""
+    names = events.names
+    exits = _mmio_exits(names, events.deltas) + events.counter("exits.io")
+    steps: list[Step] = []
+    pending = [0, 0, 0]  # free, mediator, cpu not yet emitted
+    phase = PHASES[0]
+
+    def flush() -> None:
+        total = sum(pending)
+        if not total:
+            return
+        pieces = max(1, -(-total // CHUNK_NS))
+        for i in range(pieces):
+            for resource, amount in zip((FREE, MEDIATOR, CPU), pending):
+                part = amount * (i + 1) // pieces - amount * i // pieces
+                if part:
+                    steps.append(Step(resource, part, phase))
+        pending[:] = [0, 0, 0]
+
+    for r in range(len(events)):
+        phase = PHASES[int(events.phase[r])] if events.phase[r] < len(PHASES) else phase
+        counts = {n: int(v) for n, v in zip(names, events.deltas[r]) if v}
+        engine = counts.get("engine.busy_ns", 0)
+        mediator = int(costs.mediator_ns(counts, mediated))
+        if costs.recorded_times:
+            # a handler's time beyond what its counted work costs is time blocked on
+            # another thread (a wait on the engine, a BAR0 write that waits for the
+            # scheduler): asleep, holding nothing
+            handler = max(0, int(events.handler_ns[r]) - engine)
+            mediator = min(mediator, handler)
+            work = int(costs.modelled_ns(counts, mediated)) - engine - mediator \
+                - int(counts.get("port.wait", 0) * costs.wait_ns) \
+                - int(exits[r] * costs.exit_free_ns)
+            cpu = min(handler - mediator, max(0, work))
+            sleep = handler - mediator - cpu
+            free = int(events.gap_ns[r])
+        else:
+            sleep = int(counts.get("port.wait", 0) * costs.wait_ns)
+            priced = int(costs.modelled_ns(counts, mediated)) - engine - sleep - mediator
+            free = min(max(0, priced), int(exits[r] * costs.exit_free_ns))
+            cpu = max(0, priced - free)
+            if costs.guest_time:  # the guest's own time between exits, as recorded
+                free += max(0, int(events.gap_ns[r]) - int(exits[r] * costs.exit_free_ns))
+        pending[0] += free
+        pending[1] += mediator
+        pending[2] += cpu
+        if engine or sleep:
+            flush()
+            if engine:
+                steps.append(Step(ENGINE, engine, phase))
+            if sleep:
+                steps.append(Step(SLEEP, sleep, phase))
+        elif sum(pending) >= CHUNK_NS:
+            flush()
+    flush()
+    return steps
+
+
+def trace_from_events(name: str, trace: Mapping, costs: CostProfile, mediated: bool,
+                      start_ns: int = 0, share: float = 1.0) -> VmTrace:
+    """A VM's trace from a recorded per-event trace (gpuvm.sim.traces.load_trace)."""
+    return VmTrace(name, tuple(event_steps(trace["events"], costs, mediated)), start_ns, share)
+
+
 class _System:
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
-                 residency: Residency | None) -> None:
+                 residency: Residency | None, interpreter_lock: bool = False) -> None:
         self.env = env
         self.cores = simpy.Resource(env, capacity=cores)
         self.mediator = simpy.Resource(env, capacity=1)
+        self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
         self.engine = EngineModel(env, scheduler, residency)
 
 
@@ -123,20 +208,35 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
     residency = system.engine.residency
     if residency is not None:
         residency.add_vm(trace.name, trace.working_set_bytes)
+    gil = system.gil
     for step in trace.steps:
         if step.resource == ENGINE:
             kernel = Kernel(trace.name, step.ns, env.event())
             dispatcher.submit(trace.name, kernel, env.now)
             yield kernel.done
             continue
+        if step.resource == SLEEP:
+            yield env.timeout(step.ns)
+            continue
         with system.cores.request() as core:
             yield core
-            if step.resource == MEDIATOR:
+            if step.resource == FREE:
+                yield env.timeout(step.ns)
+            elif step.resource == MEDIATOR:
                 with system.mediator.request() as lock:
                     yield lock
-                    yield env.timeout(step.ns)
-            else:
+                    if gil is None:
+                        yield env.timeout(step.ns)
+                    else:
+                        with gil.request() as held:
+                            yield held
+                            yield env.timeout(step.ns)
+            elif gil is None:
                 yield env.timeout(step.ns)
+            else:
+                with gil.request() as held:
+                    yield held
+                    yield env.timeout(step.ns)
     dispatcher.remove_vm(trace.name, env.now)
     if residency is not None:
         residency.remove_vm(trace.name)
@@ -145,13 +245,15 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
 
 def replay(traces: Sequence[VmTrace], cores: int = 2,
            policy: str | SchedulerConfig = "fifo",
-           residency: Residency | None = None) -> ReplayResult:
+           residency: Residency | None = None,
+           interpreter_lock: bool = False) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
     period).  With a `residency` the GPU has that much VRAM and each trace's
     working_set_bytes must be resident while its kernels run (gpuvm.sim.residency);
-    a trace whose working set alone does not fit raises ResidencyError."""
+    a trace whose working set alone does not fit raises ResidencyError.
+    `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -159,7 +261,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
             residency.check(trace.name, trace.working_set_bytes)
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
-    system = _System(env, cores, config, residency)
+    system = _System(env, cores, config, residency, interpreter_lock)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))

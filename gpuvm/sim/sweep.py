@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.experiment.costs import load_costs
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import replay, trace_from_row
+from gpuvm.sim.replay import replay, trace_from_events, trace_from_row
 from gpuvm.sim.traces import TraceKey, load_trace
 
 
@@ -65,11 +65,17 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
     built = []
     for i, vm in enumerate(vms):
         key = TraceKey(vm["benchmark"], tuple(vm["params"]), point.mode)
-        built.append(trace_from_row({"vm": f"{vm['name']}.{i}", "start_s": vm["start_s"],
-                                     "share": vm["share"], **traces[key.file_name]},
-                                    costs, mediated))
+        trace = traces[key.file_name]
+        name = f"{vm['name']}.{i}"
+        if "events" in trace:  # the per-event trace, replayed in its order
+            built.append(trace_from_events(name, trace, costs, mediated,
+                                           int(vm["start_s"] * 1e9), vm["share"]))
+        else:
+            built.append(trace_from_row({"vm": name, "start_s": vm["start_s"],
+                                         "share": vm["share"], **trace}, costs, mediated))
     cores = point.cores or int(costs.host_cores)
-    result = replay(built, cores=cores, policy=point.policy)
+    result = replay(built, cores=cores, policy=point.policy,
+                    interpreter_lock=bool(costs.interpreter_lock))
     return {**asdict(point), "vms": len(built), "cores": cores,
             "alone_ns": max(t.alone_ns for t in built),
             "makespan_ns": result.makespan_ns, "events": result.events}

@@ -91,6 +91,7 @@ class GuestSession:
         party = self.clock_party
         if party is not None:
             party.tick()
+        self.recorder = None  # an event_trace.EventRecorder when the run records events
 
     # ---------------------------------------------------------------- accounting
     def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
@@ -127,6 +128,8 @@ class GuestSession:
         if self.clock is not None:
             self.clock.bind_thread(self.clock_party)
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
+        if self.recorder is not None:
+            self.recorder.begin()  # the VM's setup before this is not the guest's time
 
     def finish(self) -> None:
         self._cut_phase(None)

@@ -1,0 +1,214 @@
+"""Per-event traces: the timed sequence of what one VM did, kept as runs of equal events.
+
+Per-phase counts say how much a VM did, not when: a model that replays them cannot tell
+the stretch where the mediator is held (a TLB flush's shadow sync) from the one where the
+guest runs alone, nor which time holds the interpreter lock (a trap's handler) and which
+does not (the guest in KVM_RUN, a wait on the engine).  The recorder keeps that order.
+
+Every trapped BAR access and every port write the VMM handles is an event of a class
+(BAR n read/write, port p).  Consecutive events of one class form a run; a run keeps how
+many events it had, the time spent in their handlers (on the vCPU thread, in the VMM:
+the interpreter lock is held there, except while a port wait sleeps) and the time
+between them (the guest running in KVM_RUN and the exit path: off the lock), and, when
+it closes, the difference of every counter the session reports -- shadow syncs and the
+entries they scanned, hypercalls and their entries, doorbells, engine time -- so the
+trace carries whatever counters exist without knowing their names.  Port writes (phase
+marks, waits, hypercalls) each close their run: they are where the guest's work changes.
+
+The cost when recording: two clock reads and a few integer operations per event, and one
+counter snapshot per run (counted as the run's handler time: it can wait for the device
+lock, which is then the guest's wait).  Nothing is recorded
+unless a run asks for it (RunOptions.record_events).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gpuvm.vmm import abi
+
+# event classes: BAR n read = 2n, write = 2n + 1; port writes = PORT_BASE + port
+PORT_BASE = 1 << 16
+
+PORT_LABELS = {abi.PORT_CONSOLE: "console", abi.PORT_RESULT: "result", abi.PORT_WAIT: "wait",
+               abi.PORT_HYPERCALL: "hypercall", abi.PORT_EXIT: "exit",
+               abi.PORT_PHASE: "phase", abi.PORT_HOSTMEM: "hostmem"}
+
+
+def _exit_counter(code: int) -> str | None:
+    """The exit counter an event of class `code` bumps (None: no event, code -1)."""
+    if code < 0:
+        return None
+    if code >= PORT_BASE:
+        return "exits.io"
+    return f"exits.mmio.bar{code // 2}.{'write' if code & 1 else 'read'}"
+
+
+def class_name(code: int) -> str:
+    """'bar3.write', 'port.wait', ..."""
+    if code >= PORT_BASE:
+        port = code - PORT_BASE
+        return f"port.{PORT_LABELS.get(port, hex(port))}"
+    return f"bar{code // 2}.{'write' if code & 1 else 'read'}"
+
+
+@dataclass(frozen=True, eq=False)
+class EventTrace:
+    """One VM's runs, as columns (one entry per run)."""
+
+    code: np.ndarray        # int64: the event class
+    phase: np.ndarray       # int64: index into abi.PHASE_NAMES of the phase it ran in
+    events: np.ndarray      # int64: events in the run
+    handler_ns: np.ndarray  # int64: time in the VMM's handlers
+    gap_ns: np.ndarray      # int64: time between them (the guest, the exit path)
+    names: tuple[str, ...]  # counter names, the columns of `deltas`
+    deltas: np.ndarray      # int64 [runs x names]: counter differences over the run
+
+    def __len__(self) -> int:
+        return int(self.code.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EventTrace):
+            return NotImplemented
+        return self.names == other.names and all(
+            np.array_equal(a, b) for a, b in zip(self._columns(), other._columns()))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _columns(self) -> tuple[np.ndarray, ...]:
+        return (self.code, self.phase, self.events, self.handler_ns, self.gap_ns, self.deltas)
+
+    def counter(self, name: str) -> np.ndarray:
+        """One counter's difference per run (zeros if no run changed it)."""
+        if name not in self.names:
+            return np.zeros(len(self), dtype=np.int64)
+        return self.deltas[:, self.names.index(name)]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The columns by name, for np.savez."""
+        return {"code": self.code, "phase": self.phase, "events": self.events,
+                "handler_ns": self.handler_ns, "gap_ns": self.gap_ns,
+                "names": np.array(self.names, dtype=str), "deltas": self.deltas}
+
+    @classmethod
+    def from_arrays(cls, a) -> EventTrace:
+        return cls(np.asarray(a["code"], dtype=np.int64), np.asarray(a["phase"], dtype=np.int64),
+                   np.asarray(a["events"], dtype=np.int64),
+                   np.asarray(a["handler_ns"], dtype=np.int64),
+                   np.asarray(a["gap_ns"], dtype=np.int64),
+                   tuple(str(n) for n in a["names"]),
+                   np.asarray(a["deltas"], dtype=np.int64).reshape(len(a["code"]), -1))
+
+
+class EventRecorder:
+    """Records one VM's events (see the module docstring); install() before the vCPU
+    starts, trace() after it ended."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, int]]) -> None:
+        self._snapshot = snapshot
+        self._rows: list[tuple[int, int, int, int, int]] = []
+        self._deltas: list[dict[str, int]] = []
+        self._code = -1
+        self._n = self._handler = self._gap = 0
+        self._phase = abi.PHASE_INIT
+        self._last_end = 0
+        self._before: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ the hot path
+    def _switch(self, code: int) -> None:
+        """An event of another class comes: close the run (its counters are read before
+        the new event's handler changes them).  Both backends count an exit before
+        handing it over, so the new event's own exit is already counted: it is moved to
+        the run it opens."""
+        if self._n:
+            self._close(_exit_counter(code))
+        self._code = code
+
+    def _close(self, counted_ahead: str | None = None) -> None:
+        """Close the run.  Reading the counters can wait for the device lock (held by
+        the engine thread while it runs a kernel): that time is the guest's wait, so it
+        is added to the run's handler time (a replay takes a handler's time beyond its
+        priced work as blocked), and the next gap starts after it."""
+        if self._n:
+            t = time.perf_counter_ns()
+            after = self._snapshot()
+            if counted_ahead is not None and after.get(counted_ahead):
+                after[counted_ahead] -= 1
+            before = self._before
+            self._deltas.append({k: v - before.get(k, 0) for k, v in after.items()
+                                 if v != before.get(k, 0)})
+            self._last_end = time.perf_counter_ns()
+            self._handler += self._last_end - t
+            self._rows.append((self._code, self._phase, self._n, self._handler, self._gap))
+            self._before = after
+            self._n = self._handler = self._gap = 0
+
+    # ------------------------------------------------------------------ wiring
+    def _add(self, t0: int, t1: int) -> None:
+        self._n += 1
+        self._handler += t1 - t0
+        self._gap += t0 - self._last_end
+        self._last_end = t1
+
+    def begin(self) -> None:
+        """The guest starts now: time before this (building the VM) is not between
+        events."""
+        self._last_end = time.perf_counter_ns()
+
+    def install(self, session) -> None:
+        """Put the recorder between the session's VMM loop and its device and ports."""
+        device, port_out = session.device, session.port_out
+        recorder = self
+        clock = time.perf_counter_ns
+
+        class RecordingDevice:
+            """The attached device, timed (everything else passes through)."""
+
+            def __getattr__(self, name):
+                return getattr(device, name)
+
+            def read(self, region: int, offset: int, size: int) -> int:
+                if 2 * region != recorder._code:
+                    recorder._switch(2 * region)
+                t0 = clock()
+                value = device.read(region, offset, size)
+                recorder._add(t0, clock())
+                return value
+
+            def write(self, region: int, offset: int, size: int, value: int) -> None:
+                if 2 * region + 1 != recorder._code:
+                    recorder._switch(2 * region + 1)
+                t0 = clock()
+                device.write(region, offset, size, value)
+                recorder._add(t0, clock())
+
+        def recording_port_out(port: int, value: int) -> bool:
+            recorder._switch(PORT_BASE + port)  # a port write is a run of its own
+            t0 = clock()
+            done = port_out(port, value)
+            recorder._add(t0, clock())
+            recorder._switch(-1)
+            if port == abi.PORT_PHASE and 0 <= value < len(abi.PHASE_NAMES):
+                recorder._phase = value
+            return done
+
+        self._before = session.snapshot()
+        self._last_end = clock()
+        session.device = RecordingDevice()
+        session.port_out = recording_port_out
+
+    def trace(self) -> EventTrace:
+        self._close()
+        names = tuple(sorted({k for d in self._deltas for k in d}))
+        index = {n: i for i, n in enumerate(names)}
+        deltas = np.zeros((len(self._rows), len(names)), dtype=np.int64)
+        for r, d in enumerate(self._deltas):
+            for k, v in d.items():
+                deltas[r, index[k]] = v
+        cols = np.array(self._rows, dtype=np.int64).reshape(-1, 5)
+        return EventTrace(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(),
+                          cols[:, 3].copy(), cols[:, 4].copy(), names, deltas)

@@ -1,0 +1,126 @@
+"""Per-event traces: what the recorder keeps of a real run, how the model replays them
+(the interpreter lock, off-lock time, blocked handlers), and the fits made from them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from gpuvm.calibrate import emulator, validation
+from gpuvm.experiment.config import Scenario, VmConfig
+from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.execute import specs_for
+from gpuvm.run import run_vms
+from gpuvm.run.spec import RunOptions
+from gpuvm.sim.replay import (CPU, FREE, SLEEP, Step, VmTrace, event_steps, replay,
+                              replicate)
+from gpuvm.vmm import abi
+from gpuvm.vmm.event_trace import PORT_BASE, EventTrace, class_name
+
+XEN = load_costs("xen-2014")
+
+
+def _run(mode: str, record: bool):
+    scenario = Scenario("t", (VmConfig("vm", "mmul", (64,)),))
+    (result,) = run_vms(specs_for(scenario), RunOptions(mode=mode, record_events=record))
+    assert result.passed, result.error()
+    return result
+
+
+@pytest.mark.parametrize("mode", ["fv-opt", "pv"])
+def test_a_recorded_trace_accounts_for_every_counted_event_in_its_phase(mode):
+    result = _run(mode, record=True)
+    trace = result.session.recorder.trace()
+    assert len(trace) > 10 and (trace.handler_ns >= 0).all() and (trace.gap_ns >= 0).all()
+    for phase in result.session.phases:
+        index = abi.PHASE_NAMES.index(phase.name)
+        in_phase = trace.phase == index
+        for name, count in phase.counters.items():
+            if name.startswith(("exits.", "shadow.syncs", "shadow.ptes_scanned", "hcall.calls",
+                                "hcall.entries", "pfifo.doorbells")):
+                # the phase mark itself is the one port exit recorded in the phase before
+                slack = 1 if name == "exits.io" else 0
+                got = int(trace.counter(name)[in_phase].sum())
+                assert abs(got - count) <= slack, (phase.name, name, got, count)
+    # each run is one class of event, and MMIO runs hold exactly their exits
+    bar = trace.code < PORT_BASE
+    mmio = sum(trace.counter(n) for n in trace.names if n.startswith("exits.mmio."))
+    assert (mmio[bar] == trace.events[bar]).all()
+    assert {class_name(int(c)) for c in trace.code} >= {"port.wait", "port.phase", "bar0.write"}
+
+
+def test_nothing_is_recorded_unless_asked():
+    assert _run("pv", record=False).session.recorder is None
+
+
+def _trace(rows: list[tuple[int, int, int, int, dict[str, int]]]) -> EventTrace:
+    """(code, events, handler_ns, gap_ns, deltas) per run, all in Init."""
+    names = tuple(sorted({k for *_, d in rows for k in d}))
+    return EventTrace(np.array([r[0] for r in rows]), np.zeros(len(rows), dtype=np.int64),
+                      np.array([r[1] for r in rows]), np.array([r[2] for r in rows]),
+                      np.array([r[3] for r in rows]), names,
+                      np.array([[d.get(n, 0) for n in names] for *_, d in rows],
+                               dtype=np.int64).reshape(len(rows), len(names)))
+
+
+def test_the_interpreter_lock_serialises_python_work_but_not_the_guests_time():
+    python = VmTrace("p", (Step(CPU, 1000, "Init"),))
+    guest = VmTrace("g", (Step(FREE, 1000, "Init"),))
+    asleep = VmTrace("s", (Step(SLEEP, 1000, "Init"),))
+    assert replay(replicate(python, 4), cores=8).makespan_ns == 1000
+    assert replay(replicate(python, 4), cores=8, interpreter_lock=True).makespan_ns == 4000
+    assert replay(replicate(guest, 4), cores=8, interpreter_lock=True).makespan_ns == 1000
+    assert replay(replicate(guest, 4), cores=2, interpreter_lock=True).makespan_ns == 2000
+    assert replay(replicate(asleep, 4), cores=1, interpreter_lock=True).makespan_ns == 1000
+
+
+def test_recorded_times_replay_the_trace_and_a_blocked_handler_holds_nothing():
+    costs = replace(XEN, trap_ns=10_000.0, trap_mediator_ns=0.0, exit_free_ns=0.0,
+                    recorded_times=1.0, interpreter_lock=1.0)
+    # 100 traps that took 1 ms in their handlers (priced at 10 us each) and 2 ms between
+    # them, then one trap whose handler waited 5 ms on another thread
+    trace = _trace([(1, 100, 1_000_000, 2_000_000, {"exits.mmio.bar0.write": 100}),
+                    (1, 1, 5_000_000, 0, {"exits.mmio.bar0.write": 1})])
+    steps = event_steps(trace, costs, mediated=True)
+    total = {r: sum(s.ns for s in steps if s.resource == r) for r in (CPU, FREE, SLEEP)}
+    assert total == {CPU: 1_010_000, FREE: 2_000_000, SLEEP: 4_990_000}
+    one = VmTrace("vm", tuple(steps))
+    assert replay([one], cores=2, interpreter_lock=True).makespan_ns == one.alone_ns
+
+
+def test_the_trace_fit_recovers_known_costs():
+    rng = np.random.default_rng(5)
+    truth = {"trap": 20_000, "entry": 300, "pte": 40, "wait": 700_000, "free": 30_000}
+    rows = []
+    for _ in range(60):
+        traps, entries, ptes = (int(x) for x in rng.integers([1, 0, 0], [500, 600, 90_000]))
+        counts = {"exits.mmio.bar3.write": traps, "hcall.entries": entries,
+                  "shadow.ptes_scanned": ptes}
+        handler = traps * truth["trap"] + entries * truth["entry"] + ptes * truth["pte"]
+        rows.append((7, traps, handler, traps * truth["free"], counts))
+    rows.append((PORT_BASE + abi.PORT_WAIT, 1, truth["wait"] + 5000, 0,
+                 {"port.wait": 1, "exits.io": 1, "engine.busy_ns": 5000}))
+    costs = emulator.fit_trace_costs([("fv", {"events": _trace(rows)})])
+    assert costs["exit_free_ns"] == pytest.approx(truth["free"])
+    assert costs["trap_ns"] == pytest.approx(truth["trap"] + truth["free"], rel=1e-6)
+    assert costs["hcall_entry_ns"] == pytest.approx(truth["entry"], rel=1e-6)
+    assert costs["pte_scanned_ns"] == pytest.approx(truth["pte"], rel=1e-6)
+    assert costs["wait_ns"] + costs["io_exit_ns"] - costs["exit_free_ns"] == \
+        pytest.approx(truth["wait"], rel=1e-6)
+
+
+def _measured(makespan_2vm_ms: float) -> list[validation.Measured]:
+    # one VM: 10 ms of handler (lock) and 30 ms of guest time, in 40 runs
+    trace = {"events": _trace([(1, 1, 250_000, 750_000, {"exits.mmio.bar0.write": 1})] * 40)}
+    return [validation.Measured("fv", 1, 0, 40_000_000, trace),
+            validation.Measured("fv", 2, 0, int(makespan_2vm_ms * 1e6), trace)]
+
+
+def test_host_cores_come_from_the_two_vm_runs_and_ties_keep_the_most():
+    profile = replace(XEN, recorded_times=1.0, interpreter_lock=1.0, trap_ns=1e9)
+    serial = validation.fit_cores(_measured(80.0), profile, most=8)
+    assert serial.host_cores == 1  # two VMs took twice one: they shared one core
+    parallel = validation.fit_cores(_measured(50.0), profile, most=8)
+    assert parallel.host_cores == 8  # 2..8 predict alike for 2 VMs: the most is kept
