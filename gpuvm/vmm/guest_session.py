@@ -80,6 +80,7 @@ class GuestSession:
         # the vCPU's party of a virtual device clock (gpuvm/device/clock.py), or None
         self.clock: Any = None
         self.clock_party: Any = None
+        self.recorder = None  # an event_trace.EventRecorder when the run records events
 
     def use_clock(self, clock: Any, party: Any) -> None:
         """Run on a virtual device clock: every exit the backends report through `tick`
@@ -91,7 +92,6 @@ class GuestSession:
         party = self.clock_party
         if party is not None:
             party.tick()
-        self.recorder = None  # an event_trace.EventRecorder when the run records events
 
     # ---------------------------------------------------------------- accounting
     def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
