@@ -194,9 +194,10 @@ def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(tmp_path) 
 def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int, str],
                                     threads: dict[tuple[int, int], str]) -> None:
     """Perfetto's own importer reads the trace: it must see the same processes and
-    tracks, put every slice on its thread's track (a slice that did not nest would be
-    moved to an overflow track and miss the count), keep the counters' last values, and
-    record no import error -- so what the UI shows is what the run counted."""
+    tracks, put every slice on its thread's own track (one that does not nest is moved
+    to a "thread_overlapping_slice" track and counted as an error in `stats`), keep the
+    counters' last values, and record no import error -- so what the UI shows is what the
+    run counted."""
     try:
         from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
     except ImportError:
@@ -221,7 +222,8 @@ def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int
         per_track = {(r.pid, r.tid): r.n for r in query(
             "select p.pid, t.tid, count(*) as n from slice s "
             "join thread_track tt on s.track_id = tt.id join thread t using (utid) "
-            "join process p using (upid) group by p.pid, t.tid")}
+            "join process p using (upid) where tt.type = 'thread_execution' "
+            "group by p.pid, t.tid")}
         expected: dict[tuple[int, int], int] = {}
         for pid, name in processes.items():
             if name == "GPU":
