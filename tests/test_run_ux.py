@@ -188,8 +188,65 @@ def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(tmp_path) 
         assert last["hypercalls"] == row.counters.get("hcall.calls", 0)
         assert {"utilisation", "credit ms", "channels"} <= set(last)
     if _trace_processor_available():  # needs trace_processor_shell (no network here)
+        _read_back_with_trace_processor(trace, rows, processes, threads)
+
+
+def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int, str],
+                                    threads: dict[tuple[int, int], str]) -> None:
+    """Perfetto's own importer reads the trace: it must see the same processes and
+    tracks, put every slice on its thread's own track (one that does not nest is moved
+    to a "thread_overlapping_slice" track and counted as an error in `stats`), keep the
+    counters' last values, and record no import error -- so what the UI shows is what the
+    run counted."""
+    try:
         from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-        tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(
-            bin_path=os.environ["GPUVM_TRACE_PROCESSOR"]))
-        n = next(iter(tp.query("select count(*) as n from slice"))).n
-        assert n == sum(slices.values()) + sum(dispatches.values())
+    except ImportError:
+        pytest.fail("GPUVM_TRACE_PROCESSOR is set but the perfetto package is not "
+                    "installed (pip install perfetto)")
+    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(
+        bin_path=os.environ["GPUVM_TRACE_PROCESSOR"]))
+    try:
+        def query(sql: str) -> list:
+            return list(tp.query(sql))
+
+        errors = query("select name, idx, value from stats where value > 0 "
+                       "and severity in ('error', 'data_loss')")
+        assert not errors, [(r.name, r.idx, r.value) for r in errors]
+        seen = {r.pid: r.name for r in query(
+            "select pid, name from process where name is not null")}
+        assert seen == processes
+        seen_threads = {(r.pid, r.tid): r.name for r in query(
+            "select p.pid, t.tid, t.name from thread t join process p using (upid) "
+            "where t.name is not null")}
+        assert seen_threads == threads
+        per_track = {(r.pid, r.tid): r.n for r in query(
+            "select p.pid, t.tid, count(*) as n from slice s "
+            "join thread_track tt on s.track_id = tt.id join thread t using (utid) "
+            "join process p using (upid) where tt.type = 'thread_execution' "
+            "group by p.pid, t.tid")}
+        expected: dict[tuple[int, int], int] = {}
+        for pid, name in processes.items():
+            if name == "GPU":
+                expected[(pid, 1)] = sum(len(r.busy) for r in rows.values())
+                continue
+            row = rows[name.split()[0]]
+            expected[(pid, 1)] = len(row.wall_ns)
+            expected[(pid, 2)] = len(row.busy)
+        assert per_track == expected
+        assert query("select count(*) as n from slice")[0].n == sum(expected.values())
+        last: dict[tuple[int, str], float] = {}
+        for r in query("select p.pid, ct.name, c.value from counter c "
+                       "join process_counter_track ct on c.track_id = ct.id "
+                       "join process p using (upid) order by c.ts"):
+            last[(r.pid, r.name)] = r.value
+        for pid, name in processes.items():
+            if name == "GPU":
+                continue
+            row = rows[name.split()[0]]
+            # Chrome JSON counters become one track per argument: "<name> <arg>"
+            assert last[(pid, "shadow syncs value")] == row.counters.get("shadow.syncs", 0)
+            assert last[(pid, "hypercalls value")] == row.counters.get("hcall.calls", 0)
+            assert {"utilisation value", "credit ms value", "channels value"} <= {
+                n for (p_, n) in last if p_ == pid}
+    finally:
+        tp.close()
