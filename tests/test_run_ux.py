@@ -153,8 +153,20 @@ def test_smi_removes_the_status_of_a_process_that_is_gone(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------ trace
-def _trace_processor_available() -> bool:
-    return bool(os.environ.get("GPUVM_TRACE_PROCESSOR"))
+def _open_trace_processor(trace: Path):
+    """The perfetto package's TraceProcessor on `trace`: with the trace_processor_shell
+    that GPUVM_TRACE_PROCESSOR names, else the one the package fetches itself (its
+    prebuilt, downloaded on first use).  Only when that download cannot reach its host
+    (a closed network, as on our CI) is the read-back skipped, with the reason."""
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+    binary = os.environ.get("GPUVM_TRACE_PROCESSOR")
+    if binary:
+        return TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=binary))
+    try:
+        return TraceProcessor(trace=str(trace))
+    except subprocess.CalledProcessError as e:  # the package's curl of its prebuilt
+        pytest.skip(f"trace_processor_shell could not be fetched ({e}); set "
+                    "GPUVM_TRACE_PROCESSOR to a local build to read the trace back")
 
 
 @pytest.mark.kvm
@@ -187,8 +199,7 @@ def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(tmp_path) 
         assert last["shadow syncs"] == row.counters.get("shadow.syncs", 0)
         assert last["hypercalls"] == row.counters.get("hcall.calls", 0)
         assert {"utilisation", "credit ms", "channels"} <= set(last)
-    if _trace_processor_available():  # needs trace_processor_shell (no network here)
-        _read_back_with_trace_processor(trace, rows, processes, threads)
+    _read_back_with_trace_processor(trace, rows, processes, threads)
 
 
 def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int, str],
@@ -198,13 +209,7 @@ def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int
     to a "thread_overlapping_slice" track and counted as an error in `stats`), keep the
     counters' last values, and record no import error -- so what the UI shows is what the
     run counted."""
-    try:
-        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-    except ImportError:
-        pytest.fail("GPUVM_TRACE_PROCESSOR is set but the perfetto package is not "
-                    "installed (pip install perfetto)")
-    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(
-        bin_path=os.environ["GPUVM_TRACE_PROCESSOR"]))
+    tp = _open_trace_processor(trace)
     try:
         def query(sql: str) -> list:
             return list(tp.query(sql))
