@@ -34,7 +34,7 @@ from typing import Iterable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import host_memory, regs
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
 from shadow.page_table import LARGE, ShadowSpace
@@ -49,26 +49,6 @@ _TARGET_SHIFT = np.uint64(regs.PTE_TARGET_SHIFT)
 _TARGET_MASK = np.uint64(regs.PTE_TARGET_MASK)
 _PAGE_SHIFT = np.uint64(regs.SMALL_PAGE_SHIFT)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_MAP_FIXED = getattr(mmap, "MAP_FIXED", 0x10)
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
-_MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", 0x20)
-_RW = mmap.PROT_READ | mmap.PROT_WRITE
-_PROT_NONE = 0
-
-
-def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
-    out = _libc.mmap(addr, length, prot, flags, fd, offset)
-    if out in (None, _MAP_FAILED):
-        err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {length:#x} bytes: {os.strerror(err)}")
-    return out
-
 
 class BackingStore:
     """Host memory holding one vGPU's guest VRAM while it is not resident: a memfd, so
@@ -80,8 +60,8 @@ class BackingStore:
         self.size = size
         self.fd = os.memfd_create("gpuvm-backing", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, size)
-        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | _MAP_NORESERVE,
-                              prot=_RW)
+        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | host_memory.MAP_NORESERVE,
+                              prot=host_memory.PROT_READ_WRITE)
         self.u8 = np.frombuffer(self._map, dtype=np.uint8)
 
     def close(self) -> None:
@@ -143,11 +123,9 @@ class OverlayView:
         align = regs.LARGE_PAGE
         self.base = (vram.size + align - 1) & ~(align - 1)
         self.size = self.base + backing.size
-        self._addr = _mmap(None, self.size, _PROT_NONE,
-                           mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        self._addr = host_memory.reserve(self.size)
         vram.map_onto(self._addr)  # physical VRAM below base (its pool frames are not carved)
-        _mmap(self._addr + self.base, backing.size, _RW, mmap.MAP_SHARED | _MAP_FIXED,
-              backing.fd, 0)
+        host_memory.map_fixed(self._addr + self.base, backing.size, backing.fd, 0)
         buf = (ctypes.c_uint8 * self.size).from_address(self._addr)
         self.u8 = np.ctypeslib.as_array(buf)
         self.u32 = self.u8.view(np.uint32)
@@ -162,11 +140,10 @@ class OverlayView:
         None, in the backing store at their own offset)."""
         at = self._addr + self.base + first * PAGE
         if frame_addr is None:
-            _mmap(at, count * PAGE, _RW, mmap.MAP_SHARED | _MAP_FIXED, self.backing.fd,
-                  first * PAGE)
+            host_memory.map_fixed(at, count * PAGE, self.backing.fd, first * PAGE)
         else:
             fd, offset = self.vram.backing(frame_addr)
-            _mmap(at, count * PAGE, _RW, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
+            host_memory.map_fixed(at, count * PAGE, fd, offset)
 
     def contains(self, addr: int, length: int) -> bool:
         return 0 <= addr and length >= 0 and addr + length <= self.size
@@ -194,7 +171,7 @@ class OverlayView:
         """Unmap (nothing may use the arrays after this)."""
         self.u8 = self.u32 = self.u64 = np.empty(0, dtype=np.uint8)
         if self._addr:
-            _libc.munmap(self._addr, self.size)
+            host_memory.unmap(self._addr, self.size)
             self._addr = 0
 
 
