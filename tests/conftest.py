@@ -40,3 +40,22 @@ def no_escapes():
     yield
     escapes = monitor.take()
     assert not escapes, "reference monitor: " + "; ".join(str(e) for e in escapes[:5])
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A fresh mdev/host state directory (mdevctl's definitions, the host's GPU count)."""
+    monkeypatch.setenv("GPUVM_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def gpuvm_cli(capsys):
+    """`gpuvm ARGS...` in this process: (exit code, stdout, stderr)."""
+    from gpuvm import cli
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        rc = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return rc, out, err
+    return run

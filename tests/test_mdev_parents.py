@@ -10,7 +10,6 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from gpuvm import cli
 from gpuvm.libvirt import nodedev
 from gpuvm.mdevctl import MdevStore, parent_address, parent_index
 from gpuvm.run import RunOptions, run_vms
@@ -22,18 +21,6 @@ FIRST, SECOND = "0000:01:00.0", "0000:02:00.0"
 ONE_Q = "gpuvm-Q6000-1Q"  # one instance per GPU
 UUID = "c2177883-f1bb-47f0-914d-32a22e3a8804"
 PLAIN_TYPES = ("gpuvm-Q6000-1Q", "gpuvm-Q6000-2Q", "gpuvm-Q6000-4Q", "gpuvm-Q6000-8Q")
-
-
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUVM_STATE_DIR", str(tmp_path))
-    return tmp_path
-
-
-def gpuvm(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def types_by_parent(out: str) -> dict[str, dict[str, int]]:
@@ -53,39 +40,39 @@ def test_addresses_count_buses_from_the_first():
     assert parent_index("0000:0c:00.0") == 11
 
 
-def test_the_host_has_one_gpu_until_told_otherwise(state, capsys):
-    rc, out, _ = gpuvm(capsys, "mdev", "gpus")
+def test_the_host_has_one_gpu_until_told_otherwise(state, gpuvm_cli):
+    rc, out, _ = gpuvm_cli("mdev", "gpus")
     assert rc == 0 and out.splitlines() == [f"{FIRST} Quadro 6000 GPU 0 (0 mdev(s))"]
-    rc, out, _ = gpuvm(capsys, "mdev", "gpus", "2")
+    rc, out, _ = gpuvm_cli("mdev", "gpus", "2")
     assert out.splitlines()[1] == f"{SECOND} Quadro 6000 GPU 1 (0 mdev(s))"
     assert MdevStore().gpu_count == 2  # kept for every later command
-    rc, out, _ = gpuvm(capsys, "mdev", "types")
+    rc, out, _ = gpuvm_cli("mdev", "types")
     parents = types_by_parent(out)
     assert list(parents) == [FIRST, SECOND]
     assert parents[FIRST] == parents[SECOND] == {
         "gpuvm-Q6000-1Q": 1, "gpuvm-Q6000-2Q": 2, "gpuvm-Q6000-4Q": 4, "gpuvm-Q6000-8Q": 8}
-    rc, out, _ = gpuvm(capsys, "mdev", "types", "--parent", SECOND)
+    rc, out, _ = gpuvm_cli("mdev", "types", "--parent", SECOND)
     assert list(types_by_parent(out)) == [SECOND]
 
 
-def test_placement_by_availability_and_by_parent(state, capsys):
-    assert gpuvm(capsys, "mdev", "gpus", "2")[0] == 0
-    first = gpuvm(capsys, "mdev", "create", ONE_Q)[1].strip()
-    second = gpuvm(capsys, "mdev", "create", ONE_Q)[1].strip()  # the first GPU is full
-    rc, out, err = gpuvm(capsys, "mdev", "create", ONE_Q)
+def test_placement_by_availability_and_by_parent(state, gpuvm_cli):
+    assert gpuvm_cli("mdev", "gpus", "2")[0] == 0
+    first = gpuvm_cli("mdev", "create", ONE_Q)[1].strip()
+    second = gpuvm_cli("mdev", "create", ONE_Q)[1].strip()  # the first GPU is full
+    rc, out, err = gpuvm_cli("mdev", "create", ONE_Q)
     assert rc == 2 and err == (f"gpuvm: error: {ONE_Q}: no instance available on any of 2 "
                                "parent GPU(s) (available_instances is 0)\n")
-    rows = [line.split() for line in gpuvm(capsys, "mdev", "list")[1].splitlines()]
+    rows = [line.split() for line in gpuvm_cli("mdev", "list")[1].splitlines()]
     assert [(r[0], r[1]) for r in rows] == [(first, FIRST), (second, SECOND)]
-    assert gpuvm(capsys, "mdev", "list", "--parent", SECOND)[1].split()[0] == second
-    parents = types_by_parent(gpuvm(capsys, "mdev", "types")[1])
+    assert gpuvm_cli("mdev", "list", "--parent", SECOND)[1].split()[0] == second
+    parents = types_by_parent(gpuvm_cli("mdev", "types")[1])
     assert parents[FIRST]["gpuvm-Q6000-8Q"] == parents[SECOND]["gpuvm-Q6000-8Q"] == 0
 
-    gpuvm(capsys, "mdev", "remove", first)
-    rc, out, _ = gpuvm(capsys, "mdev", "create", "gpuvm-Q6000-8Q", "--parent", SECOND,
+    gpuvm_cli("mdev", "remove", first)
+    rc, out, _ = gpuvm_cli("mdev", "create", "gpuvm-Q6000-8Q", "--parent", SECOND,
                        "--uuid", UUID)
     assert rc == 2  # SECOND is full (its 1Q holds all of it)
-    rc, out, _ = gpuvm(capsys, "mdev", "create", "gpuvm-Q6000-8Q", "--parent", FIRST,
+    rc, out, _ = gpuvm_cli("mdev", "create", "gpuvm-Q6000-8Q", "--parent", FIRST,
                        "--uuid", UUID)
     assert rc == 0 and MdevStore().get(UUID).parent == FIRST
     for argv, message in [
@@ -95,38 +82,38 @@ def test_placement_by_availability_and_by_parent(state, capsys):
                         "away"),
         (("gpus", "0"), "gpus must be 1-16, got 0"),
     ]:
-        rc, out, err = gpuvm(capsys, "mdev", *argv)
+        rc, out, err = gpuvm_cli("mdev", *argv)
         assert rc == 2 and err == f"gpuvm: error: {message}\n"
 
 
-def test_a_bad_host_file_is_one_line(state, capsys):
+def test_a_bad_host_file_is_one_line(state, gpuvm_cli):
     (state / "host.json").write_text('{"gpus": 99}')
-    rc, _, err = gpuvm(capsys, "mdev", "types")
+    rc, _, err = gpuvm_cli("mdev", "types")
     assert rc == 2 and err == f"gpuvm: error: {state / 'host.json'}: gpus must be 1-16, got 99\n"
 
 
-def test_libvirt_lists_every_parent_and_its_mdevs(state, capsys):
+def test_libvirt_lists_every_parent_and_its_mdevs(state, gpuvm_cli):
     store = MdevStore(gpus=3)
     store.set_gpu_count(3)
     a = store.create(ONE_Q)
     b = store.create("gpuvm-Q6000-2Q", parent="0000:03:00.0")
-    rc, out, err = gpuvm(capsys, "nodedev", "list", "--cap", "mdev_types")
+    rc, out, err = gpuvm_cli("nodedev", "list", "--cap", "mdev_types")
     assert rc == 0, err
     assert out.split() == ["pci_0000_01_00_0", "pci_0000_02_00_0", "pci_0000_03_00_0"]
     groups = set()
     for i, name in enumerate(out.split()):
-        dev = ET.fromstring(gpuvm(capsys, "nodedev", "dumpxml", name)[1])
+        dev = ET.fromstring(gpuvm_cli("nodedev", "dumpxml", name)[1])
         avail = {t.get("id"): int(t.findtext("availableInstances"))
                  for t in dev.iter("type")}
         assert avail[ONE_Q] == (0 if i in (0, 2) else 1)
         groups.add(dev.find(".//iommuGroup").get("number"))
     assert len(groups) == 3
     for d, parent in ((a, FIRST), (b, "0000:03:00.0")):
-        dev = ET.fromstring(gpuvm(capsys, "nodedev", "dumpxml", nodedev.mdev_name(d))[1])
+        dev = ET.fromstring(gpuvm_cli("nodedev", "dumpxml", nodedev.mdev_name(d))[1])
         assert dev.findtext("parent") == nodedev.pci_name(parent)
 
 
-def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, capsys):
+def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, gpuvm_cli):
     store = MdevStore()
     store.set_gpu_count(2)
     store.create(ONE_Q)  # fills the first GPU
@@ -148,7 +135,7 @@ def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, capsys):
     [result] = run_vms([spec], opts, machine=Watched)
     assert result.passed, result.error()
     assert placed == {"vm0": 1}
-    rc, out, err = gpuvm(capsys, "run", "-b", "madd", "--size", "16", "--mdev", on_second,
+    rc, out, err = gpuvm_cli("run", "-b", "madd", "--size", "16", "--mdev", on_second,
                          "--backend", "inproc", "--time-scale", "1000")
     assert rc == 0, err
 

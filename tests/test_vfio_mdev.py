@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from gpuvm import cli
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import HostDriver
@@ -32,18 +31,6 @@ BACKENDS = ["inproc", pytest.param("kvm", marks=[pytest.mark.kvm,
 TYPES = ["gpuvm-Q6000-1Q", "gpuvm-Q6000-2Q", "gpuvm-Q6000-4Q", "gpuvm-Q6000-8Q"]
 
 
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPUVM_STATE_DIR", str(tmp_path))
-    return tmp_path
-
-
-def gpuvm(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def available(out: str) -> dict[str, int]:
     """type id -> available instances, from `gpuvm mdev types` (mdevctl's layout)."""
     lines = out.splitlines()
@@ -52,8 +39,8 @@ def available(out: str) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------ mdev CLI
-def test_types_list_like_mdevctl(state, capsys):
-    rc, out, err = gpuvm(capsys, "mdev", "types")
+def test_types_list_like_mdevctl(state, gpuvm_cli):
+    rc, out, err = gpuvm_cli("mdev", "types")
     assert rc == 0 and err == ""
     assert out.splitlines()[0] == "0000:01:00.0"
     assert available(out) == {"gpuvm-Q6000-1Q": 1, "gpuvm-Q6000-2Q": 2,
@@ -62,31 +49,31 @@ def test_types_list_like_mdevctl(state, capsys):
     assert "Description: framebuffer=512M, channels=16, bar1=15M, bar3=8M" in out
 
 
-def test_create_list_remove_and_available_instances_follow(state, capsys):
+def test_create_list_remove_and_available_instances_follow(state, gpuvm_cli):
     uuids = []
     for i in range(3):
-        rc, out, _ = gpuvm(capsys, "mdev", "create", "gpuvm-Q6000-8Q")
+        rc, out, _ = gpuvm_cli("mdev", "create", "gpuvm-Q6000-8Q")
         assert rc == 0
         uuids.append(out.strip())
-    rc, out, _ = gpuvm(capsys, "mdev", "create", "gpuvm-Q6000-4Q", "--uuid",
+    rc, out, _ = gpuvm_cli("mdev", "create", "gpuvm-Q6000-4Q", "--uuid",
                        "c2177883-f1bb-47f0-914d-32a22e3a8804", "--mode", "pv")
     assert out.strip() == "c2177883-f1bb-47f0-914d-32a22e3a8804"
-    _, out, _ = gpuvm(capsys, "mdev", "types")
+    _, out, _ = gpuvm_cli("mdev", "types")
     # three 8Q (16 channels, 15 MiB BAR1 each) and a 4Q (32 channels, 31 MiB BAR1) taken
     assert available(out) == {"gpuvm-Q6000-1Q": 0, "gpuvm-Q6000-2Q": 0,
                               "gpuvm-Q6000-4Q": 1, "gpuvm-Q6000-8Q": 3}
-    _, out, _ = gpuvm(capsys, "mdev", "list")
+    _, out, _ = gpuvm_cli("mdev", "list")
     rows = out.splitlines()
     assert [r.split()[0] for r in rows] == uuids + ["c2177883-f1bb-47f0-914d-32a22e3a8804"]
     assert rows[-1].split()[1:3] == ["0000:01:00.0", "gpuvm-Q6000-4Q"] and "mode=pv" in rows[-1]
-    assert gpuvm(capsys, "mdev", "remove", uuids[1])[0] == 0
-    _, out, _ = gpuvm(capsys, "mdev", "types")
+    assert gpuvm_cli("mdev", "remove", uuids[1])[0] == 0
+    _, out, _ = gpuvm_cli("mdev", "types")
     assert available(out)["gpuvm-Q6000-8Q"] == 4
-    assert uuids[1] not in gpuvm(capsys, "mdev", "list")[1]
+    assert uuids[1] not in gpuvm_cli("mdev", "list")[1]
 
 
-def test_no_instance_left_bad_type_and_bad_uuid_are_one_line(state, capsys):
-    assert gpuvm(capsys, "mdev", "create", "gpuvm-Q6000-1Q")[0] == 0
+def test_no_instance_left_bad_type_and_bad_uuid_are_one_line(state, gpuvm_cli):
+    assert gpuvm_cli("mdev", "create", "gpuvm-Q6000-1Q")[0] == 0
     for argv, expect in [
         (("create", "gpuvm-Q6000-8Q"), "no instance available"),
         (("create", "gpuvm-Q9999-3Q"), "no mdev type 'gpuvm-Q9999-3Q'"),
@@ -94,17 +81,17 @@ def test_no_instance_left_bad_type_and_bad_uuid_are_one_line(state, capsys):
         (("remove", "c2177883-f1bb-47f0-914d-32a22e3a8804"), "no mdev c2177883"),
         (("create", "gpuvm-Q6000-8Q", "--mode", "native"), "not a mediated mode"),
     ]:
-        rc, out, err = gpuvm(capsys, "mdev", *argv)
+        rc, out, err = gpuvm_cli("mdev", *argv)
         assert rc == 2 and out == ""
         assert len(err.splitlines()) == 1 and err.startswith("gpuvm: error: ") and expect in err
 
 
-def test_run_names_defined_mdevs(state, capsys):
+def test_run_names_defined_mdevs(state, gpuvm_cli):
     """`gpuvm run --mdev` runs each VM on a defined vGPU: its type and mode."""
     store = MdevStore()
     fv = store.create("gpuvm-Q6000-8Q", mode="fv-opt").uuid
     pv = store.create("gpuvm-Q6000-4Q", mode="pv").uuid
-    rc, out, err = gpuvm(capsys, "run", "--backend", "inproc", "-b", "madd", "--size", "16",
+    rc, out, err = gpuvm_cli("run", "--backend", "inproc", "-b", "madd", "--size", "16",
                          "--vms", "2", "--mdev", f"{fv},{pv}")
     assert rc == 0, err
     rows = [line.replace("│", " ").split() for line in out.splitlines()
