@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuvm.device import regs
+from gpuvm.experiment.costs import mmio_exits
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
@@ -198,8 +199,7 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
             "dispatch_us": phases[PHASE_DISPATCH].wall_ns / iterations / 1e3,
             "remap_us": phases[PHASE_REMAP].wall_ns / remap_iterations / 1e3,
             "dispatch_exits": phases[PHASE_DISPATCH].counters.get("exits.mmio.bar0.write", 0),
-            "remap_exits": sum(v for k, v in remap_counts.items()
-                               if k.startswith("exits.mmio.")),
+            "remap_exits": mmio_exits(remap_counts),
         }
     finally:
         del host

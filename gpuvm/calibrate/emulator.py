@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpuvm.experiment.costs import CostProfile
+from gpuvm.experiment.costs import CostProfile, mmio_exits
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.replay import replay, traces_for_run
 
@@ -33,12 +33,8 @@ FEATURES = ("mmio_native_ns", "trap_ns", "io_exit_ns", "hypercall_ns", "hcall_en
 GOAL_ERROR_PCT = 10.0
 
 
-def _mmio(c: Mapping[str, int]) -> int:
-    return sum(v for k, v in c.items() if k.startswith("exits.mmio."))
-
-
 def feature_row(counts: Mapping[str, int], mediated: bool) -> list[float]:
-    mmio = _mmio(counts)
+    mmio = mmio_exits(counts)
     return [0 if mediated else mmio, mmio if mediated else 0, counts.get("exits.io", 0),
             counts.get("hcall.calls", 0), counts.get("hcall.entries", 0),
             counts.get("shadow.syncs", 0) + counts.get("shadow.bar_syncs", 0),

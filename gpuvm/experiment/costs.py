@@ -11,6 +11,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import Mapping
 
 from gpuvm.device import regs
 
@@ -18,6 +19,12 @@ from gpuvm.device import regs
 _CHECKOUT_COSTS = Path(__file__).resolve().parents[2] / "experiments" / "costs"
 COSTS_DIR = _CHECKOUT_COSTS if _CHECKOUT_COSTS.is_dir() else \
     Path(__file__).resolve().parent / "cost_profiles"
+
+
+def mmio_exits(counters: Mapping[str, int]) -> int:
+    """Every MMIO exit a row or phase counted (`exits.mmio.<bar>.<read|write>`): in a
+    mediated mode the traps, natively the bare-metal accesses they stand for."""
+    return sum(v for k, v in counters.items() if k.startswith("exits.mmio."))
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,7 @@ class CostProfile:
         zeroing tables) is per VM and runs on the VM's own hypercall path."""
         if not mediated:
             return 0.0
-        traps = sum(v for k, v in counters.items() if k.startswith("exits.mmio."))
-        return (traps * self.trap_mediator_ns
+        return (mmio_exits(counters) * self.trap_mediator_ns
                 + counters.get("shadow.ptes_scanned", 0) * self.pte_scanned_ns
                 + (counters.get("shadow.syncs", 0) + counters.get("shadow.bar_syncs", 0))
                 * self.shadow_sync_ns)
@@ -99,7 +105,7 @@ class CostProfile:
         read/write on BAR0, a posted store through BAR1/BAR3); in a mediated mode it is a
         trap (remapped accesses never exit, so cost nothing here)."""
         bar0 = sum(v for k, v in counters.items() if k.startswith("exits.mmio.bar0."))
-        aperture = sum(v for k, v in counters.items() if k.startswith("exits.mmio.")) - bar0
+        aperture = mmio_exits(counters) - bar0
         mmio = (bar0 + aperture) * self.trap_ns if mediated else \
             bar0 * self.mmio_native_ns + aperture * self.aperture_native_ns
         return (counters.get("engine.busy_ns", 0) + mmio

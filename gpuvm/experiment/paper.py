@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuvm.experiment.config import Experiment
-from gpuvm.experiment.costs import CostProfile, load_costs
+from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
 from gpuvm.experiment.execute import VmRow
 from gpuvm.experiment.report import PHASES, reprice, shares_in_window
 from gpuvm.experiment.rundir import write_atomically
@@ -154,7 +154,7 @@ def _mechanisms(by: dict[tuple[str, str], VmRow], scenarios: list[str],
             f"{costs.pt_zero_word_ns:g} ns each, and the guest pays "
             f"{p.counters.get('hcall.calls', 0):,} hypercalls "
             f"({p.counters.get('hcall.entries', 0):,} entries) and "
-            f"{sum(v for k, v in p.counters.items() if k.startswith('exits.mmio.')):,} "
+            f"{mmio_exits(p.counters):,} "
             f"remaining traps.  The paper's 2-3x also includes Xen's event-channel and "
             f"QEMU-dm round trips per hypercall, priced here as one `hypercall_ns`.")
     pg, pn = by.get(("memcpy-pageable", "native")), by.get(("memcpy-pinned", "native"))
@@ -176,12 +176,12 @@ def _mechanisms(by: dict[tuple[str, str], VmRow], scenarios: list[str],
             f"{lz.counters.get('shadow.ptes_scanned', 0):,}; modelled "
             f"{fv.total_modelled_ns / 1e6:.1f} -> {lz.total_modelled_ns / 1e6:.1f} ms.  Lazy "
             f"shadowing saves little time here because FV's cost is its traps "
-            f"({sum(v for k, v in fv.counters.items() if k.startswith('exits.mmio.')):,} at "
+            f"({mmio_exits(fv.counters):,} at "
             f"{costs.trap_ns:g} ns), not its scans.")
     s = next((s for s in scenarios if (s, "fv") in by and (s, "native") in by), None)
     if s:
         fv = by[(s, "fv")]
-        traps = sum(v for k, v in fv.counters.items() if k.startswith("exits.mmio."))
+        traps = mmio_exits(fv.counters)
         md.append(
             f"- **FV naive** ({s}): {traps:,} trapped accesses, "
             f"{fv.counters.get('exits.mmio.bar3.write', 0):,} of them BAR3 stores of the "
