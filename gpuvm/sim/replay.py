@@ -199,6 +199,18 @@ class _System:
         self.engine = EngineModel(env, scheduler, residency)
 
 
+def _holding(env: simpy.Environment, lock: simpy.Resource | None,
+             ns: int) -> Generator:
+    """Spend `ns` holding `lock` (the interpreter lock), or just spend it when there is
+    none."""
+    if lock is None:
+        yield env.timeout(ns)
+        return
+    with lock.request() as held:
+        yield held
+        yield env.timeout(ns)
+
+
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
         finish: dict[str, int]) -> Generator[simpy.Event, None, None]:
     if trace.start_ns:
@@ -225,18 +237,9 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
             elif step.resource == MEDIATOR:
                 with system.mediator.request() as lock:
                     yield lock
-                    if gil is None:
-                        yield env.timeout(step.ns)
-                    else:
-                        with gil.request() as held:
-                            yield held
-                            yield env.timeout(step.ns)
-            elif gil is None:
-                yield env.timeout(step.ns)
+                    yield from _holding(env, gil, step.ns)
             else:
-                with gil.request() as held:
-                    yield held
-                    yield env.timeout(step.ns)
+                yield from _holding(env, gil, step.ns)
     dispatcher.remove_vm(trace.name, env.now)
     if residency is not None:
         residency.remove_vm(trace.name)
