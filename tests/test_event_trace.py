@@ -51,6 +51,57 @@ def test_a_recorded_trace_accounts_for_every_counted_event_in_its_phase(mode):
     assert {class_name(int(c)) for c in trace.code} >= {"port.wait", "port.phase", "bar0.write"}
 
 
+class _Clocked:
+    """A session whose time is a counter: handlers, counter reads and the guest between
+    events each take a known number of ns."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.counts = {"exits.mmio.bar0.write": 0, "exits.mmio.bar0.read": 0, "exits.io": 0}
+        self.device, self.port_out = self, self._port_out
+
+    def clock(self) -> int:
+        return self.now
+
+    def snapshot(self) -> dict[str, int]:
+        self.now += 7  # reading the counters waits for the device lock
+        return dict(self.counts)
+
+    def write(self, region: int, offset: int, size: int, value: int) -> None:
+        self.now += 100
+        self.counts["exits.mmio.bar0.write"] += 1
+
+    def read(self, region: int, offset: int, size: int) -> int:
+        self.now += 50
+        return 0
+
+    def _port_out(self, port: int, value: int) -> bool:
+        self.now += 1000
+        return False
+
+
+def test_the_recorded_runs_account_for_every_ns_between_the_first_and_last_event():
+    from gpuvm.vmm.event_trace import EventRecorder
+    session = _Clocked()
+    recorder = EventRecorder(session.snapshot, clock=session.clock)
+    recorder.install(session)
+    recorder.begin()
+    start = session.now
+    guest = [300, 20, 5000, 1, 80, 4000, 60, 900]  # the guest's time before each event
+    for i, ns in enumerate(guest):
+        session.now += ns
+        if i in (3, 6):
+            session.port_out(abi.PORT_PHASE, 1)
+        elif i % 2:
+            session.device.read(0, 0, 4)
+        else:
+            session.device.write(0, 0, 4, 1)
+    trace = recorder.trace()
+    end = session.now
+    assert int(trace.handler_ns.sum() + trace.gap_ns.sum()) == end - start
+    assert int(trace.gap_ns.sum()) == sum(guest)  # the guest's time, whatever class follows
+
+
 def test_nothing_is_recorded_unless_asked():
     assert _run("pv", record=False).session.recorder is None
 

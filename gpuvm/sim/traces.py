@@ -26,7 +26,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.vmm.event_trace import EventTrace
 
 CACHE = REPO / "results" / "traces"
-FORMAT = 2  # 2: per-event runs (EventTrace) in an .npz; 1 was per-phase counts in .json
+FORMAT = 3  # 3: runs keep the guest time before a change of class (2 lost it); 1 was per-phase counts
 
 
 @dataclass(frozen=True)
