@@ -160,7 +160,10 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
                 - int(exits[r] * costs.exit_free_ns)
             cpu = min(handler - mediator, max(0, work))
             sleep = handler - mediator - cpu
-            free = int(events.gap_ns[r])
+            # between handlers: the guest inside KVM_RUN holds nothing but a core; the
+            # VMM's exit loop around it is Python, on the lock like a handler
+            free = int(events.guest_ns[r])
+            cpu += int(events.gap_ns[r]) - free
         else:
             sleep = int(counts.get("port.wait", 0) * costs.wait_ns)
             priced = int(costs.modelled_ns(counts, mediated)) - engine - sleep - mediator
@@ -200,15 +203,20 @@ class _System:
 
 
 def _holding(env: simpy.Environment, lock: simpy.Resource | None,
-             ns: int) -> Generator:
-    """Spend `ns` holding `lock` (the interpreter lock), or just spend it when there is
-    none."""
+             cores: simpy.Resource, ns: int) -> Generator:
+    """Spend `ns` on a core holding `lock` (the interpreter lock), or on a core alone
+    when there is none.  The lock is taken first: a thread waiting for it sleeps, and
+    leaves the cores to the guests in KVM_RUN."""
     if lock is None:
-        yield env.timeout(ns)
+        with cores.request() as core:
+            yield core
+            yield env.timeout(ns)
         return
     with lock.request() as held:
         yield held
-        yield env.timeout(ns)
+        with cores.request() as core:
+            yield core
+            yield env.timeout(ns)
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -230,16 +238,16 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
         if step.resource == SLEEP:
             yield env.timeout(step.ns)
             continue
-        with system.cores.request() as core:
-            yield core
-            if step.resource == FREE:
+        if step.resource == FREE:
+            with system.cores.request() as core:
+                yield core
                 yield env.timeout(step.ns)
-            elif step.resource == MEDIATOR:
-                with system.mediator.request() as lock:
-                    yield lock
-                    yield from _holding(env, gil, step.ns)
-            else:
-                yield from _holding(env, gil, step.ns)
+        elif step.resource == MEDIATOR:
+            with system.mediator.request() as lock:
+                yield lock
+                yield from _holding(env, gil, system.cores, step.ns)
+        else:
+            yield from _holding(env, gil, system.cores, step.ns)
     dispatcher.remove_vm(trace.name, env.now)
     if residency is not None:
         residency.remove_vm(trace.name)

@@ -8,9 +8,11 @@ does not (the guest in KVM_RUN, a wait on the engine).  The recorder keeps that 
 Every trapped BAR access and every port write the VMM handles is an event of a class
 (BAR n read/write, port p).  Consecutive events of one class form a run; a run keeps how
 many events it had, the time spent in their handlers (on the vCPU thread, in the VMM:
-the interpreter lock is held there, except while a port wait sleeps) and the time
-between them (the guest running in KVM_RUN and the exit path: off the lock), and, when
-it closes, the difference of every counter the session reports -- shadow syncs and the
+the interpreter lock is held there, except while a port wait sleeps), the time between
+them, and how much of that was spent inside KVM_RUN (the guest running and the kernel's
+exit and entry: the only part off the interpreter lock -- the rest is the VMM's exit
+loop, Python that holds it; a backend without KVM_RUN reports none), and, when it
+closes, the difference of every counter the session reports -- shadow syncs and the
 entries they scanned, hypercalls and their entries, doorbells, engine time -- so the
 trace carries whatever counters exist without knowing their names.  Port writes (phase
 marks, waits, hypercalls) each close their run: they are where the guest's work changes.
@@ -65,6 +67,7 @@ class EventTrace:
     events: np.ndarray      # int64: events in the run
     handler_ns: np.ndarray  # int64: time in the VMM's handlers
     gap_ns: np.ndarray      # int64: time between them (the guest, the exit path)
+    guest_ns: np.ndarray    # int64: the part of gap_ns inside KVM_RUN (off the lock)
     names: tuple[str, ...]  # counter names, the columns of `deltas`
     deltas: np.ndarray      # int64 [runs x names]: counter differences over the run
 
@@ -80,7 +83,8 @@ class EventTrace:
     __hash__ = None  # type: ignore[assignment]
 
     def _columns(self) -> tuple[np.ndarray, ...]:
-        return (self.code, self.phase, self.events, self.handler_ns, self.gap_ns, self.deltas)
+        return (self.code, self.phase, self.events, self.handler_ns, self.gap_ns,
+                self.guest_ns, self.deltas)
 
     def counter(self, name: str) -> np.ndarray:
         """One counter's difference per run (zeros if no run changed it)."""
@@ -92,6 +96,7 @@ class EventTrace:
         """The columns by name, for np.savez."""
         return {"code": self.code, "phase": self.phase, "events": self.events,
                 "handler_ns": self.handler_ns, "gap_ns": self.gap_ns,
+                "guest_ns": self.guest_ns,
                 "names": np.array(self.names, dtype=str), "deltas": self.deltas}
 
     @classmethod
@@ -100,6 +105,7 @@ class EventTrace:
                    np.asarray(a["events"], dtype=np.int64),
                    np.asarray(a["handler_ns"], dtype=np.int64),
                    np.asarray(a["gap_ns"], dtype=np.int64),
+                   np.asarray(a["guest_ns"], dtype=np.int64),
                    tuple(str(n) for n in a["names"]),
                    np.asarray(a["deltas"], dtype=np.int64).reshape(len(a["code"]), -1))
 
@@ -115,7 +121,9 @@ class EventRecorder:
         self._rows: list[tuple[int, int, int, int, int]] = []
         self._deltas: list[dict[str, int]] = []
         self._code = -1
-        self._n = self._handler = self._gap = 0
+        self._n = self._handler = self._gap = self._guest = 0
+        self.in_kvm_run_ns = 0  # the vCPU's time inside KVM_RUN so far (timed_run adds)
+        self._guest_mark = 0  # in_kvm_run_ns when the last event's handler ended
         self._phase = abi.PHASE_INIT
         self._last_end = 0
         self._before: dict[str, int] = {}
@@ -151,10 +159,13 @@ class EventRecorder:
                                  if v != before.get(k, 0)})
             self._last_end = self._clock()
             self._handler += self._last_end - t
-            self._rows.append((self._code, self._phase, self._n, self._handler, self._gap))
+            self._rows.append((self._code, self._phase, self._n, self._handler, self._gap,
+                               self._guest))
             self._before = after
             self._n = self._handler = 0
             self._gap = ahead
+            self._guest = self.in_kvm_run_ns - self._guest_mark
+            self._guest_mark = self.in_kvm_run_ns
 
     # ------------------------------------------------------------------ wiring
     def _add(self, t0: int, t1: int) -> None:
@@ -162,6 +173,17 @@ class EventRecorder:
         self._handler += t1 - t0
         self._gap += t0 - self._last_end
         self._last_end = t1
+        self._guest += self.in_kvm_run_ns - self._guest_mark
+        self._guest_mark = self.in_kvm_run_ns
+
+    def timed_run(self, ioctl: Callable, fd: int, request: int) -> None:
+        """`ioctl(fd, request)` (KVM_RUN), its time added to in_kvm_run_ns: the KVM
+        backend's exit loop enters the guest through this while recording."""
+        t0 = self._clock()
+        try:
+            ioctl(fd, request)
+        finally:
+            self.in_kvm_run_ns += self._clock() - t0
 
     def begin(self) -> None:
         """The guest starts now: time before this (building the VM) is not between
@@ -218,6 +240,5 @@ class EventRecorder:
         for r, d in enumerate(self._deltas):
             for k, v in d.items():
                 deltas[r, index[k]] = v
-        cols = np.array(self._rows, dtype=np.int64).reshape(-1, 5)
-        return EventTrace(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(),
-                          cols[:, 3].copy(), cols[:, 4].copy(), names, deltas)
+        cols = np.array(self._rows, dtype=np.int64).reshape(-1, 6)
+        return EventTrace(*(cols[:, i].copy() for i in range(6)), names, deltas)

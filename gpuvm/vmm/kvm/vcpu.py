@@ -13,6 +13,7 @@ nearly free, reading the four MMIO fields and counting costs ~10 % of a raw exit
 from __future__ import annotations
 
 import fcntl
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -116,6 +117,9 @@ class ExitLoop:
         port_out = self.session.port_out
         port_in = self.session.port_in
         tick = self.session.tick  # the vCPU's time on a virtual device clock
+        recorder = self.session.recorder
+        if recorder is not None:  # a recorded run times each KVM_RUN (event_trace)
+            ioctl = functools.partial(recorder.timed_run, fcntl.ioctl)
         while True:
             ioctl(fd, KVM_RUN)
             tick()
