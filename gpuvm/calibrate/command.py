@@ -84,8 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the fastest is kept)")
     e.add_argument("--modes", dest="emulator_modes", default=None,
                    help="validate these modes only (default: experiments/scaling.toml's)")
-    e.add_argument("--profile-out", type=Path, default=COSTS_DIR / "emulator.toml",
-                   help="profile to write (default experiments/costs/emulator.toml)")
+    e.add_argument("--profile-out", type=Path, default=None,
+                   help="profile to write (default when measuring: "
+                        "experiments/costs/emulator.toml; with --from: none)")
+    e.add_argument("--from", dest="emulator_from", type=Path, default=None, metavar="DIR",
+                   help="analyse the measurements saved in DIR (results/validation/<time>) "
+                        "instead of running guests")
     f = parser.add_argument_group("--pt-footprint")
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
     f.add_argument("--vms", default="1,8", help="VM/process counts (default 1,8)")
@@ -207,49 +211,46 @@ def print_profile(profile) -> None:
 def main_emulator(args: argparse.Namespace) -> int:
     """Fit this emulator's per-event costs from per-event traces, then validate the model
     on 1/2/4/8-VM runs each predicted from a trace recorded just before it
-    (gpuvm.calibrate.validation says why)."""
+    (gpuvm.calibrate.validation says why).  With --from, the same analysis of a bundle
+    measured before (here or on another machine), without running a guest."""
     from dataclasses import asdict, replace
 
     from rich.console import Console
     from rich.table import Table
 
     from gpuvm.calibrate import emulator, validation
-    from gpuvm.experiment.config import REPO, load
-    from gpuvm.sim.traces import TraceKey, record_fastest
+    from gpuvm.experiment.config import REPO
 
     reps = args.emulator_reps
     if reps < 1:
         raise UserError(f"--trace-reps must be >= 1, got {reps}")
-    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
-    fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
-    scaling = load(REPO / "experiments" / "scaling.toml")
-    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
-    unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
-    if unknown:
-        raise UserError(f"--modes: unknown mode {unknown[0]!r}")
-    # 1. single VMs of the calibration file, traced (fastest of `reps` each)
-    traces = []
-    for scenario in fit_exp.scenarios:
-        if len(scenario.vms) != 1:
-            continue
-        for mode in fit_exp.modes:
-            key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode)
-            progress(f"tracing {key.file_name}")
-            traces.append((mode, record_fastest(key, reps)))
-    # 2. the scaling runs, each VM count right after a trace of one VM
-    bench = scaling.scenarios[0].vms[0]
-    counts = sorted({len(s.vms) for s in scaling.scenarios})
-    measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
-                                  progress=progress)
-    traces += [(m.mode, m.trace) for m in measured if m.vms == 1]
-    # 3. prices from every trace; the host cores from the 2-VM runs
-    profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
-                      recorded_times=1.0)
-    kept = validation.fastest(measured)
-    profile = validation.fit_cores(kept, profile)
-    command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "")
-    args.profile_out.parent.mkdir(parents=True, exist_ok=True)
-    args.profile_out.write_text(emulator.to_toml(profile, command))
+    if args.emulator_from is not None:
+        try:
+            measured, fit_traces, about = validation.load(args.emulator_from)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        bundle = None
+        title = f"{about.get('benchmark', '?')} measured by `{about.get('command', '?')}` " \
+                f"on {about.get('cpus', '?')} cores at load {about.get('load', '?')}"
+    else:
+        measured, fit_traces, about = _measure_emulator(args, reps)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
+                                 fit_traces, about)
+        title = f"{about['benchmark']} (fastest of {reps})"
+    analysis = validation.analyse(measured, fit_traces)
+    profile, kept, points = analysis.profile, analysis.kept, analysis.points
+    profile_out = args.profile_out
+    if profile_out is None and bundle is not None:
+        profile_out = COSTS_DIR / "emulator.toml"
+    if profile_out is not None:
+        profile_out.parent.mkdir(parents=True, exist_ok=True)
+        profile_out.write_text(emulator.to_toml(profile, about.get("command", "?")))
+    if args.json:
+        print(json.dumps({"about": about, "profile": asdict(profile),
+                          "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
+                         indent=1))
+        return 0
     console = Console(width=120)
     t = Table(title="this emulator's costs (ns), fitted from per-event traces")
     t.add_column("event")
@@ -259,7 +260,8 @@ def main_emulator(args: argparse.Namespace) -> int:
                 "pt_zero_word_ns", "remap_ns", "host_cores"):
         t.add_row(key, f"{getattr(profile, key):,.2f}")
     console.print(t)
-    print(f"profile written to {args.profile_out}")
+    if profile_out is not None:
+        print(f"profile written to {profile_out}")
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -272,20 +274,52 @@ def main_emulator(args: argparse.Namespace) -> int:
             t.add_row(m.mode, phase, f"{rec:,.1f}", f"{mod:,.1f}",
                       f"{100 * (mod - rec) / rec:+.1f}" if rec else "-")
     console.print(t)
-    points = validation.predict(kept, profile)
-    print_validation(console, points, f"model vs emulator makespan, {bench.benchmark} "
-                     f"{list(bench.params)} (cores fitted on {validation.FIT_VMS} VMs; "
-                     f"fastest of {reps})")
-    out = REPO / "results" / "validation"
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out / f"{stamp}.json").write_text(json.dumps({
-        "command": command, "load_avg": os.getloadavg(), "cpus": os.cpu_count(),
-        "profile": asdict(profile), "points": [asdict(p) | {"error_pct": p.error_pct}
-                                               for p in points]}, indent=1) + "\n")
-    print(f"points written to {out / (stamp + '.json')}; host load "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print_validation(console, points, f"model vs emulator makespan, {title} "
+                     f"(cores fitted on {validation.FIT_VMS} VMs)")
+    if bundle is not None:
+        (bundle / "points.json").write_text(json.dumps({
+            "about": about, "profile": asdict(profile),
+            "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
+            indent=1) + "\n")
+        print(f"measurements and points written to {bundle} (re-analyse with "
+              f"`gpuvm calibrate --emulator --from {bundle}`)")
     return 0
+
+
+def _measure_emulator(args: argparse.Namespace, reps: int
+                      ) -> tuple[list, list[tuple[str, dict]], dict]:
+    """Trace the calibration file's single VMs, then run the scaling file's VM counts."""
+    from gpuvm.calibrate import validation
+    from gpuvm.experiment.config import REPO, load
+    from gpuvm.sim.traces import TraceKey, record_fastest
+
+    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
+    fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
+    scaling = load(REPO / "experiments" / "scaling.toml")
+    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
+    unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
+    if unknown:
+        raise UserError(f"--modes: unknown mode {unknown[0]!r}")
+    # 1. single VMs of the calibration file, traced (fastest of `reps` each)
+    fit_traces = []
+    for scenario in fit_exp.scenarios:
+        if len(scenario.vms) != 1:
+            continue
+        for mode in fit_exp.modes:
+            key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode)
+            progress(f"tracing {key.file_name}")
+            fit_traces.append((mode, record_fastest(key, reps)))
+    # 2. the scaling runs, each VM count right after a trace of one VM
+    bench = scaling.scenarios[0].vms[0]
+    counts = sorted({len(s.vms) for s in scaling.scenarios})
+    measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
+                                  progress=progress)
+    command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
+        + (f" --modes {args.emulator_modes}" if args.emulator_modes else "")
+    about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
+             "cpus": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
+             "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return measured, fit_traces, about
 
 
 def print_validation(console, points, title: str) -> None:

@@ -4,20 +4,29 @@ On a shared host the wall time of one VM moves by 2-3x within minutes (other pro
 load), so a profile calibrated at one moment and runs measured at another disagree for
 reasons no model of the emulator can know.  Here every repetition records one VM's
 per-event trace and then, at once, runs 2, 4 and 8 VMs of the same kind; each N-VM run
-is predicted from the trace recorded just before it, by replaying N copies of it under
+(1 VM too, run again without recording: what recording costs shows as error) is
+predicted from the trace recorded just before it, by replaying N copies of it under
 the contention the profile describes (the interpreter lock, the host cores, the
 mediator lock, the engine).  The host cores the VMs effectively get are fitted on the
 2-VM runs only (1 .. the machine's cores); the 4- and 8-VM runs are predictions.  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
 only ever adds time), with its own trace's prediction.
+
+What was measured is kept as a bundle (`save` / `load`: the makespans, and every trace
+as the .npz the model reads), so the analysis -- the fit, the cores, the predictions --
+can be redone from it on any machine, without rerunning a guest: `gpuvm calibrate
+--emulator --from DIR`.  tests/test_validation_bundle.py does that with a bundle
+measured on the 16-core machine and holds the model's error on it to a bound.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate.emulator import ValidationPoint, predicted_from_traces
 from gpuvm.experiment.costs import CostProfile
@@ -31,7 +40,7 @@ class Measured:
     vms: int
     rep: int
     makespan_ns: int
-    trace: Mapping  # the 1-VM trace recorded just before (for 1 VM: this run's own)
+    trace: Mapping  # the 1-VM trace recorded just before
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -49,11 +58,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
         for mode in modes:
             key = TraceKey(benchmark, params, mode)
             trace = record_fastest(key, 1, backend)
-            alone = sum(trace["wall_ns"].values())
-            out.append(Measured(mode, 1, rep, alone, trace))
-            for n in counts:
-                if n == 1:
-                    continue
+            for n in counts:  # 1 VM too: a run that records nothing, like the others
                 scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                                     for i in range(n)))
                 t0 = time.monotonic()
@@ -104,3 +109,79 @@ def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None
     least = min(errors.values())
     cores = max(c for c, e in errors.items() if e <= least + TIE)
     return replace(profile, host_cores=float(cores))
+
+
+# ------------------------------------------------------------------ the analysis
+@dataclass(frozen=True)
+class Analysis:
+    profile: CostProfile  # fitted prices, host cores fitted on FIT_VMS
+    kept: list[Measured]  # the fastest repetition of each (mode, VMs)
+    points: list[ValidationPoint]
+
+
+def analyse(measured: Sequence[Measured],
+            fit_traces: Sequence[tuple[str, Mapping]] = ()) -> Analysis:
+    """Prices from every 1-VM trace (and `fit_traces`), host cores from the 2-VM runs,
+    then each kept point predicted from its own trace."""
+    from gpuvm.calibrate import emulator
+    traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
+    profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
+                      recorded_times=1.0)
+    kept = fastest(measured)
+    profile = fit_cores(kept, profile)
+    return Analysis(profile, kept, predict(kept, profile))
+
+
+# ------------------------------------------------------------------ bundles
+BUNDLE_RUNS = "runs.json"
+
+
+def save(directory: Path, measured: Sequence[Measured],
+         fit_traces: Sequence[tuple[str, Mapping]] = (),
+         about: Mapping[str, Any] | None = None) -> Path:
+    """Write what was measured to `directory` (a new one): runs.json and one .npz per
+    distinct trace."""
+    from gpuvm.sim.traces import write_trace
+    directory.mkdir(parents=True, exist_ok=False)
+    names: dict[int, str] = {}
+
+    def stored(trace: Mapping) -> str:
+        if id(trace) not in names:
+            names[id(trace)] = f"trace{len(names):03d}.npz"
+            write_trace(directory / names[id(trace)], dict(trace))
+        return names[id(trace)]
+    runs = [{"mode": m.mode, "vms": m.vms, "rep": m.rep, "makespan_ns": m.makespan_ns,
+             "trace": stored(m.trace)} for m in measured]
+    fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
+    (directory / BUNDLE_RUNS).write_text(json.dumps(
+        {"about": dict(about or {}), "runs": runs, "fit_traces": fits}, indent=1) + "\n")
+    return directory
+
+
+def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], dict]:
+    """(measured, fit traces, about) of a bundle written by `save`; ValueError naming
+    what is missing or unreadable."""
+    from gpuvm.sim.traces import read_trace
+    path = directory / BUNDLE_RUNS
+    try:
+        data = json.loads(path.read_text())
+        runs, fits = data["runs"], data.get("fit_traces", [])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a validation bundle ({exc})") from None
+    cache: dict[str, Mapping] = {}
+
+    def trace(name: str) -> Mapping:
+        if name not in cache:
+            t = read_trace(directory / name)
+            if t is None:
+                raise ValueError(f"{directory / name}: missing, unreadable or of another "
+                                 f"trace format")
+            cache[name] = t
+        return cache[name]
+    try:
+        measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
+                             int(r["makespan_ns"]), trace(str(r["trace"]))) for r in runs]
+        fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: a run lacks {exc}") from None
+    return measured, fit, dict(data.get("about", {}))

@@ -70,7 +70,8 @@ def _record(key: TraceKey, backend: str) -> dict[str, Any]:
             "events": results[0].session.recorder.trace()}
 
 
-def _write(path: Path, trace: dict[str, Any]) -> None:
+def write_trace(path: Path, trace: dict[str, Any]) -> None:
+    """Store a trace (atomically: a partial file never replaces a whole one)."""
     meta = {k: v for k, v in trace.items() if k != "events"}
     buf = io.BytesIO()
     np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **trace["events"].arrays())
@@ -79,7 +80,7 @@ def _write(path: Path, trace: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_trace(path: Path) -> dict[str, Any] | None:
     """The cached trace, or None where it is of another format (or unreadable)."""
     try:
         with np.load(path, allow_pickle=False) as a:
@@ -96,12 +97,12 @@ def load_trace(key: TraceKey, backend: str = "auto", refresh: bool = False,
     """The trace of `key`, recorded now if it is not cached (or `refresh`)."""
     path = cache / key.file_name
     if not refresh and path.is_file():
-        data = _read(path)
+        data = read_trace(path)
         if data is not None:
             return data
     cache.mkdir(parents=True, exist_ok=True)
-    _write(path, _record(key, backend))
-    data = _read(path)  # the same form a cached trace has
+    write_trace(path, _record(key, backend))
+    data = read_trace(path)  # the same form a cached trace has
     assert data is not None
     return data
 
@@ -117,7 +118,7 @@ def record_fastest(key: TraceKey, reps: int, backend: str = "auto",
             best = trace
     assert best is not None
     cache.mkdir(parents=True, exist_ok=True)
-    _write(cache / key.file_name, best)
-    data = _read(cache / key.file_name)
+    write_trace(cache / key.file_name, best)
+    data = read_trace(cache / key.file_name)
     assert data is not None
     return data
