@@ -238,7 +238,7 @@ def main_emulator(args: argparse.Namespace) -> int:
         bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
                                  fit_traces, about)
         title = f"{about['benchmark']} (fastest of {reps})"
-    analysis = validation.analyse(measured, fit_traces)
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"))
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -257,7 +257,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     t.add_column("ns", justify="right")
     for key in ("trap_ns", "exit_free_ns", "mmio_native_ns", "io_exit_ns", "wait_ns",
                 "hypercall_ns", "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns",
-                "pt_zero_word_ns", "remap_ns", "host_cores"):
+                "pt_zero_word_ns", "remap_ns", "host_cores", "lock_handoff_ns"):
         t.add_row(key, f"{getattr(profile, key):,.2f}")
     console.print(t)
     if profile_out is not None:

@@ -206,7 +206,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
     for key in ("mmio_native_ns", "aperture_native_ns", "trap_ns", "trap_mediator_ns",
                 "io_exit_ns", "hypercall_ns", "hcall_entry_ns", "pt_alloc_ns", "pt_zero_word_ns",
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores",
-                "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times"):
+                "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
+                "lock_handoff_ns"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     return "\n".join(lines) + "\n"
 
@@ -296,7 +297,8 @@ def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostPr
 
     one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
     return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
-                  interpreter_lock=bool(profile.interpreter_lock)).makespan_ns
+                  interpreter_lock=bool(profile.interpreter_lock),
+                  lock_handoff_ns=int(profile.lock_handoff_ns)).makespan_ns
 
 
 def predicted_phases_ms(mode: str, trace: Mapping, profile: CostProfile) -> dict[str, float]:

@@ -89,6 +89,34 @@ def predict(points: Sequence[Measured], profile: CostProfile) -> list[Validation
 
 
 TIE = 0.005  # predictions this close count as equal: the most cores among them is kept
+HANDOFF_MAX_NS = 200_000  # a wake-up slower than this is not a hand-off but a stall
+
+
+def fit_handoff(points: Sequence[Measured], profile: CostProfile,
+                cores: int | None = None) -> CostProfile:
+    """The interpreter lock's hand-off cost (CostProfile.lock_handoff_ns) for which the
+    FIT_VMS-VM points come out right on average (their mean relative error is 0; it
+    grows with the cost, so bisection finds it), with the host cores set to `cores`
+    (default: the machine's).  0 where the runs show no cost at all."""
+    fit = [m for m in points if m.vms == FIT_VMS]
+    profile = replace(profile, host_cores=float(cores or os.cpu_count() or 1))
+    if not fit:
+        return profile
+
+    def error(handoff: float) -> float:
+        p = replace(profile, lock_handoff_ns=handoff)
+        return sum(predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
+                   for m in fit) / len(fit)
+    # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
+    low, high = 1.0, float(HANDOFF_MAX_NS)
+    if error(low) >= 0:
+        return replace(profile, lock_handoff_ns=0.0)
+    if error(high) <= 0:
+        return replace(profile, lock_handoff_ns=high)
+    while high - low > 500:  # to half a microsecond
+        mid = (low + high) / 2
+        low, high = (mid, high) if error(mid) < 0 else (low, mid)
+    return replace(profile, lock_handoff_ns=round((low + high) / 2))
 
 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
@@ -120,15 +148,17 @@ class Analysis:
 
 
 def analyse(measured: Sequence[Measured],
-            fit_traces: Sequence[tuple[str, Mapping]] = ()) -> Analysis:
-    """Prices from every 1-VM trace (and `fit_traces`), host cores from the 2-VM runs,
-    then each kept point predicted from its own trace."""
+            fit_traces: Sequence[tuple[str, Mapping]] = (),
+            cores: int | None = None) -> Analysis:
+    """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
+    the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
+    kept point predicted from its own trace."""
     from gpuvm.calibrate import emulator
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
     kept = fastest(measured)
-    profile = fit_cores(kept, profile)
+    profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     return Analysis(profile, kept, predict(kept, profile))
 
 

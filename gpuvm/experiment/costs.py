@@ -78,6 +78,12 @@ class CostProfile:
     # It is how the model is validated on a host whose load moves the prices between
     # calibration and validation: the trace is recorded just before the runs it predicts.
     recorded_times: float = 0.0
+    # What passing the interpreter lock to another thread costs beyond the work done
+    # under it, per event that takes it while another thread holds or wants it: the
+    # waiter sleeps and must be woken (in a virtual machine a wake-up is an
+    # interprocessor interrupt to an idle vCPU, tens of microseconds), and meanwhile
+    # nobody runs Python.  Fitted with the host cores on the 2-VM runs.
+    lock_handoff_ns: float = 0.0
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

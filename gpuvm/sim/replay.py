@@ -56,6 +56,7 @@ class Step:
     resource: str  # CPU | MEDIATOR | ENGINE
     ns: int
     phase: str
+    events: int = 0  # exits it stands for: each takes the interpreter lock once
 
 
 @dataclass(frozen=True)
@@ -130,19 +131,27 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
     exits = _mmio_exits(names, events.deltas) + events.counter("exits.io")
     steps: list[Step] = []
     pending = [0, 0, 0]  # free, mediator, cpu not yet emitted
+    pending_events = 0
     phase = PHASES[0]
+    per_event = costs.lock_handoff_ns > 0
 
     def flush() -> None:
+        nonlocal pending_events
         total = sum(pending)
         if not total:
             return
-        pieces = max(1, -(-total // CHUNK_NS))
+        pieces = max(1, pending_events if per_event else -(-total // CHUNK_NS))
         for i in range(pieces):
+            n = pending_events * (i + 1) // pieces - pending_events * i // pieces
             for resource, amount in zip((FREE, MEDIATOR, CPU), pending):
                 part = amount * (i + 1) // pieces - amount * i // pieces
                 if part:
-                    steps.append(Step(resource, part, phase))
+                    # the piece's exits take the lock at its first step that holds it
+                    steps.append(Step(resource, part, phase, 0 if resource == FREE else n))
+                    if resource != FREE:
+                        n = 0
         pending[:] = [0, 0, 0]
+        pending_events = 0
 
     for r in range(len(events)):
         phase = PHASES[int(events.phase[r])] if events.phase[r] < len(PHASES) else phase
@@ -174,13 +183,14 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[0] += free
         pending[1] += mediator
         pending[2] += cpu
+        pending_events += int(events.events[r])
         if engine or sleep:
             flush()
             if engine:
                 steps.append(Step(ENGINE, engine, phase))
             if sleep:
                 steps.append(Step(SLEEP, sleep, phase))
-        elif sum(pending) >= CHUNK_NS:
+        elif per_event or sum(pending) >= CHUNK_NS:
             flush()
     flush()
     return steps
@@ -194,29 +204,35 @@ def trace_from_events(name: str, trace: Mapping, costs: CostProfile, mediated: b
 
 class _System:
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
-                 residency: Residency | None, interpreter_lock: bool = False) -> None:
+                 residency: Residency | None, interpreter_lock: bool = False,
+                 lock_handoff_ns: int = 0) -> None:
         self.env = env
         self.cores = simpy.Resource(env, capacity=cores)
         self.mediator = simpy.Resource(env, capacity=1)
         self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
+        self.lock_handoff_ns = lock_handoff_ns
         self.engine = EngineModel(env, scheduler, residency)
 
-
-def _holding(env: simpy.Environment, lock: simpy.Resource | None,
-             cores: simpy.Resource, ns: int) -> Generator:
-    """Spend `ns` on a core holding `lock` (the interpreter lock), or on a core alone
-    when there is none.  The lock is taken first: a thread waiting for it sleeps, and
-    leaves the cores to the guests in KVM_RUN."""
-    if lock is None:
-        with cores.request() as core:
-            yield core
-            yield env.timeout(ns)
-        return
-    with lock.request() as held:
-        yield held
-        with cores.request() as core:
-            yield core
-            yield env.timeout(ns)
+    def holding(self, step: Step) -> Generator:
+        """Spend the step on a core holding the interpreter lock (or on a core alone
+        when there is none).  The lock is taken first: a thread waiting for it sleeps,
+        and leaves the cores to the guests in KVM_RUN.  Where another VM holds or wants
+        the lock, each of the step's exits pays a hand-off (CostProfile.lock_handoff_ns)
+        while holding it: it slept, and waking it takes that long."""
+        env, lock = self.env, self.gil
+        if lock is None:
+            with self.cores.request() as core:
+                yield core
+                yield env.timeout(step.ns)
+            return
+        with lock.request() as held:
+            asked = env.now
+            yield held
+            slept = env.now > asked
+            with self.cores.request() as core:
+                yield core
+                yield env.timeout(step.ns + (step.events * self.lock_handoff_ns if slept
+                                             else 0))
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -228,7 +244,6 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
     residency = system.engine.residency
     if residency is not None:
         residency.add_vm(trace.name, trace.working_set_bytes)
-    gil = system.gil
     for step in trace.steps:
         if step.resource == ENGINE:
             kernel = Kernel(trace.name, step.ns, env.event())
@@ -245,9 +260,9 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
         elif step.resource == MEDIATOR:
             with system.mediator.request() as lock:
                 yield lock
-                yield from _holding(env, gil, system.cores, step.ns)
+                yield from system.holding(step)
         else:
-            yield from _holding(env, gil, system.cores, step.ns)
+            yield from system.holding(step)
     dispatcher.remove_vm(trace.name, env.now)
     if residency is not None:
         residency.remove_vm(trace.name)
@@ -257,14 +272,15 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
 def replay(traces: Sequence[VmTrace], cores: int = 2,
            policy: str | SchedulerConfig = "fifo",
            residency: Residency | None = None,
-           interpreter_lock: bool = False) -> ReplayResult:
+           interpreter_lock: bool = False, lock_handoff_ns: int = 0) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
     period).  With a `residency` the GPU has that much VRAM and each trace's
     working_set_bytes must be resident while its kernels run (gpuvm.sim.residency);
     a trace whose working set alone does not fit raises ResidencyError.
-    `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM."""
+    `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM;
+    `lock_handoff_ns`: what each exit pays to take it from another thread."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -272,7 +288,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
             residency.check(trace.name, trace.working_set_bytes)
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
-    system = _System(env, cores, config, residency, interpreter_lock)
+    system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
