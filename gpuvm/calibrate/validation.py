@@ -10,7 +10,7 @@ the contention the profile describes (the interpreter lock, the host cores, the
 mediator lock, the engine).  The host cores the VMs effectively get are fitted on the
 2-VM runs only (1 .. the machine's cores); the 4- and 8-VM runs are predictions.  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
-only ever adds time), with its own trace's prediction.
+only ever adds time), predicted from the fastest of the mode's traces.
 
 What was measured is kept as a bundle (`save` / `load`: the makespans, and every trace
 as the .npz the model reads), so the analysis -- the fit, the cores, the predictions --
@@ -53,33 +53,52 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import TraceKey, record_fastest
 
+    def makespan(n: int) -> int:
+        scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
+                                            for i in range(n)))
+        results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend))
+        failed = [r.error() for r in results if not r.passed]
+        if failed:
+            raise RuntimeError(f"{mode} x{n}: {failed[0]}")
+        return max(sum(p.wall_ns for p in r.session.phases) for r in results)
+
     out: list[Measured] = []
     for rep in range(reps):
         for mode in modes:
-            key = TraceKey(benchmark, params, mode)
-            trace = record_fastest(key, 1, backend)
+            # a first run of a mode after another is slower (measured: a pv trace
+            # recorded right after eight fv VMs took 1.8x the pv run after it), so one
+            # VM runs once, unmeasured, before the trace
+            makespan(1)
+            trace = record_fastest(TraceKey(benchmark, params, mode), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
-                scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
-                                                    for i in range(n)))
                 t0 = time.monotonic()
-                results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend))
-                failed = [r.error() for r in results if not r.passed]
-                if failed:
-                    raise RuntimeError(f"{mode} x{n}: {failed[0]}")
-                span = max(sum(p.wall_ns for p in r.session.phases) for r in results)
+                span = makespan(n)
                 out.append(Measured(mode, n, rep, span, trace))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
     return out
 
 
+def trace_ns(trace: Mapping) -> int:
+    """A recorded trace's own time: its runs' handler and between-event time."""
+    events = trace["events"]
+    return int(events.handler_ns.sum() + events.gap_ns.sum())
+
+
 def fastest(measured: Sequence[Measured]) -> list[Measured]:
+    """Per (mode, VMs) the fastest measurement, with the fastest trace of its mode:
+    host load only ever adds time, to a run as to a recording, and on the lent
+    machines one repetition of a run can take 1.5-2x another a minute later."""
     best: dict[tuple[str, int], Measured] = {}
+    best_trace: dict[str, Mapping] = {}
     for m in measured:
         k = (m.mode, m.vms)
         if k not in best or m.makespan_ns < best[k].makespan_ns:
             best[k] = m
-    return sorted(best.values(), key=lambda m: (m.mode, m.vms))
+        if m.mode not in best_trace or trace_ns(m.trace) < trace_ns(best_trace[m.mode]):
+            best_trace[m.mode] = m.trace
+    return sorted((replace(m, trace=best_trace[m.mode]) for m in best.values()),
+                  key=lambda m: (m.mode, m.vms))
 
 
 def predict(points: Sequence[Measured], profile: CostProfile) -> list[ValidationPoint]:
