@@ -1,0 +1,73 @@
+"""The model against what the emulator measured on the lent 16-core machine, re-analysed
+from the bundle `gpuvm calibrate --emulator` kept (tests/data/validation-h100: the
+makespans of 1, 2, 4 and 8 VMs of fv-opt and pv, and their traces; fv is left out only
+because its traces make the replay take a minute).
+
+This is deterministic -- no guest runs, the same bundle gives the same predictions -- so
+it holds the model, not the host, to a bound: a change to the replay, the fit or the
+trace format that makes the model worse fails here.  The bound is loose because the
+model is not yet within its 10% goal (README, "The model against the emulator"); the
+test also checks that the mechanism fitted on the 2-VM runs (the interpreter lock's
+hand-off) is what brings the 4- and 8-VM predictions closer."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpuvm.calibrate import validation
+
+BUNDLE = Path(__file__).parent / "data" / "validation-h100"
+MEAN_BOUND_PCT = 30.0  # mean |error| over the bundle's points; measured: see the README
+
+
+@pytest.fixture(scope="module")
+def analysis():
+    measured, fits, about = validation.load(BUNDLE)
+    return validation.analyse(measured, fits, about["cpus"])
+
+
+def _mean_abs(points) -> float:
+    return sum(abs(p.error_pct) for p in points) / len(points)
+
+
+def test_the_model_predicts_the_measured_makespans_within_its_bound(analysis):
+    assert {(p.mode, p.vms) for p in analysis.points} == \
+        {(m, n) for m in ("fv-opt", "pv") for n in (1, 2, 4, 8)}
+    assert _mean_abs(analysis.points) <= MEAN_BOUND_PCT, analysis.points
+
+
+def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
+    assert analysis.profile.lock_handoff_ns > 0
+    without = validation.predict(analysis.kept, replace(analysis.profile, lock_handoff_ns=0.0))
+    larger = [p for p in analysis.points if p.vms > validation.FIT_VMS]
+    assert _mean_abs(larger) < _mean_abs([p for p in without if p.vms > validation.FIT_VMS])
+
+
+def test_a_bundle_saved_again_loads_the_same(tmp_path):
+    measured, fits, about = validation.load(BUNDLE)
+    validation.save(tmp_path / "again", measured, fits, about)
+    again, fits_again, about_again = validation.load(tmp_path / "again")
+    assert about_again == about and len(fits_again) == len(fits)
+    assert [(m.mode, m.vms, m.rep, m.makespan_ns) for m in again] == \
+        [(m.mode, m.vms, m.rep, m.makespan_ns) for m in measured]
+    assert all(a.trace["events"] == b.trace["events"] for a, b in zip(again, measured))
+
+
+def test_a_bundle_is_never_written_over(tmp_path):
+    measured, fits, about = validation.load(BUNDLE)
+    validation.save(tmp_path / "b", measured[:1], [], about)
+    with pytest.raises(FileExistsError):
+        validation.save(tmp_path / "b", measured, fits, about)
+
+
+def test_a_broken_bundle_is_one_error_line(tmp_path, gpuvm_cli):
+    rc, _, err = gpuvm_cli("calibrate", "--emulator", "--from", str(tmp_path))
+    assert rc == 2 and err.count("\n") == 1 and "not a validation bundle" in err
+    shutil.copytree(BUNDLE, tmp_path / "b")
+    next((tmp_path / "b").glob("*.npz")).write_bytes(b"not an npz")
+    rc, _, err = gpuvm_cli("calibrate", "--emulator", "--from", str(tmp_path / "b"))
+    assert rc == 2 and err.count("\n") == 1 and ".npz" in err, err
