@@ -22,6 +22,7 @@ import ctypes
 import os
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -77,7 +78,34 @@ MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused 
 # needs (measured: 6x slower on 2 cores, 1.4x faster on 16).  Polling with a sched_yield
 # between tries was measured too on 2 cores (load ~11, Python ping-pong): no faster than
 # blocking, and plain polling 1.1-3.7x slower.
-SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
+#
+# GPUVM_VFIO_USER_POLL_US overrides that choice (microseconds, 0 = never poll), read once
+# when this module is imported, so that both sides of a connection -- a server process
+# inherits the VMM's environment -- poll alike: it lets the 16-core behaviour be measured
+# on a small host (`gpuvm bench vfio-user --poll-us`), or polling be turned off on a
+# large one.
+POLL_ENV = "GPUVM_VFIO_USER_POLL_US"
+DEFAULT_SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
+
+
+def _spin_from_env(default: float) -> float:
+    text = os.environ.get(POLL_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= 1e6:
+        # Read at import, before any CLI error handling: one line and exit status 2, as
+        # every bad input gets, rather than a traceback from an import.
+        sys.stderr.write(f"gpuvm: error: {POLL_ENV}={text!r}: expected microseconds "
+                         f"between 0 and 1000000\n")
+        raise SystemExit(2)
+    return us * 1e-6
+
+
+SPIN_S = _spin_from_env(DEFAULT_SPIN_S)
 
 DMA_FLAG_READ = 1 << 0
 DMA_FLAG_WRITE = 1 << 1
