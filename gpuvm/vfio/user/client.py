@@ -69,39 +69,75 @@ class VfioUserDevice:
         return cls(sock, name or path)
 
     # ---------------------------------------------------------------- transport
+    def _next_msg_id(self) -> int:
+        """The id of the next command (the lock is held)."""
+        if self._closed:
+            raise VfioError(f"{self.name}: the device is closed")
+        self._msg_id = (self._msg_id + 1) & 0xFFFF
+        return self._msg_id
+
     def _call(self, command: int, payload: bytes = b"",
               fds: list[int] | tuple[int, ...] = ()) -> p.Message:
         with self._lock:
-            if self._closed:
-                raise VfioError(f"{self.name}: the device is closed")
-            self._msg_id = (self._msg_id + 1) & 0xFFFF
-            msg_id = self._msg_id
-            with_fds = command in REPLIES_WITH_FDS
+            msg_id = self._next_msg_id()
             try:
                 p.send(self.sock, p.encode(msg_id, command, payload), fds)
-                while True:
-                    msg = self._channel.receive(with_fds)
-                    if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
-                        self._mapping_event(msg)
-                        continue
-                    if not msg.is_reply or msg.header.msg_id != msg_id or \
-                            msg.command != command:
-                        raise p.ProtocolError(
-                            f"{self.name}: expected the reply to {msg_id} "
-                            f"({p.COMMAND_NAMES.get(command)}), got message "
-                            f"{msg.header.msg_id} command {msg.command}")
-                    break
+                msg = self._await_reply(msg_id, command, command in REPLIES_WITH_FDS)
             except EOFError:
                 raise VfioError(f"{self.name}: the vfio-user server hung up") from None
             except OSError as exc:
                 raise VfioError(f"{self.name}: vfio-user socket: {exc}") from None
-            if msg.header.flags & p.FLAG_ERROR:
-                for fd in msg.fds:
-                    os.close(fd)
-                err = msg.header.error
-                raise VfioError(f"{self.name}: {p.COMMAND_NAMES.get(command, command)} "
-                                f"refused by the server ({errno.errorcode.get(err, err)})")
+            return self._accepted(msg, command)
+
+    def _await_reply(self, msg_id: int, command: int, with_fds: bool) -> p.Message:
+        """The reply to `msg_id`, applying the mapping events that come ahead of it."""
+        while True:
+            msg = self._channel.receive(with_fds)
+            if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
+                self._mapping_event(msg)
+                continue
+            if not msg.is_reply or msg.header.msg_id != msg_id or msg.command != command:
+                raise p.ProtocolError(
+                    f"{self.name}: expected the reply to {msg_id} "
+                    f"({p.COMMAND_NAMES.get(command)}), got message "
+                    f"{msg.header.msg_id} command {msg.command}")
             return msg
+
+    def _accepted(self, msg: p.Message, command: int) -> p.Message:
+        """`msg`, or VfioError when it is an error reply."""
+        if msg.header.flags & p.FLAG_ERROR:
+            for fd in msg.fds:
+                os.close(fd)
+            err = msg.header.error
+            raise VfioError(f"{self.name}: {p.COMMAND_NAMES.get(command, command)} "
+                            f"refused by the server ({errno.errorcode.get(err, err)})")
+        return msg
+
+    def _access(self, request: bytes, msg_id: int, command: int, expected: bytes,
+                reply_size: int) -> bytes | p.Message:
+        """Send a REGION_READ/WRITE and take its reply (the lock is held).
+
+        The fast path, which every trapped access takes: one read brings exactly
+        `reply_size` bytes starting with `expected` (the reply's header and the echoed
+        access), and those bytes are returned.  Anything else -- a mapping event first,
+        an error reply, part of a reply, an echo that differs -- is given back to the
+        channel and read as messages: the reply Message is returned then (error replies
+        raise VfioError)."""
+        try:
+            sent = self.sock.send(request)
+            if sent < len(request):
+                self.sock.sendall(request[sent:])
+            if self._channel.idle:
+                chunk = self._channel.next_chunk(False, reply_size)
+                if len(chunk) == reply_size and chunk.startswith(expected):
+                    return chunk
+                self._channel.push(chunk)
+            msg = self._await_reply(msg_id, command, False)
+        except EOFError:
+            raise VfioError(f"{self.name}: the vfio-user server hung up") from None
+        except OSError as exc:
+            raise VfioError(f"{self.name}: vfio-user socket: {exc}") from None
+        return self._accepted(msg, command)
 
     def _negotiate(self) -> dict[str, Any]:
         body = json.dumps({"capabilities": CLIENT_CAPABILITIES}).encode() + b"\0"
@@ -143,7 +179,23 @@ class VfioUserDevice:
         raise p.ProtocolError(f"{self.name}: region {index} info keeps growing")
 
     def read(self, region: int, offset: int, size: int) -> int:
-        reply = self._call(p.REGION_READ, p.ACCESS.pack(offset, region, size))
+        value_layout = p.VALUE.get(size)
+        if value_layout is None:  # not a register's size: the general path
+            return self._value_of(self._call(p.REGION_READ,
+                                             p.ACCESS.pack(offset, region, size)), size)
+        whole = p.ACCESS_MESSAGE.size
+        with self._lock:
+            msg_id = self._next_msg_id()
+            reply = self._access(
+                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_READ, whole, p.TYPE_COMMAND, 0,
+                                      offset, region, size), msg_id, p.REGION_READ,
+                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_READ, whole + size, p.TYPE_REPLY, 0,
+                                      offset, region, size), whole + size)
+        if isinstance(reply, bytes):
+            return value_layout.unpack_from(reply, whole)[0]
+        return self._value_of(reply, size)
+
+    def _value_of(self, reply: p.Message, size: int) -> int:
         payload = reply.payload
         if len(payload) != p.ACCESS.size + size or \
                 p.ACCESS.unpack_from(payload)[2] != size:
@@ -152,8 +204,19 @@ class VfioUserDevice:
         return int.from_bytes(payload[p.ACCESS.size:], "little")
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
-        data = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
-        self._call(p.REGION_WRITE, p.ACCESS.pack(offset, region, size) + data)
+        layout = p.ACCESS_WITH_VALUE.get(size)
+        if layout is None:  # not a register's size: the general path
+            data = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+            self._call(p.REGION_WRITE, p.ACCESS.pack(offset, region, size) + data)
+            return
+        whole = p.ACCESS_MESSAGE.size
+        with self._lock:
+            msg_id = self._next_msg_id()
+            self._access(
+                layout.pack(msg_id, p.REGION_WRITE, whole + size, p.TYPE_COMMAND, 0, offset,
+                            region, size, value & p.VALUE_MASK[size]), msg_id, p.REGION_WRITE,
+                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_WRITE, whole, p.TYPE_REPLY, 0, offset,
+                                      region, size), whole)
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import ctypes
 import os
+import select
 import socket
 import struct
 import sys
@@ -206,6 +207,16 @@ assert HEADER_SIZE == 16
 HEADER = struct.Struct("<HHIII")
 ACCESS = struct.Struct("<QII")  # RegionAccess
 assert HEADER.size == HEADER_SIZE and ACCESS.size == ctypes.sizeof(RegionAccess)
+# A whole REGION_READ/WRITE message in one struct: header + RegionAccess (a write's
+# request, a read's request, a write's reply), and the same + the value in the sizes a
+# register access has (a write's request, a read's reply): one pack or one unpack per
+# message on either side.
+ACCESS_MESSAGE = struct.Struct("<HHIIIQII")
+VALUE_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+ACCESS_WITH_VALUE = {n: struct.Struct(ACCESS_MESSAGE.format + c) for n, c in VALUE_CODES.items()}
+VALUE = {n: struct.Struct("<" + c) for n, c in VALUE_CODES.items()}
+VALUE_MASK = {n: (1 << 8 * n) - 1 for n in VALUE_CODES}
+assert ACCESS_MESSAGE.size == HEADER_SIZE + ACCESS.size
 
 
 class ProtocolError(VfioError):
@@ -294,7 +305,12 @@ class Channel:
     usually brings a whole message (often the next one's start too, which waits in the
     buffer).  Fds arrive with the first byte of the message they belong to; the sender
     sends each message's fds with its first bytes, so they are given to the message
-    being assembled when they arrive."""
+    being assembled when they arrive.
+
+    The per-access paths (a client awaiting the reply to a REGION_READ/WRITE, a server
+    awaiting the next command) take one read with `next_chunk` and decode it themselves
+    when it is exactly the message they expect; anything else goes back with `push` and
+    is read as messages by `receive`."""
 
     READ_SIZE = 1 << 16
 
@@ -306,15 +322,19 @@ class Channel:
         self._buf = bytearray()
         self._fds: list[int] = []
         self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
+        # Polling asks poll(2) whether a message is there: a failed MSG_DONTWAIT read
+        # raises BlockingIOError, which costs ~3x as much, so the reply was noticed late
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
 
-    def _read(self, fds: bool, flags: int = 0) -> bytes:
-        """One read.  fds=False reads without room for ancillary data -- a few
-        microseconds cheaper, which a trapped access pays on each reply -- for a reader
-        that expects no fds: any that come anyway are closed by the kernel (MSG_CTRUNC),
-        never leaked."""
+    def _read(self, fds: bool, size: int = READ_SIZE) -> bytes:
+        """One read (it waits for data).  fds=False reads without room for ancillary
+        data -- cheaper, which a trapped access pays on each reply -- for a reader that
+        expects no fds: any that come anyway are closed by the kernel (MSG_CTRUNC), never
+        leaked."""
         if not fds:
-            return self.sock.recv(self.READ_SIZE, flags)
-        chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space, flags)
+            return self.sock.recv(size)
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(size, self._space)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -322,34 +342,56 @@ class Channel:
                 self._fds.extend(got)
         return chunk
 
-    def _fill(self, fds: bool = True) -> None:
-        chunk = None
+    def _poll(self) -> None:
+        """Wait up to spin_s for the socket to become readable, without sleeping.  A
+        reply usually comes within microseconds; sleeping in recvmsg for it costs a
+        wake-up, which in a virtual machine is an interprocessor interrupt and several
+        times the round trip.  Poll briefly first; the read that follows blocks."""
+        poll, clock = self._poller.poll, time.perf_counter
+        deadline = clock() + self.spin_s
+        while not poll(0) and clock() < deadline:
+            pass
+
+    def next_chunk(self, fds: bool = True, size: int = READ_SIZE) -> bytes:
+        """One read of at most `size` bytes, polling first (spin_s), not buffered: the
+        caller decodes it or gives it back with `push`.  Fds that came with it wait in
+        the channel (`has_fds`).  EOFError when the peer hung up between messages."""
         if self.spin_s:
-            # A reply usually comes within microseconds; sleeping in recvmsg for it costs
-            # a wake-up, which in a virtual machine is an interprocessor interrupt and
-            # several times the round trip.  Poll briefly first, then block.
-            deadline = time.perf_counter() + self.spin_s
-            while time.perf_counter() < deadline:
-                try:
-                    chunk = self._read(fds, socket.MSG_DONTWAIT)
-                    break
-                except BlockingIOError:
-                    continue
-        if chunk is None:
-            chunk = self._read(fds)
+            self._poll()
+        chunk = self._read(fds, size)
         if not chunk:
             if self._buf or self._fds:
                 raise ProtocolError(f"peer hung up inside a message ({len(self._buf)} "
                                     f"bytes buffered)")
             raise EOFError
+        return chunk
+
+    def push(self, chunk: bytes) -> None:
+        """Give back what `next_chunk` read: `receive` reads it as messages."""
         self._buf += chunk
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered: the next byte read starts a message."""
+        return not self._buf and not self._fds
+
+    @property
+    def has_fds(self) -> bool:
+        return bool(self._fds)
+
+    def _fill(self, fds: bool = True) -> None:
+        self._buf += self.next_chunk(fds)
 
     def fill_now(self) -> None:
         """Read what the socket has now (one recvmsg, no polling: the caller knows it is
         readable)."""
+        self._buf += self.read_now()
+
+    def read_now(self) -> bytes:
+        """`next_chunk` without polling (the caller knows the socket is readable)."""
         spin, self.spin_s = self.spin_s, 0.0
         try:
-            self._fill()
+            return self.next_chunk()
         finally:
             self.spin_s = spin
 

@@ -113,10 +113,16 @@ class DeviceServer:
 
     def serve(self) -> None:
         """Answer commands until the client hangs up or breaks the protocol."""
+        channel = self.channel
         try:
             while True:
                 try:
-                    msg = self.channel.receive()
+                    if channel.idle:
+                        chunk = channel.next_chunk()
+                        if not channel.has_fds and self._answer_access(chunk):
+                            continue
+                        channel.push(chunk)
+                    msg = channel.receive()
                 except EOFError:
                     self.disconnect_reason = "client hung up"
                     return
@@ -139,7 +145,10 @@ class DeviceServer:
         False once the connection is closed (torn down)."""
         try:
             try:
-                self.channel.fill_now()
+                chunk = self.channel.read_now()
+                if self.channel.idle and self._answer_access(chunk):
+                    return True
+                self.channel.push(chunk)
                 while (msg := self.channel.buffered()) is not None:
                     if not self._handle(msg):
                         break
@@ -211,6 +220,54 @@ class DeviceServer:
                 pass  # the client is gone; teardown follows on the receive side
 
     # ---------------------------------------------------------------- dispatch
+    def _answer_access(self, chunk: bytes) -> bool:
+        """Answer `chunk` when it is exactly one REGION_READ/WRITE of a register's size
+        (1, 2, 4 or 8 bytes) that needs no check beyond its sizes: the message every
+        trapped access sends, decoded with one unpack and answered with one pack.  False
+        (nothing done, nothing sent) for anything else -- another command, a no-reply
+        flag, more or less than one message, a count the sizes do not agree with --
+        which `_handle` then answers or refuses as the general path does."""
+        if len(chunk) < p.ACCESS_MESSAGE.size or not self.negotiated:
+            return False
+        msg_id, command, size, flags, _, offset, region, count = \
+            p.ACCESS_MESSAGE.unpack_from(chunk)
+        if size != len(chunk) or flags != p.TYPE_COMMAND:
+            return False
+        whole = p.ACCESS_MESSAGE.size
+        try:
+            if command == p.REGION_WRITE:
+                value_layout = p.VALUE.get(count)
+                if value_layout is None or size != whole + count:
+                    return False
+                self.device.write(region, offset, count, value_layout.unpack_from(chunk, whole)[0])
+                reply = p.ACCESS_MESSAGE.pack(msg_id, command, whole, p.TYPE_REPLY, 0,
+                                              offset, region, count)
+            elif command == p.REGION_READ:
+                layout = p.ACCESS_WITH_VALUE.get(count)
+                if layout is None or size != whole:
+                    return False
+                value = self.device.read(region, offset, count)
+                reply = layout.pack(msg_id, command, whole + count, p.TYPE_REPLY, 0, offset,
+                                    region, count, value & p.VALUE_MASK[count])
+            else:
+                return False
+        except VfioError as exc:
+            self._refused(p.MessageHeader(msg_id, command, size, flags, 0), exc)
+            return True
+        with self._send_lock:
+            sent = self.sock.send(reply)
+            if sent < len(reply):
+                self.sock.sendall(reply[sent:])
+        return True
+
+    def _refused(self, h: p.MessageHeader, exc: VfioError) -> None:
+        """The device refused a command: an error reply (unless none is wanted), and the
+        connection goes on."""
+        log.info("%s: %s refused: %s", self.name, p.COMMAND_NAMES.get(h.command, h.command),
+                 exc)
+        if not h.flags & p.FLAG_NO_REPLY:
+            self._error(h, getattr(exc, "errno", None) or errno.EINVAL)
+
     def _handle(self, msg: p.Message) -> bool:
         """Answer one message; False when the connection must close."""
         h = msg.header
@@ -240,9 +297,7 @@ class DeviceServer:
             log.warning("%s: malformed %s (%s); closing the connection", self.name, name, exc)
             return False
         except VfioError as exc:
-            log.info("%s: %s refused: %s", self.name, name, exc)
-            if not h.flags & p.FLAG_NO_REPLY:
-                self._error(h, getattr(exc, "errno", None) or errno.EINVAL)
+            self._refused(h, exc)
             return True
         if not h.flags & p.FLAG_NO_REPLY:
             self._reply(h, payload, fds)
