@@ -36,8 +36,14 @@ CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "gpuvm": ["mapping", "stats"]}
 
 # The only replies that bring fds (a mappable region's memory); others are read without
-# room for ancillary data (protocol.Channel._fill)
+# room for ancillary data (protocol.Channel._read)
 REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO})
+
+# The per-access path's layouts and constants, bound here once: looking each up in
+# `protocol` on every access was a measurable part of a round trip
+_ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
+_VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
+_READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
 
 
 class VfioUserDevice:
@@ -72,9 +78,12 @@ class VfioUserDevice:
     def _next_msg_id(self) -> int:
         """The id of the next command (the lock is held)."""
         if self._closed:
-            raise VfioError(f"{self.name}: the device is closed")
+            raise self._closed_error()
         self._msg_id = (self._msg_id + 1) & 0xFFFF
         return self._msg_id
+
+    def _closed_error(self) -> VfioError:
+        return VfioError(f"{self.name}: the device is closed")
 
     def _call(self, command: int, payload: bytes = b"",
               fds: list[int] | tuple[int, ...] = ()) -> p.Message:
@@ -113,8 +122,8 @@ class VfioUserDevice:
                             f"refused by the server ({errno.errorcode.get(err, err)})")
         return msg
 
-    def _access(self, request: bytes, msg_id: int, command: int, expected: bytes,
-                reply_size: int) -> bytes | p.Message:
+    def _access(self, request: bytes, expected: bytes, reply_size: int, msg_id: int,
+                command: int) -> bytes | p.Message:
         """Send a REGION_READ/WRITE and take its reply (the lock is held).
 
         The fast path, which every trapped access takes: one read brings exactly
@@ -123,15 +132,16 @@ class VfioUserDevice:
         an error reply, part of a reply, an echo that differs -- is given back to the
         channel and read as messages: the reply Message is returned then (error replies
         raise VfioError)."""
+        channel = self._channel
         try:
             sent = self.sock.send(request)
             if sent < len(request):
                 self.sock.sendall(request[sent:])
-            if self._channel.idle:
-                chunk = self._channel.next_chunk(False, reply_size)
+            chunk = channel.read_reply(reply_size)
+            if chunk is not None:
                 if len(chunk) == reply_size and chunk.startswith(expected):
                     return chunk
-                self._channel.push(chunk)
+                channel.push(chunk)
             msg = self._await_reply(msg_id, command, False)
         except EOFError:
             raise VfioError(f"{self.name}: the vfio-user server hung up") from None
@@ -179,20 +189,20 @@ class VfioUserDevice:
         raise p.ProtocolError(f"{self.name}: region {index} info keeps growing")
 
     def read(self, region: int, offset: int, size: int) -> int:
-        value_layout = p.VALUE.get(size)
+        value_layout = _VALUE.get(size)
         if value_layout is None:  # not a register's size: the general path
             return self._value_of(self._call(p.REGION_READ,
                                              p.ACCESS.pack(offset, region, size)), size)
-        whole = p.ACCESS_MESSAGE.size
         with self._lock:
-            msg_id = self._next_msg_id()
+            if self._closed:
+                raise self._closed_error()
+            msg_id = self._msg_id = (self._msg_id + 1) & 0xFFFF
             reply = self._access(
-                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_READ, whole, p.TYPE_COMMAND, 0,
-                                      offset, region, size), msg_id, p.REGION_READ,
-                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_READ, whole + size, p.TYPE_REPLY, 0,
-                                      offset, region, size), whole + size)
+                _ACCESS_MESSAGE.pack(msg_id, _READ, _WHOLE, _COMMAND, 0, offset, region, size),
+                _ACCESS_MESSAGE.pack(msg_id, _READ, _WHOLE + size, _REPLY, 0, offset, region,
+                                     size), _WHOLE + size, msg_id, _READ)
         if isinstance(reply, bytes):
-            return value_layout.unpack_from(reply, whole)[0]
+            return value_layout.unpack_from(reply, _WHOLE)[0]
         return self._value_of(reply, size)
 
     def _value_of(self, reply: p.Message, size: int) -> int:
@@ -204,19 +214,20 @@ class VfioUserDevice:
         return int.from_bytes(payload[p.ACCESS.size:], "little")
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
-        layout = p.ACCESS_WITH_VALUE.get(size)
+        layout = _ACCESS_WITH_VALUE.get(size)
         if layout is None:  # not a register's size: the general path
             data = (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
             self._call(p.REGION_WRITE, p.ACCESS.pack(offset, region, size) + data)
             return
-        whole = p.ACCESS_MESSAGE.size
         with self._lock:
-            msg_id = self._next_msg_id()
+            if self._closed:
+                raise self._closed_error()
+            msg_id = self._msg_id = (self._msg_id + 1) & 0xFFFF
             self._access(
-                layout.pack(msg_id, p.REGION_WRITE, whole + size, p.TYPE_COMMAND, 0, offset,
-                            region, size, value & p.VALUE_MASK[size]), msg_id, p.REGION_WRITE,
-                p.ACCESS_MESSAGE.pack(msg_id, p.REGION_WRITE, whole, p.TYPE_REPLY, 0, offset,
-                                      region, size), whole)
+                layout.pack(msg_id, _WRITE, _WHOLE + size, _COMMAND, 0, offset, region, size,
+                            value & _VALUE_MASK[size]),
+                _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region, size),
+                _WHOLE, msg_id, _WRITE)
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         with self._lock:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import array
 import ctypes
 import os
-import select
 import socket
 import struct
 import sys
@@ -322,19 +321,14 @@ class Channel:
         self._buf = bytearray()
         self._fds: list[int] = []
         self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
-        # Polling asks poll(2) whether a message is there: a failed MSG_DONTWAIT read
-        # raises BlockingIOError, which costs ~3x as much, so the reply was noticed late
-        self._poller = select.poll()
-        self._poller.register(sock, select.POLLIN)
 
-    def _read(self, fds: bool, size: int = READ_SIZE) -> bytes:
-        """One read (it waits for data).  fds=False reads without room for ancillary
-        data -- cheaper, which a trapped access pays on each reply -- for a reader that
-        expects no fds: any that come anyway are closed by the kernel (MSG_CTRUNC), never
-        leaked."""
+    def _read(self, fds: bool, size: int = READ_SIZE, flags: int = 0) -> bytes:
+        """One read.  fds=False reads without room for ancillary data -- cheaper, which a
+        trapped access pays on each reply -- for a reader that expects no fds: any that
+        come anyway are closed by the kernel (MSG_CTRUNC), never leaked."""
         if not fds:
-            return self.sock.recv(size)
-        chunk, ancillary, _flags, _addr = self.sock.recvmsg(size, self._space)
+            return self.sock.recv(size, flags)
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(size, self._space, flags)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -342,29 +336,46 @@ class Channel:
                 self._fds.extend(got)
         return chunk
 
-    def _poll(self) -> None:
-        """Wait up to spin_s for the socket to become readable, without sleeping.  A
-        reply usually comes within microseconds; sleeping in recvmsg for it costs a
-        wake-up, which in a virtual machine is an interprocessor interrupt and several
-        times the round trip.  Poll briefly first; the read that follows blocks."""
-        poll, clock = self._poller.poll, time.perf_counter
-        deadline = clock() + self.spin_s
-        while not poll(0) and clock() < deadline:
-            pass
-
     def next_chunk(self, fds: bool = True, size: int = READ_SIZE) -> bytes:
-        """One read of at most `size` bytes, polling first (spin_s), not buffered: the
+        """One read of at most `size` bytes (polling first for spin_s), not buffered: the
         caller decodes it or gives it back with `push`.  Fds that came with it wait in
         the channel (`has_fds`).  EOFError when the peer hung up between messages."""
-        if self.spin_s:
-            self._poll()
-        chunk = self._read(fds, size)
+        chunk = self._poll_read(fds, size) if self.spin_s else self._read(fds, size)
         if not chunk:
             if self._buf or self._fds:
                 raise ProtocolError(f"peer hung up inside a message ({len(self._buf)} "
                                     f"bytes buffered)")
             raise EOFError
         return chunk
+
+    def read_reply(self, size: int) -> bytes | None:
+        """For a client awaiting a reply without fds: one read of at most `size` bytes
+        (polling first for spin_s), not buffered; None when bytes of an earlier read are
+        buffered (then `receive` reads on from them).  EOFError when the peer hung up."""
+        if self._buf or self._fds:
+            return None
+        chunk = self._poll_read(False, size) if self.spin_s else self.sock.recv(size)
+        if not chunk:
+            raise EOFError
+        return chunk
+
+    def _poll_read(self, fds: bool, size: int) -> bytes:
+        """A reply usually comes within microseconds; sleeping in recvmsg for it costs a
+        wake-up, which in a virtual machine is an interprocessor interrupt and several
+        times the round trip.  So try to read for spin_s first, then block.  Each try is
+        the read itself: a failed one raises BlockingIOError (~1 µs), but asking poll(2)
+        first costs a second system call on every message, which measured slower
+        (gpuvm bench vfio-user, 2 cores polling: +0.3-0.5 µs a round trip)."""
+        recv, clock = self.sock.recv, time.perf_counter
+        deadline = clock() + self.spin_s
+        while True:
+            try:
+                if fds:
+                    return self._read(True, size, socket.MSG_DONTWAIT)
+                return recv(size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if clock() >= deadline:
+                    return self._read(fds, size)
 
     def push(self, chunk: bytes) -> None:
         """Give back what `next_chunk` read: `receive` reads it as messages."""

@@ -45,6 +45,12 @@ SERVER_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "pgsizes": mmap.PAGESIZE}
 GPUVM_EXTENSIONS = ["mapping", "stats"]
 
+# The per-access path's layouts and constants, bound here once: looking each up in
+# `protocol` on every message was a measurable part of a round trip
+_ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
+_VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
+_READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
+
 
 @dataclass(frozen=True)
 class SharedMemory:
@@ -227,28 +233,28 @@ class DeviceServer:
         (nothing done, nothing sent) for anything else -- another command, a no-reply
         flag, more or less than one message, a count the sizes do not agree with --
         which `_handle` then answers or refuses as the general path does."""
-        if len(chunk) < p.ACCESS_MESSAGE.size or not self.negotiated:
+        if len(chunk) < _WHOLE or not self.negotiated:
             return False
         msg_id, command, size, flags, _, offset, region, count = \
-            p.ACCESS_MESSAGE.unpack_from(chunk)
-        if size != len(chunk) or flags != p.TYPE_COMMAND:
+            _ACCESS_MESSAGE.unpack_from(chunk)
+        if size != len(chunk) or flags != _COMMAND:
             return False
-        whole = p.ACCESS_MESSAGE.size
         try:
-            if command == p.REGION_WRITE:
-                value_layout = p.VALUE.get(count)
-                if value_layout is None or size != whole + count:
+            if command == _WRITE:
+                value_layout = _VALUE.get(count)
+                if value_layout is None or size != _WHOLE + count:
                     return False
-                self.device.write(region, offset, count, value_layout.unpack_from(chunk, whole)[0])
-                reply = p.ACCESS_MESSAGE.pack(msg_id, command, whole, p.TYPE_REPLY, 0,
-                                              offset, region, count)
-            elif command == p.REGION_READ:
-                layout = p.ACCESS_WITH_VALUE.get(count)
-                if layout is None or size != whole:
+                self.device.write(region, offset, count,
+                                  value_layout.unpack_from(chunk, _WHOLE)[0])
+                reply = _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region,
+                                             count)
+            elif command == _READ:
+                layout = _ACCESS_WITH_VALUE.get(count)
+                if layout is None or size != _WHOLE:
                     return False
                 value = self.device.read(region, offset, count)
-                reply = layout.pack(msg_id, command, whole + count, p.TYPE_REPLY, 0, offset,
-                                    region, count, value & p.VALUE_MASK[count])
+                reply = layout.pack(msg_id, _READ, _WHOLE + count, _REPLY, 0, offset, region,
+                                    count, value & _VALUE_MASK[count])
             else:
                 return False
         except VfioError as exc:
