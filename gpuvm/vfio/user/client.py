@@ -137,7 +137,7 @@ class VfioUserDevice:
             sent = self.sock.send(request)
             if sent < len(request):
                 self.sock.sendall(request[sent:])
-            chunk = channel.read_reply(reply_size)
+            chunk = channel.read_one(False, reply_size)
             if chunk is not None:
                 if len(chunk) == reply_size and chunk.startswith(expected):
                     return chunk

@@ -307,7 +307,7 @@ class Channel:
     being assembled when they arrive.
 
     The per-access paths (a client awaiting the reply to a REGION_READ/WRITE, a server
-    awaiting the next command) take one read with `next_chunk` and decode it themselves
+    awaiting the next command) take one read with `read_one` and decode it themselves
     when it is exactly the message they expect; anything else goes back with `push` and
     is read as messages by `receive`."""
 
@@ -338,8 +338,8 @@ class Channel:
 
     def next_chunk(self, fds: bool = True, size: int = READ_SIZE) -> bytes:
         """One read of at most `size` bytes (polling first for spin_s), not buffered: the
-        caller decodes it or gives it back with `push`.  Fds that came with it wait in
-        the channel (`has_fds`).  EOFError when the peer hung up between messages."""
+        caller buffers it or decodes it.  Fds that came with it wait in the channel.
+        EOFError when the peer hung up between messages."""
         chunk = self._poll_read(fds, size) if self.spin_s else self._read(fds, size)
         if not chunk:
             if self._buf or self._fds:
@@ -348,15 +348,28 @@ class Channel:
             raise EOFError
         return chunk
 
-    def read_reply(self, size: int) -> bytes | None:
-        """For a client awaiting a reply without fds: one read of at most `size` bytes
-        (polling first for spin_s), not buffered; None when bytes of an earlier read are
-        buffered (then `receive` reads on from them).  EOFError when the peer hung up."""
+    def read_one(self, fds: bool, size: int = READ_SIZE) -> bytes | None:
+        """For the per-access paths: one read of at most `size` bytes (polling first for
+        spin_s), returned unbuffered for the caller to decode, or to give back with
+        `push`.  None when bytes or fds of an earlier read wait in the buffer (nothing is
+        read then) or when fds came with this read (then it waits in the buffer with
+        them): `receive` takes over.  EOFError when the peer hung up."""
         if self._buf or self._fds:
             return None
-        chunk = self._poll_read(False, size) if self.spin_s else self.sock.recv(size)
+        if self.spin_s:
+            chunk = self._poll_read(fds, size)
+        else:
+            chunk = self._read(True, size) if fds else self.sock.recv(size)
         if not chunk:
+            if self._fds:
+                for fd in self._fds:
+                    _close(fd)
+                self._fds.clear()
+                raise ProtocolError("peer hung up after sending fds")
             raise EOFError
+        if self._fds:
+            self._buf += chunk
+            return None
         return chunk
 
     def _poll_read(self, fds: bool, size: int) -> bytes:
@@ -378,7 +391,8 @@ class Channel:
                     return self._read(fds, size)
 
     def push(self, chunk: bytes) -> None:
-        """Give back what `next_chunk` read: `receive` reads it as messages."""
+        """Give back what `read_one` or `read_now` returned: `receive` reads it as
+        messages."""
         self._buf += chunk
 
     @property
@@ -386,17 +400,8 @@ class Channel:
         """Nothing buffered: the next byte read starts a message."""
         return not self._buf and not self._fds
 
-    @property
-    def has_fds(self) -> bool:
-        return bool(self._fds)
-
     def _fill(self, fds: bool = True) -> None:
         self._buf += self.next_chunk(fds)
-
-    def fill_now(self) -> None:
-        """Read what the socket has now (one recvmsg, no polling: the caller knows it is
-        readable)."""
-        self._buf += self.read_now()
 
     def read_now(self) -> bytes:
         """`next_chunk` without polling (the caller knows the socket is readable)."""

@@ -119,13 +119,13 @@ class DeviceServer:
 
     def serve(self) -> None:
         """Answer commands until the client hangs up or breaks the protocol."""
-        channel = self.channel
+        channel, answer_access = self.channel, self._answer_access
         try:
             while True:
                 try:
-                    if channel.idle:
-                        chunk = channel.next_chunk()
-                        if not channel.has_fds and self._answer_access(chunk):
+                    chunk = channel.read_one(True)
+                    if chunk is not None:
+                        if answer_access(chunk):
                             continue
                         channel.push(chunk)
                     msg = channel.receive()
