@@ -1,4 +1,4 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,fuzz}`: each prints what it measures
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz}`: each prints what it measures
 side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
@@ -20,6 +20,8 @@ BENCHES = {
     "isolation": ("gpuvm.bench.isolation", "main_isolation", "VMs as threads vs as VMM "
                                                              "processes over vfio-user"),
     "sim": ("gpuvm.bench.sim", "main_sim", "the simpy model's events/s at 16 and 1,024 VMs"),
+    "vfio-user": ("gpuvm.bench.vfio_user", "main_vfio_user", "a trapped access over a "
+                  "vfio-user socket vs in-process, no KVM (--baseline: two checkouts)"),
     "fuzz": ("gpuvm.bench.fuzz", "main_fuzz", "hostile guest operations against two vGPUs, "
                                               "the reference monitor on"),
 }

@@ -22,6 +22,7 @@ import ctypes
 import os
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -77,7 +78,34 @@ MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused 
 # needs (measured: 6x slower on 2 cores, 1.4x faster on 16).  Polling with a sched_yield
 # between tries was measured too on 2 cores (load ~11, Python ping-pong): no faster than
 # blocking, and plain polling 1.1-3.7x slower.
-SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
+#
+# GPUVM_VFIO_USER_POLL_US overrides that choice (microseconds, 0 = never poll), read once
+# when this module is imported, so that both sides of a connection -- a server process
+# inherits the VMM's environment -- poll alike: it lets the 16-core behaviour be measured
+# on a small host (`gpuvm bench vfio-user --poll-us`), or polling be turned off on a
+# large one.
+POLL_ENV = "GPUVM_VFIO_USER_POLL_US"
+DEFAULT_SPIN_S = 50e-6 if len(os.sched_getaffinity(0)) >= 4 else 0.0
+
+
+def _spin_from_env(default: float) -> float:
+    text = os.environ.get(POLL_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        us = float(text)
+    except ValueError:
+        us = -1.0
+    if not 0 <= us <= 1e6:
+        # Read at import, before any CLI error handling: one line and exit status 2, as
+        # every bad input gets, rather than a traceback from an import.
+        sys.stderr.write(f"gpuvm: error: {POLL_ENV}={text!r}: expected microseconds "
+                         f"between 0 and 1000000\n")
+        raise SystemExit(2)
+    return us * 1e-6
+
+
+SPIN_S = _spin_from_env(DEFAULT_SPIN_S)
 
 DMA_FLAG_READ = 1 << 0
 DMA_FLAG_WRITE = 1 << 1
@@ -178,6 +206,16 @@ assert HEADER_SIZE == 16
 HEADER = struct.Struct("<HHIII")
 ACCESS = struct.Struct("<QII")  # RegionAccess
 assert HEADER.size == HEADER_SIZE and ACCESS.size == ctypes.sizeof(RegionAccess)
+# A whole REGION_READ/WRITE message in one struct: header + RegionAccess (a write's
+# request, a read's request, a write's reply), and the same + the value in the sizes a
+# register access has (a write's request, a read's reply): one pack or one unpack per
+# message on either side.
+ACCESS_MESSAGE = struct.Struct("<HHIIIQII")
+VALUE_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+ACCESS_WITH_VALUE = {n: struct.Struct(ACCESS_MESSAGE.format + c) for n, c in VALUE_CODES.items()}
+VALUE = {n: struct.Struct("<" + c) for n, c in VALUE_CODES.items()}
+VALUE_MASK = {n: (1 << 8 * n) - 1 for n in VALUE_CODES}
+assert ACCESS_MESSAGE.size == HEADER_SIZE + ACCESS.size
 
 
 class ProtocolError(VfioError):
@@ -266,7 +304,12 @@ class Channel:
     usually brings a whole message (often the next one's start too, which waits in the
     buffer).  Fds arrive with the first byte of the message they belong to; the sender
     sends each message's fds with its first bytes, so they are given to the message
-    being assembled when they arrive."""
+    being assembled when they arrive.
+
+    The per-access paths (a client awaiting the reply to a REGION_READ/WRITE, a server
+    awaiting the next command) take one read with `read_one` and decode it themselves
+    when it is exactly the message they expect; anything else goes back with `push` and
+    is read as messages by `receive`."""
 
     READ_SIZE = 1 << 16
 
@@ -279,14 +322,13 @@ class Channel:
         self._fds: list[int] = []
         self._space = socket.CMSG_SPACE(MAX_MSG_FDS * array.array("i").itemsize)
 
-    def _read(self, fds: bool, flags: int = 0) -> bytes:
-        """One read.  fds=False reads without room for ancillary data -- a few
-        microseconds cheaper, which a trapped access pays on each reply -- for a reader
-        that expects no fds: any that come anyway are closed by the kernel (MSG_CTRUNC),
-        never leaked."""
+    def _read(self, fds: bool, size: int = READ_SIZE, flags: int = 0) -> bytes:
+        """One read.  fds=False reads without room for ancillary data -- cheaper, which a
+        trapped access pays on each reply -- for a reader that expects no fds: any that
+        come anyway are closed by the kernel (MSG_CTRUNC), never leaked."""
         if not fds:
-            return self.sock.recv(self.READ_SIZE, flags)
-        chunk, ancillary, _flags, _addr = self.sock.recvmsg(self.READ_SIZE, self._space, flags)
+            return self.sock.recv(size, flags)
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(size, self._space, flags)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -294,34 +336,78 @@ class Channel:
                 self._fds.extend(got)
         return chunk
 
-    def _fill(self, fds: bool = True) -> None:
-        chunk = None
-        if self.spin_s:
-            # A reply usually comes within microseconds; sleeping in recvmsg for it costs
-            # a wake-up, which in a virtual machine is an interprocessor interrupt and
-            # several times the round trip.  Poll briefly first, then block.
-            deadline = time.perf_counter() + self.spin_s
-            while time.perf_counter() < deadline:
-                try:
-                    chunk = self._read(fds, socket.MSG_DONTWAIT)
-                    break
-                except BlockingIOError:
-                    continue
-        if chunk is None:
-            chunk = self._read(fds)
+    def next_chunk(self, fds: bool = True, size: int = READ_SIZE) -> bytes:
+        """One read of at most `size` bytes (polling first for spin_s), not buffered: the
+        caller buffers it or decodes it.  Fds that came with it wait in the channel.
+        EOFError when the peer hung up between messages."""
+        chunk = self._poll_read(fds, size) if self.spin_s else self._read(fds, size)
         if not chunk:
             if self._buf or self._fds:
                 raise ProtocolError(f"peer hung up inside a message ({len(self._buf)} "
                                     f"bytes buffered)")
             raise EOFError
+        return chunk
+
+    def read_one(self, fds: bool, size: int = READ_SIZE) -> bytes | None:
+        """For the per-access paths: one read of at most `size` bytes (polling first for
+        spin_s), returned unbuffered for the caller to decode, or to give back with
+        `push`.  None when bytes or fds of an earlier read wait in the buffer (nothing is
+        read then) or when fds came with this read (then it waits in the buffer with
+        them): `receive` takes over.  EOFError when the peer hung up."""
+        if self._buf or self._fds:
+            return None
+        if self.spin_s:
+            chunk = self._poll_read(fds, size)
+        else:
+            chunk = self._read(True, size) if fds else self.sock.recv(size)
+        if not chunk:
+            if self._fds:
+                for fd in self._fds:
+                    _close(fd)
+                self._fds.clear()
+                raise ProtocolError("peer hung up after sending fds")
+            raise EOFError
+        if self._fds:
+            self._buf += chunk
+            return None
+        return chunk
+
+    def _poll_read(self, fds: bool, size: int) -> bytes:
+        """A reply usually comes within microseconds; sleeping in recvmsg for it costs a
+        wake-up, which in a virtual machine is an interprocessor interrupt and several
+        times the round trip.  So try to read for spin_s first, then block.  Each try is
+        the read itself: a failed one raises BlockingIOError (~1 µs), but asking poll(2)
+        first costs a second system call on every message, which measured slower
+        (gpuvm bench vfio-user, 2 cores polling: +0.3-0.5 µs a round trip)."""
+        recv, clock = self.sock.recv, time.perf_counter
+        deadline = clock() + self.spin_s
+        while True:
+            try:
+                if fds:
+                    return self._read(True, size, socket.MSG_DONTWAIT)
+                return recv(size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if clock() >= deadline:
+                    return self._read(fds, size)
+
+    def push(self, chunk: bytes) -> None:
+        """Give back what `read_one` or `read_now` returned: `receive` reads it as
+        messages."""
         self._buf += chunk
 
-    def fill_now(self) -> None:
-        """Read what the socket has now (one recvmsg, no polling: the caller knows it is
-        readable)."""
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered: the next byte read starts a message."""
+        return not self._buf and not self._fds
+
+    def _fill(self, fds: bool = True) -> None:
+        self._buf += self.next_chunk(fds)
+
+    def read_now(self) -> bytes:
+        """`next_chunk` without polling (the caller knows the socket is readable)."""
         spin, self.spin_s = self.spin_s, 0.0
         try:
-            self._fill()
+            return self.next_chunk()
         finally:
             self.spin_s = spin
 
