@@ -127,7 +127,7 @@ OVER_SOCKET = " over vfio-user"
 
 def serve_target(kind: str, fd: int) -> None:
     """Serve one bench target on the connected socket `fd` until the client hangs up
-    (run in a process of its own by `_served_target`)."""
+    (run in a process of its own by `served_target`)."""
     import socket
 
     from gpuvm.vfio.user.server import DeviceServer
@@ -138,16 +138,19 @@ def serve_target(kind: str, fd: int) -> None:
         release()
 
 
-def _served_target(kind: str):
-    """(client device, name, release) for `kind` served by a child process."""
+def served_target(kind: str, poll_us: float | None = None):
+    """(client device, release) for `kind` served by a child process; `poll_us` sets
+    the child's poll time (protocol.SPIN_S; default: its own)."""
     import socket
     import subprocess
     import sys
 
     from gpuvm.vfio.user.client import VfioUserDevice
     ours, theirs = socket.socketpair()
+    poll = "" if poll_us is None else \
+        f"import gpuvm.vfio.user.protocol as p; p.SPIN_S = {poll_us * 1e-6!r}; "
     child = subprocess.Popen([sys.executable, "-c",
-                              "from gpuvm.bench.exits import serve_target; "
+                              poll + "from gpuvm.bench.exits import serve_target; "
                               f"serve_target({kind!r}, {theirs.fileno()})"],
                              pass_fds=[theirs.fileno()])
     theirs.close()
@@ -170,7 +173,7 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
     page = mmap.mmap(-1, mmap.PAGESIZE)  # stands in for a page of VRAM
     host = ctypes.c_uint32.from_buffer(page)
     if transport == "vfio-user":
-        device, release = _served_target(kind)
+        device, release = served_target(kind)
         name = _target_name(kind) + OVER_SOCKET
         device.share(ram.host_address, ram.size, ram.fd)
     else:

@@ -17,9 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import socket
-import subprocess
-import sys
 import time
 
 REGISTER = 0x140  # PMC_INTR_EN: the register `gpuvm bench exits` stores to
@@ -54,29 +51,10 @@ def _per_access_us(device, accesses: int, write: bool) -> float:
     return best / batch / 1e3
 
 
-def _served(kind: str, poll_us: float):
-    """A VfioUserDevice for `kind` served by a child process (serve_target), and its
-    release."""
-    from gpuvm.vfio.user.client import VfioUserDevice
-    ours, theirs = socket.socketpair()
-    code = ("import gpuvm.vfio.user.protocol as p; "
-            f"p.SPIN_S = {poll_us * 1e-6!r}; "
-            "from gpuvm.bench.exits import serve_target; "
-            f"serve_target({kind!r}, {theirs.fileno()})")
-    child = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()])
-    theirs.close()
-    device = VfioUserDevice(ours, f"probe {kind}")
-
-    def release() -> None:
-        device.close()
-        child.wait(30)
-    return device, release
-
-
 def measure(kind: str, accesses: int, poll_us: float) -> dict:
     import gpuvm
     import gpuvm.vfio.user.protocol as p
-    from gpuvm.bench.exits import bench_target
+    from gpuvm.bench.exits import bench_target, served_target
     p.SPIN_S = poll_us * 1e-6
     result = {"kind": kind, "accesses": accesses, "poll_us": poll_us,
               "gpuvm": gpuvm.__file__}
@@ -86,7 +64,7 @@ def measure(kind: str, accesses: int, poll_us: float) -> dict:
         result["inproc_read_us"] = _per_access_us(device, accesses, False)
     finally:
         release()
-    device, release = _served(kind, poll_us)
+    device, release = served_target(kind, poll_us)
     try:
         result["socket_write_us"] = _per_access_us(device, accesses, True)
         result["socket_read_us"] = _per_access_us(device, accesses, False)
