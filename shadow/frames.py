@@ -66,13 +66,8 @@ class BackingStore:
 
     def close(self) -> None:
         self.u8 = np.empty(0, dtype=np.uint8)
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        try:
-            self._map.close()
-        except BufferError:
-            pass
+        host_memory.close_memfd_mapping(self.fd, self._map)
+        self.fd = -1
 
 
 class FrameTable:

@@ -78,3 +78,14 @@ def punch(address: int, size: int) -> None:
 def unmap(address: int, size: int) -> None:
     if _libc.munmap(address, size) != 0:
         raise _os_error(f"munmap of [{address:#x}, +{size:#x})")
+
+
+def close_memfd_mapping(fd: int, mapping: mmap.mmap) -> None:
+    """Close a memfd (fd < 0: already closed) and its mapping.  A view handed out
+    earlier (numpy, ctypes) may still hold the map: then the GC frees it with that view."""
+    if fd >= 0:
+        os.close(fd)
+    try:
+        mapping.close()
+    except BufferError:
+        pass

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuvm.device.host_memory import close_memfd_mapping
+
 
 class GuestMemoryError(Exception):
     """A guest-supplied address or length falls outside its RAM."""
@@ -115,11 +117,5 @@ class GuestRam:
     def close(self) -> None:
         """Release the mapping; views handed out earlier must be gone first."""
         self.array = np.empty(0, dtype=np.uint8)
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        try:
-            self._map.close()
-        except BufferError:
-            # A ctypes/numpy view is still alive somewhere; the GC frees the map with it.
-            pass
+        close_memfd_mapping(self.fd, self._map)
+        self.fd = -1
