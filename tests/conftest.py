@@ -59,3 +59,18 @@ def gpuvm_cli(capsys):
         out, err = capsys.readouterr()
         return rc, out, err
     return run
+
+
+@pytest.fixture
+def placement_watch():
+    """(a MediatedMachine class for run_vms(machine=...), the GPU each VM's vGPU was
+    placed on by it: {vm name: gpu index})."""
+    from gpuvm.run.mediated import MediatedMachine
+    placed: dict[str, int] = {}
+
+    class Watched(MediatedMachine):
+        def attach(self, spec):
+            vgpu = super().attach(spec)
+            placed[spec.name] = self.placement[spec.name]
+            return vgpu
+    return Watched, placed

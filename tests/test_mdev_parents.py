@@ -15,7 +15,6 @@ from gpuvm.mdevctl import MdevStore, parent_address, parent_index
 from gpuvm.run import RunOptions, run_vms
 from gpuvm.run import command as run_command
 from gpuvm.run.command import machine_gpus, specs_from_args
-from gpuvm.run.mediated import MediatedMachine
 
 FIRST, SECOND = "0000:01:00.0", "0000:02:00.0"
 ONE_Q = "gpuvm-Q6000-1Q"  # one instance per GPU
@@ -113,7 +112,7 @@ def test_libvirt_lists_every_parent_and_its_mdevs(state, gpuvm_cli):
         assert dev.findtext("parent") == nodedev.pci_name(parent)
 
 
-def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, gpuvm_cli):
+def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, gpuvm_cli, placement_watch):
     store = MdevStore()
     store.set_gpu_count(2)
     store.create(ONE_Q)  # fills the first GPU
@@ -123,13 +122,7 @@ def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, gpuvm_cli):
     args = parser.parse_args(["-b", "madd", "--size", "16", "--mdev", on_second])
     [spec] = specs_from_args(args)
     assert spec.gpu == 1 and machine_gpus(args.gpus, [spec]) == 2
-    placed: dict[str, int] = {}
-
-    class Watched(MediatedMachine):
-        def attach(self, spec):
-            vgpu = super().attach(spec)
-            placed[spec.name] = self.placement[spec.name]
-            return vgpu
+    Watched, placed = placement_watch
 
     opts = RunOptions(mode="fv-opt", backend="inproc", gpus=2, time_scale=1000.0)
     [result] = run_vms([spec], opts, machine=Watched)

@@ -16,7 +16,6 @@ from gpuvm.mdevctl import MdevStore
 from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
-from gpuvm.run.mediated import MediatedMachine
 from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm.guest_ram import GuestRam
@@ -231,18 +230,12 @@ def test_run_cli_eight_vms_fv_opt(tmp_path):
 
 
 # ------------------------------------------------------------------------------ several GPUs
-def test_four_vms_on_two_gpus_placed_by_type_availability():
+def test_four_vms_on_two_gpus_placed_by_type_availability(placement_watch):
     """Two instances of the 2Q type fit a GPU: four such VMs land two on each of two
     GPUs (each with its own mediator and scheduler) and all pass; a fifth has no room."""
     opts = RunOptions(mode="fv-opt", backend="inproc", gpus=2, time_scale=1000.0,
                       wait_slice=10.0, timeout=300)
-    placed: dict[str, int] = {}
-
-    class Watched(MediatedMachine):
-        def attach(self, spec):
-            vgpu = super().attach(spec)
-            placed[spec.name] = self.placement[spec.name]
-            return vgpu
+    Watched, placed = placement_watch
 
     specs = [VmSpec(f"vm{i}", bench, params, mdev_type="gpuvm-Q6000-2Q")
              for i, (bench, params) in enumerate([("mmul", [32]), ("madd", [16]),
