@@ -246,10 +246,13 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(emulator.to_toml(profile, about.get("command", "?")))
+    report = json.dumps({"about": about, "profile": asdict(profile),
+                         "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
+                        indent=1) + "\n"
+    if bundle is not None:
+        (bundle / "points.json").write_text(report)
     if args.json:
-        print(json.dumps({"about": about, "profile": asdict(profile),
-                          "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
-                         indent=1))
+        print(report, end="")
         return 0
     console = Console(width=120)
     t = Table(title="this emulator's costs (ns), fitted from per-event traces")
@@ -277,10 +280,6 @@ def main_emulator(args: argparse.Namespace) -> int:
     print_validation(console, points, f"model vs emulator makespan, {title} "
                      f"(cores fitted on {validation.FIT_VMS} VMs)")
     if bundle is not None:
-        (bundle / "points.json").write_text(json.dumps({
-            "about": about, "profile": asdict(profile),
-            "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
-            indent=1) + "\n")
         print(f"measurements and points written to {bundle} (re-analyse with "
               f"`gpuvm calibrate --emulator --from {bundle}`)")
     return 0

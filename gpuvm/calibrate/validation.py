@@ -53,7 +53,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import TraceKey, record_fastest
 
-    def makespan(n: int) -> int:
+    def makespan(mode: str, n: int) -> int:
         scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                             for i in range(n)))
         results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend))
@@ -68,11 +68,11 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             # a first run of a mode after another is slower (measured: a pv trace
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
-            makespan(1)
+            makespan(mode, 1)
             trace = record_fastest(TraceKey(benchmark, params, mode), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
-                span = makespan(n)
+                span = makespan(mode, n)
                 out.append(Measured(mode, n, rep, span, trace))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
@@ -171,7 +171,7 @@ def analyse(measured: Sequence[Measured],
             cores: int | None = None) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
-    kept point predicted from its own trace."""
+    kept point predicted from its mode's fastest trace (`fastest`)."""
     from gpuvm.calibrate import emulator
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),

@@ -213,26 +213,27 @@ class _System:
         self.lock_handoff_ns = lock_handoff_ns
         self.engine = EngineModel(env, scheduler, residency)
 
+    def on_core(self, ns: int) -> Generator:
+        """Spend `ns` on one of the host cores."""
+        with self.cores.request() as core:
+            yield core
+            yield self.env.timeout(ns)
+
     def holding(self, step: Step) -> Generator:
         """Spend the step on a core holding the interpreter lock (or on a core alone
         when there is none).  The lock is taken first: a thread waiting for it sleeps,
         and leaves the cores to the guests in KVM_RUN.  Where another VM holds or wants
         the lock, each of the step's exits pays a hand-off (CostProfile.lock_handoff_ns)
         while holding it: it slept, and waking it takes that long."""
-        env, lock = self.env, self.gil
-        if lock is None:
-            with self.cores.request() as core:
-                yield core
-                yield env.timeout(step.ns)
+        if self.gil is None:
+            yield from self.on_core(step.ns)
             return
-        with lock.request() as held:
-            asked = env.now
+        with self.gil.request() as held:
+            asked = self.env.now
             yield held
-            slept = env.now > asked
-            with self.cores.request() as core:
-                yield core
-                yield env.timeout(step.ns + (step.events * self.lock_handoff_ns if slept
-                                             else 0))
+            slept = self.env.now > asked
+            yield from self.on_core(step.ns + (step.events * self.lock_handoff_ns if slept
+                                               else 0))
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -254,9 +255,7 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
             yield env.timeout(step.ns)
             continue
         if step.resource == FREE:
-            with system.cores.request() as core:
-                yield core
-                yield env.timeout(step.ns)
+            yield from system.on_core(step.ns)
         elif step.resource == MEDIATOR:
             with system.mediator.request() as lock:
                 yield lock
