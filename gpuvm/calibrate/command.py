@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--profile-out", type=Path, default=None,
                    help="profile to write (default when measuring: "
                         "experiments/costs/emulator.toml; with --from: none)")
+    e.add_argument("--isolated", dest="emulator_isolated", action="store_true",
+                   help="each VM in its own VMM process over vfio-user (as `gpuvm run "
+                        "--isolated`): one server thread answers every VM's traps")
     e.add_argument("--from", dest="emulator_from", type=Path, default=None, metavar="DIR",
                    help="analyse the measurements saved in DIR (results/validation/<time>) "
                         "instead of running guests")
@@ -242,7 +245,8 @@ def main_emulator(args: argparse.Namespace) -> int:
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
-        profile_out = COSTS_DIR / "emulator.toml"
+        profile_out = COSTS_DIR / ("emulator-isolated.toml" if about.get("isolated")
+                                   else "emulator.toml")
     if profile_out is not None:
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(emulator.to_toml(profile, about.get("command", "?")))
@@ -305,17 +309,20 @@ def _measure_emulator(args: argparse.Namespace, reps: int
         if len(scenario.vms) != 1:
             continue
         for mode in fit_exp.modes:
-            key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode)
+            key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode,
+                           args.emulator_isolated)
             progress(f"tracing {key.file_name}")
             fit_traces.append((mode, record_fastest(key, reps)))
     # 2. the scaling runs, each VM count right after a trace of one VM
     bench = scaling.scenarios[0].vms[0]
     counts = sorted({len(s.vms) for s in scaling.scenarios})
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
-                                  progress=progress)
+                                  progress=progress, isolated=args.emulator_isolated)
     command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
-        + (f" --modes {args.emulator_modes}" if args.emulator_modes else "")
+        + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
+        + (" --isolated" if args.emulator_isolated else "")
     about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
+             "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about

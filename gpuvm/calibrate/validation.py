@@ -45,8 +45,10 @@ class Measured:
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             counts: Sequence[int], reps: int, backend: str = "auto",
-            progress: Callable[[str], None] = lambda line: None) -> list[Measured]:
-    """Per repetition and mode: record one VM's trace, then run each VM count at once."""
+            progress: Callable[[str], None] = lambda line: None,
+            isolated: bool = False) -> list[Measured]:
+    """Per repetition and mode: record one VM's trace, then run each VM count at once
+    (`isolated`: every VM in its own VMM process, the trace too)."""
     from gpuvm.experiment.config import Scenario, VmConfig
     from gpuvm.experiment.execute import specs_for
     from gpuvm.run import run_vms
@@ -56,7 +58,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     def makespan(mode: str, n: int) -> int:
         scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                             for i in range(n)))
-        results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend))
+        results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend,
+                                                          isolated=isolated))
         failed = [r.error() for r in results if not r.passed]
         if failed:
             raise RuntimeError(f"{mode} x{n}: {failed[0]}")
@@ -69,7 +72,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
             makespan(mode, 1)
-            trace = record_fastest(TraceKey(benchmark, params, mode), 1, backend)
+            trace = record_fastest(TraceKey(benchmark, params, mode, isolated), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
                 span = makespan(mode, n)

@@ -7,17 +7,25 @@ the socket, runs the guest and reports what its session recorded.  VMs start at 
 start_delay and are collected as they end, as in an in-process run; a VM whose process
 dies (killed, crashed) is reported failed, its device is torn down by the server
 (interrupts, mappings and DMA dropped) and its vGPU removed, and the others run on.
+
+A process takes a while to start (the interpreter, the imports, the guest's RAM), and
+not the same while for each: VMs due at one time are all built first, each in its own
+process, and their guests then start together (vm_process's "ready" / "go"), so eight
+VMs of a scaling run overlap as eight threads of one process do -- measured on the
+16-core machine, a pv VM's whole run is shorter than the spread of eight process starts.
 """
 
 from __future__ import annotations
 
 import json
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuvm.run.spec import Machine, RunOptions, VmSpec
@@ -25,6 +33,7 @@ from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 from gpuvm.vmm import vm_process
 
 POLL_S = 0.01
+READY_S = 120.0  # a VM process not built by then is killed (reported failed)
 
 
 def device_memory(device: Any) -> SharedMemory | None:
@@ -46,6 +55,19 @@ class VmProcess:
     process: subprocess.Popen
     server: DeviceServer
     deadline: float
+    # its outcome document, read while it runs: a document larger than the pipe holds
+    # (a per-event trace, a host-memory history) would block the VM's last write
+    output: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    def drain(self) -> None:
+        """Read the process's outcome on a thread of its own, as it is written."""
+        def read() -> None:
+            assert self.process.stdout is not None
+            self.output.append(self.process.stdout.read())
+        self.reader = threading.Thread(target=read, name=f"{self.spec.name} outcome",
+                                       daemon=True)
+        self.reader.start()
 
 
 def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
@@ -65,21 +87,58 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "flat": str(program.flat) if program.flat else None,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,
-           "wait_timeout": min(options.wait_slice, options.timeout)}
+           "wait_timeout": min(options.wait_slice, options.timeout),
+           "hold": True, "record_events": options.record_events}
     process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                pass_fds=[theirs.fileno()], text=True)
     theirs.close()
     assert process.stdin is not None
-    process.stdin.write(json.dumps(job))
-    process.stdin.close()
-    return VmProcess(spec, process, server, time.monotonic() + options.timeout + 30)
+    process.stdin.write(json.dumps(job) + "\n")
+    process.stdin.flush()
+    return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30)
+
+
+def start_together(vms: list[VmProcess], options: RunOptions) -> None:
+    """Wait until each of `vms` is built (its "ready" line), then start every guest at
+    once.  One that exits first, or is not built within READY_S, is not started: it is
+    killed and collected as failed."""
+    waiting = {vm.process.stdout.fileno(): vm for vm in vms if vm.process.stdout}
+    ready: list[VmProcess] = []
+    with selectors.DefaultSelector() as selector:
+        for fd, vm in waiting.items():
+            selector.register(fd, selectors.EVENT_READ, vm)
+        deadline = time.monotonic() + READY_S
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                vm = key.data
+                selector.unregister(key.fd)
+                del waiting[key.fd]
+                assert vm.process.stdout is not None
+                if vm.process.stdout.readline() == vm_process.READY:
+                    ready.append(vm)
+    for vm in waiting.values():
+        vm.process.kill()
+    now = time.monotonic()
+    for vm in vms:
+        assert vm.process.stdin is not None
+        try:
+            if vm in ready:
+                vm.process.stdin.write(vm_process.GO)
+            vm.process.stdin.close()
+        except OSError:
+            pass  # it died meanwhile: collected as failed
+        vm.deadline = now + options.timeout + 30
+        vm.drain()
 
 
 def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any]:
     """The finished (or dead) VM's record and scheduler metrics; its device detached."""
-    assert vm.process.stdout is not None
-    out = vm.process.stdout.read()
+    if vm.reader is None:
+        vm.drain()
+    assert vm.reader is not None
+    vm.reader.join()
+    out = "".join(vm.output)
     rc = vm.process.wait()
     vm.server.closed.wait(10)
     try:
@@ -110,11 +169,15 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     try:
         while pending or running:
             now = time.monotonic()
+            due: list[VmProcess] = []
             while pending and now - t0 >= pending[0][0].start_delay:
                 spec, params, flags = pending.pop(0)
-                vm = spawn_vm(machine, spec, params, flags, programs[spec.program], backend,
-                              options, loop)
-                running.append(vm)
+                due.append(spawn_vm(machine, spec, params, flags, programs[spec.program],
+                                    backend, options, loop))
+                running.append(due[-1])
+            if due:
+                start_together(due, options)
+            for vm in due:
                 if on_spawn is not None:
                     on_spawn(vm)
             for vm in [v for v in running if v.process.poll() is not None

@@ -49,6 +49,7 @@ PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
 CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
+SERVER_TIME = "server.access_ns"  # in a trace of a VM in its own process (vfio-user)
 
 
 @dataclass(frozen=True)
@@ -153,12 +154,25 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[:] = [0, 0, 0]
         pending_events = 0
 
+    isolated = SERVER_TIME in names
     for r in range(len(events)):
         phase = PHASES[int(events.phase[r])] if events.phase[r] < len(PHASES) else phase
         counts = {n: int(v) for n, v in zip(names, events.deltas[r]) if v}
         engine = counts.get("engine.busy_ns", 0)
         mediator = int(costs.mediator_ns(counts, mediated))
-        if costs.recorded_times:
+        if isolated:
+            # a VM in its own process: its handlers are round trips to the server, one
+            # thread that answers every VM -- the server's part holds it (the lock);
+            # the rest (the VMM's own Python, the socket) and the time between events
+            # are the VM's own process on its own core, except a wait's, which sleeps
+            handler = max(0, int(events.handler_ns[r]) - engine)
+            mediator = 0
+            cpu = min(handler, counts.get(SERVER_TIME, 0))
+            own = handler - cpu
+            waited = engine or counts.get("port.wait", 0)
+            sleep = own if waited else 0
+            free = int(events.gap_ns[r]) + (0 if waited else own)
+        elif costs.recorded_times:
             # a handler's time beyond what its counted work costs is time blocked on
             # another thread (a wait on the engine, a BAR0 write that waits for the
             # scheduler): asleep, holding nothing

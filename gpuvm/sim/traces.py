@@ -34,6 +34,9 @@ class TraceKey:
     benchmark: str
     params: tuple[int, ...]
     mode: str
+    # the VM in its own VMM process over vfio-user (RunOptions.isolated): its traps are
+    # round trips to the server, and the trace says which part the server spent
+    isolated: bool = False
 
     @property
     def driver(self) -> str:
@@ -43,7 +46,9 @@ class TraceKey:
     @property
     def file_name(self) -> str:
         params = "-".join(str(p) for p in self.params) or "default"
-        return f"{self.benchmark}_{params}_{self.mode.replace('+', 'plus')}_{self.driver}.npz"
+        where = "_isolated" if self.isolated else ""
+        return f"{self.benchmark}_{params}_{self.mode.replace('+', 'plus')}_{self.driver}" \
+            f"{where}.npz"
 
 
 def _record(key: TraceKey, backend: str) -> dict[str, Any]:
@@ -59,7 +64,8 @@ def _record(key: TraceKey, backend: str) -> dict[str, Any]:
     scenario = Scenario("trace", (vm,))
     exp = Experiment("traces", "benchmarks", (scenario,), modes=(key.mode,))
     results = run_vms(specs_for(scenario), RunOptions(mode=key.mode, backend=backend,
-                                                      record_events=True))
+                                                      record_events=True,
+                                                      isolated=key.isolated))
     (row,) = rows_for(exp, scenario, key.mode, "fifo", 0, results, load_costs("xen-2014"))
     if not row.passed:
         raise RuntimeError(f"recording {key.file_name}: the VM failed: {row.error}")

@@ -25,6 +25,8 @@ unless a run asks for it (RunOptions.record_events).
 
 from __future__ import annotations
 
+import base64
+import io
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -99,6 +101,17 @@ class EventTrace:
                 "guest_ns": self.guest_ns,
                 "names": np.array(self.names, dtype=str), "deltas": self.deltas}
 
+    def packed(self) -> str:
+        """The trace as text (a base64 .npz): how a VM in its own process sends it."""
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **self.arrays())
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+    @classmethod
+    def unpacked(cls, text: str) -> EventTrace:
+        with np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False) as a:
+            return cls.from_arrays(a)
+
     @classmethod
     def from_arrays(cls, a) -> EventTrace:
         return cls(np.asarray(a["code"], dtype=np.int64), np.asarray(a["phase"], dtype=np.int64),
@@ -116,8 +129,13 @@ class EventRecorder:
 
     def __init__(self, snapshot: Callable[[], dict[str, int]],
                  clock: Callable[[], int] = time.perf_counter_ns,
-                 cpu_clock: Callable[[], int] = time.thread_time_ns) -> None:
+                 cpu_clock: Callable[[], int] = time.thread_time_ns,
+                 remote_counters: bool = False) -> None:
         self._snapshot = snapshot
+        # counters read from a server in another process (a VM over vfio-user): the
+        # read is a round trip the unrecorded run never makes, and the server answers
+        # it between this guest's accesses, so none of its time is the guest's
+        self._remote_counters = remote_counters
         self._clock = clock
         self._cpu_clock = cpu_clock  # this thread's CPU time: the counter read's own cost
         self._rows: list[tuple[int, int, int, int, int]] = []
@@ -165,7 +183,8 @@ class EventRecorder:
             self._deltas.append({k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)})
             self._last_end = self._clock()
-            self._handler += max(0, self._last_end - t - own)
+            if not self._remote_counters:
+                self._handler += max(0, self._last_end - t - own)
             self._rows.append((self._code, self._phase, self._n, self._handler, self._gap,
                                self._guest))
             self._before = after

@@ -9,46 +9,74 @@ turns that document back into the GuestOutcome the run tables read, so a VM run 
 process reports the same things as one run in a thread.
 
 Usage (internal): python -m gpuvm.vmm.vm_process < job.json > outcome.json, where the job
-names the inherited socket fd ("fd") or a socket path ("socket").
+names the inherited socket fd ("fd") or a socket path ("socket").  A job that says "hold"
+(an isolated run's) is one line; the VM is then built, "ready" is written as a line of
+its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
+different times to start still start their guests when the run says (their start_delay,
+all at once for a scaling run).  A job that says "record_events" also sends the VM's
+per-event trace (gpuvm.vmm.event_trace), with the server's time in each run of events.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vmm.backends import make_runner
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
+from gpuvm.vmm.event_trace import EventRecorder, EventTrace
 from gpuvm.vmm.vfio_attach import BAR_BASES, attach
 
+READY, GO = "ready\n", "go\n"  # a held job's lines (see the module docstring)
 
-def run_vm(device: VfioUserDevice, job: dict[str, Any]) -> dict[str, Any]:
-    """Attach `device` to a fresh guest and run the job's benchmark to the end."""
+
+def _wait_for_go(go: TextIO) -> bool:
+    """Say the VM is built, then wait for the parent's word (False: it closed instead)."""
+    sys.stdout.write(READY)
+    sys.stdout.flush()
+    return go.readline() == GO
+
+
+def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
+           ) -> dict[str, Any]:
+    """Attach `device` to a fresh guest and run the job's benchmark to the end (a held
+    job's guest starts at the word "go" on `go`)."""
     name = job["name"]
     ram = GuestRam(job["ram_size"])
     device.share(ram.host_address, ram.size, ram.fd)
     attached = attach(device, device, ram, name)
     try:
         session = GuestSession(name, ram, attached, wait_timeout=job["wait_timeout"])
+        if job.get("record_events"):
+            session.recorder = EventRecorder(
+                functools.partial(session.snapshot, device.counters_with_server_time),
+                remote_counters=True)
+            session.recorder.install(session)
         boot_params_for(ram, job["benchmark"], job["params"], job["flags"], BAR_BASES,
                         attached.bar_sizes)
         runner = make_runner(job["backend"], name, Path(job["flat"] or "."),
                              Path(job["shared"] or "."), ram, session, attached.bar_sizes)
         attached.connect_mappings(runner.memslots)
+        if job.get("hold") and not _wait_for_go(go):
+            return failed_outcome(name, "the run ended before this VM started")
         runner.start()
         outcome = runner.join(job["timeout"])
         faults = attached.stats.faults()
         if runner.alive():
             runner.stop("the VM ran past its timeout")
             runner.join(5)
-        return outcome_record(outcome, faults)
+        record = outcome_record(outcome, faults)
+        if session.recorder is not None:
+            record["events"] = session.recorder.trace().packed()
+        return record
     finally:
         attached.detach()
         device.close()
@@ -61,25 +89,58 @@ def outcome_record(outcome: GuestOutcome, faults: list[ChannelFault]) -> dict[st
             "session": {"console": s.console, "results": s.results,
                         "phases": [asdict(ph) for ph in s.phases],
                         "exit_code": s.exit_code, "failure": s.failure,
-                        "port_counts": s.port_counts},
+                        "port_counts": s.port_counts,
+                        "hostmem": {"summary": s.hostmem.summary(),
+                                    "history": s.hostmem.history()}},
             "faults": [asdict(f) for f in faults]}
+
+
+class RecordedEvents:
+    """The per-event trace a VM's process sent, where a recorder would be in-process."""
+
+    def __init__(self, events: EventTrace) -> None:  # noqa: D107
+        self._events = events
+
+    def trace(self) -> EventTrace:
+        return self._events
+
+
+class RecordedHostMem:
+    """What a VM process's host-memory tracker reported (gpuvm.vmm.hostmem), read the
+    way an experiment row reads a tracker."""
+
+    def __init__(self, record: dict[str, Any] | None) -> None:  # noqa: D107
+        record = record or {"summary": {}, "history": {"events": []}}
+        self._summary = dict(record["summary"])
+        self._history = dict(record["history"])
+        self.events = list(self._history.get("events", []))
+        self.pinned_peak_bytes = int(self._summary.get("pinned_peak_bytes", 0))
+
+    def summary(self) -> dict[str, Any]:
+        return dict(self._summary)
+
+    def history(self) -> dict[str, Any]:
+        return dict(self._history)
 
 
 class RecordedSession(GuestSession):
     """A guest session as another process recorded it (no RAM, no device)."""
 
-    def __init__(self, name: str, record: dict[str, Any]) -> None:  # noqa: D107
+    def __init__(self, name: str, record: dict[str, Any],
+                 events: str | None = None) -> None:  # noqa: D107
         self.name = name
+        self.recorder = None if events is None else RecordedEvents(EventTrace.unpacked(events))
         self.console = list(record["console"])
         self.results = [dict(r) for r in record["results"]]
         self.phases = [PhaseRecord(**ph) for ph in record["phases"]]
         self.exit_code = record["exit_code"]
         self.failure = record["failure"]
         self.port_counts = dict(record["port_counts"])
+        self.hostmem = RecordedHostMem(record.get("hostmem"))
 
 
 def recorded_outcome(record: dict[str, Any]) -> tuple[GuestOutcome, list[ChannelFault]]:
-    session = RecordedSession(record["name"], record["session"])
+    session = RecordedSession(record["name"], record["session"], record.get("events"))
     outcome = GuestOutcome(record["name"], record["backend"], session, record["failure"],
                            record["rip"], record["wall_ns"])
     return outcome, [ChannelFault(**f) for f in record["faults"]]
@@ -92,8 +153,21 @@ def failed_outcome(name: str, why: str) -> dict[str, Any]:
                         "failure": why, "port_counts": {}}, "faults": []}
 
 
+def read_job(stream: TextIO) -> dict[str, Any]:
+    """The job: a held one is the first line (what follows is the word to start), a
+    user's may span lines (a file); ValueError where it is not JSON."""
+    text = ""
+    for line in stream:
+        text += line
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return json.loads(text)
+
+
 def main() -> int:
-    job = json.load(sys.stdin)
+    job = read_job(sys.stdin)
     if "fd" in job:
         sock = socket.socket(fileno=job["fd"])
         device = VfioUserDevice(sock, job["name"])

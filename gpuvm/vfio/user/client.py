@@ -297,11 +297,21 @@ class VfioUserDevice:
         return json.loads(reply.payload.decode())
 
     def counters(self) -> dict[str, int]:
-        out = dict(self._stats(p.STATS_COUNTERS)["counters"])
+        return self._with_memslots(dict(self._stats(p.STATS_COUNTERS)["counters"]))
+
+    def _with_memslots(self, out: dict[str, int]) -> dict[str, int]:
         slots = getattr(self._listener, "slots_in_use", None)
         if slots is not None:  # the VMM's memslots, as the in-process vGPU reports them
             out["remap.memslots"] = slots()
         return out
+
+    def counters_with_server_time(self) -> dict[str, int]:
+        """counters() and, as "server.access_ns", the server's time answering this
+        device's register accesses so far, in one round trip: what a recorded VM in
+        its own process needs to tell the server's share of a trap from its own."""
+        body = self._stats(p.STATS_COUNTERS | p.STATS_SERVER_TIME)
+        return self._with_memslots(dict(body["counters"])
+                                   | {"server.access_ns": int(body["server_access_ns"])})
 
     def faults(self) -> list[ChannelFault]:
         return [ChannelFault(**f) for f in self._stats(p.STATS_FAULTS)["faults"]]

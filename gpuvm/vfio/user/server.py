@@ -109,6 +109,11 @@ class DeviceServer:
         self.thread: threading.Thread | None = None
         self.closed = threading.Event()
         self.disconnect_reason = ""
+        # time spent answering register accesses (decode, device call, reply), reported
+        # under STATS_SERVER_TIME: a recorded VM in another process learns from it which
+        # part of each trap's round trip this server -- one thread for every VM -- spent
+        # (gpuvm.vmm.event_trace, gpuvm.sim.replay)
+        self.access_ns = 0
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "DeviceServer":
@@ -239,6 +244,7 @@ class DeviceServer:
             _ACCESS_MESSAGE.unpack_from(chunk)
         if size != len(chunk) or flags != _COMMAND:
             return False
+        t0 = time.perf_counter_ns()
         try:
             if command == _WRITE:
                 value_layout = _VALUE.get(count)
@@ -259,11 +265,13 @@ class DeviceServer:
                 return False
         except VfioError as exc:
             self._refused(p.MessageHeader(msg_id, command, size, flags, 0), exc)
+            self.access_ns += time.perf_counter_ns() - t0
             return True
         with self._send_lock:
             sent = self.sock.send(reply)
             if sent < len(reply):
                 self.sock.sendall(reply[sent:])
+        self.access_ns += time.perf_counter_ns() - t0
         return True
 
     def _refused(self, h: p.MessageHeader, exc: VfioError) -> None:
@@ -293,6 +301,8 @@ class DeviceServer:
             for fd in msg.fds:
                 _close(fd)
             return False
+        timed = h.command in (p.REGION_READ, p.REGION_WRITE)
+        t0 = time.perf_counter_ns()
         try:
             payload, fds = handler(self, msg)
         except p.ProtocolError as exc:
@@ -304,9 +314,13 @@ class DeviceServer:
             return False
         except VfioError as exc:
             self._refused(h, exc)
+            if timed:
+                self.access_ns += time.perf_counter_ns() - t0
             return True
         if not h.flags & p.FLAG_NO_REPLY:
             self._reply(h, payload, fds)
+        if timed:
+            self.access_ns += time.perf_counter_ns() - t0
         return True
 
     # ---------------------------------------------------------------- commands
@@ -495,6 +509,8 @@ class DeviceServer:
             body["faults"] = [asdict(f) for f in self.stats.faults()]
         if what & p.STATS_DEVICE_TIME:
             body["device_time_ns"] = self.stats.device_time_ns()
+        if what & p.STATS_SERVER_TIME:
+            body["server_access_ns"] = self.access_ns
         return json.dumps(body).encode(), []
 
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
