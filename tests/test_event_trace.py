@@ -115,6 +115,34 @@ def test_the_recorded_runs_account_for_every_ns_between_the_first_and_last_event
     assert int(trace.handler_ns.sum()) == handlers + lock_wait * len(trace)
 
 
+def test_a_remote_counter_read_adds_only_its_time_beyond_the_quickest_read():
+    """Over vfio-user a counter read is a round trip the unrecorded run never makes:
+    only a read slower than the run's quickest is a wait (the server was busy)."""
+    from gpuvm.vmm.event_trace import EventRecorder
+    session = _Clocked()
+    waits = iter([40, 0, 900, 40, 0, 0, 0, 0, 0, 0, 0, 0])
+
+    def remote_snapshot() -> dict[str, int]:
+        session.now += 300 + next(waits)  # a round trip, and what the server kept it
+        return dict(session.counts)
+    recorder = EventRecorder(remote_snapshot, clock=session.clock,
+                             cpu_clock=session.cpu_clock, remote_counters=True)
+    recorder.install(session)
+    recorder.begin()
+    guest = [300, 20, 5000, 1, 80, 4000, 60, 900]
+    for i, ns in enumerate(guest):
+        session.now += ns
+        if i in (3, 6):
+            session.port_out(abi.PORT_PHASE, 1)
+        elif i % 2:
+            session.device.read(0, 0, 4)
+        else:
+            session.device.write(0, 0, 4, 1)
+    trace = recorder.trace()
+    assert int(trace.gap_ns.sum()) == sum(guest)
+    assert int(trace.handler_ns.sum()) == 3 * 100 + 3 * 50 + 2 * 1000 + 40 + 900 + 40
+
+
 def test_nothing_is_recorded_unless_asked():
     assert _run("pv", record=False).session.recorder is None
 

@@ -133,9 +133,12 @@ class EventRecorder:
                  remote_counters: bool = False) -> None:
         self._snapshot = snapshot
         # counters read from a server in another process (a VM over vfio-user): the
-        # read is a round trip the unrecorded run never makes, and the server answers
-        # it between this guest's accesses, so none of its time is the guest's
+        # read is a round trip the unrecorded run never makes; only what it took beyond
+        # the quickest read of the run is the guest's (the server was busy -- its
+        # engine thread holds the server's interpreter lock while it runs a kernel --
+        # and the guest's next access would have waited for it): trace() adds that
         self._remote_counters = remote_counters
+        self._remote_read_ns: list[int] = []
         self._clock = clock
         self._cpu_clock = cpu_clock  # this thread's CPU time: the counter read's own cost
         self._rows: list[tuple[int, int, int, int, int]] = []
@@ -183,7 +186,9 @@ class EventRecorder:
             self._deltas.append({k: v - before.get(k, 0) for k, v in after.items()
                                  if v != before.get(k, 0)})
             self._last_end = self._clock()
-            if not self._remote_counters:
+            if self._remote_counters:
+                self._remote_read_ns.append(self._last_end - t)
+            else:
                 self._handler += max(0, self._last_end - t - own)
             self._rows.append((self._code, self._phase, self._n, self._handler, self._gap,
                                self._guest))
@@ -267,4 +272,7 @@ class EventRecorder:
             for k, v in d.items():
                 deltas[r, index[k]] = v
         cols = np.array(self._rows, dtype=np.int64).reshape(-1, 6)
+        if self._remote_read_ns:
+            reads = np.array(self._remote_read_ns, dtype=np.int64)
+            cols[:, 3] += reads - reads.min()
         return EventTrace(*(cols[:, i].copy() for i in range(6)), names, deltas)

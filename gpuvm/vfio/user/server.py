@@ -109,11 +109,13 @@ class DeviceServer:
         self.thread: threading.Thread | None = None
         self.closed = threading.Event()
         self.disconnect_reason = ""
-        # time spent answering register accesses (decode, device call, reply), reported
-        # under STATS_SERVER_TIME: a recorded VM in another process learns from it which
-        # part of each trap's round trip this server -- one thread for every VM -- spent
-        # (gpuvm.vmm.event_trace, gpuvm.sim.replay)
+        # time this connection's register accesses kept the serving thread busy --
+        # from the wait that returned them (its system call) to the reply sent --
+        # reported under STATS_SERVER_TIME: a recorded VM in another process learns
+        # from it which part of each trap's round trip the server, one thread for every
+        # VM, spent on it (gpuvm.vmm.event_trace, gpuvm.sim.replay)
         self.access_ns = 0
+        self._answered_access = False
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "DeviceServer":
@@ -125,15 +127,20 @@ class DeviceServer:
     def serve(self) -> None:
         """Answer commands until the client hangs up or breaks the protocol."""
         channel, answer_access = self.channel, self._answer_access
+        since = 0
         try:
             while True:
                 try:
+                    self._count_access(since)
                     chunk = channel.read_one(True)
+                    since = time.perf_counter_ns()  # the wait itself is idle
                     if chunk is not None:
                         if answer_access(chunk):
                             continue
                         channel.push(chunk)
                     msg = channel.receive()
+                    if chunk is None:
+                        since = time.perf_counter_ns()  # it slept in there
                 except EOFError:
                     self.disconnect_reason = "client hung up"
                     return
@@ -151,9 +158,23 @@ class DeviceServer:
         finally:
             self._teardown()
 
-    def on_readable(self) -> bool:
+    def _count_access(self, since: int) -> None:
+        """Charge the time since `since` to this connection's accesses if what was
+        answered since then was one."""
+        if self._answered_access:
+            self.access_ns += time.perf_counter_ns() - since
+            self._answered_access = False
+
+    def on_readable(self, since: int | None = None) -> bool:
         """For a `ServerLoop`: read what arrived and answer every whole message in it;
-        False once the connection is closed (torn down)."""
+        False once the connection is closed (torn down).  `since`: when the loop began
+        the wait that returned this connection (its time is charged from there)."""
+        try:
+            return self._on_readable()
+        finally:
+            self._count_access(time.perf_counter_ns() if since is None else since)
+
+    def _on_readable(self) -> bool:
         try:
             try:
                 chunk = self.channel.read_now()
@@ -244,7 +265,7 @@ class DeviceServer:
             _ACCESS_MESSAGE.unpack_from(chunk)
         if size != len(chunk) or flags != _COMMAND:
             return False
-        t0 = time.perf_counter_ns()
+        self._answered_access = True
         try:
             if command == _WRITE:
                 value_layout = _VALUE.get(count)
@@ -265,13 +286,11 @@ class DeviceServer:
                 return False
         except VfioError as exc:
             self._refused(p.MessageHeader(msg_id, command, size, flags, 0), exc)
-            self.access_ns += time.perf_counter_ns() - t0
             return True
         with self._send_lock:
             sent = self.sock.send(reply)
             if sent < len(reply):
                 self.sock.sendall(reply[sent:])
-        self.access_ns += time.perf_counter_ns() - t0
         return True
 
     def _refused(self, h: p.MessageHeader, exc: VfioError) -> None:
@@ -301,8 +320,8 @@ class DeviceServer:
             for fd in msg.fds:
                 _close(fd)
             return False
-        timed = h.command in (p.REGION_READ, p.REGION_WRITE)
-        t0 = time.perf_counter_ns()
+        if h.command in (p.REGION_READ, p.REGION_WRITE):
+            self._answered_access = True
         try:
             payload, fds = handler(self, msg)
         except p.ProtocolError as exc:
@@ -314,13 +333,9 @@ class DeviceServer:
             return False
         except VfioError as exc:
             self._refused(h, exc)
-            if timed:
-                self.access_ns += time.perf_counter_ns() - t0
             return True
         if not h.flags & p.FLAG_NO_REPLY:
             self._reply(h, payload, fds)
-        if timed:
-            self.access_ns += time.perf_counter_ns() - t0
         return True
 
     # ---------------------------------------------------------------- commands
@@ -565,14 +580,20 @@ class ServerLoop:
         return server
 
     def _run(self) -> None:
+        clock = time.perf_counter_ns
         while not self._stop:
+            # `since`: when the wait that returned the events began (a poll's system
+            # call is the server's work; a sleep is not), then when the last answer ended
+            since = clock()
             events = self._selector.select(0) if p.SPIN_S else []
             if not events and p.SPIN_S:  # poll a little before sleeping (protocol.SPIN_S)
                 deadline = time.perf_counter() + p.SPIN_S
                 while not events and time.perf_counter() < deadline:
+                    since = clock()
                     events = self._selector.select(0)
             if not events:
                 events = self._selector.select()
+                since = clock()
             for key, _ in events:
                 if key.data is None:
                     try:
@@ -585,7 +606,9 @@ class ServerLoop:
                         self._selector.register(server.sock, selectors.EVENT_READ, server)
                     continue
                 server = key.data
-                if not server.on_readable():
+                readable = server.on_readable(since)
+                since = clock()
+                if not readable:
                     try:
                         self._selector.unregister(key.fileobj)
                     except (KeyError, ValueError):
