@@ -19,8 +19,8 @@ from gpuvm.experiment.execute import specs_for
 from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.run.execute import machine_for
 from gpuvm.run.isolated import VmProcess, collect_vm, spawn_vm, start_together
-from gpuvm.sim.replay import CPU, FREE, SLEEP, SERVER_TIME, VmTrace, event_steps, replay, \
-    replicate
+from gpuvm.sim.replay import CPU, FREE, SERVER_ENGINE_TIME, SERVER_TIME, SLEEP, VmTrace, \
+    event_steps, replay, replicate
 from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.server import DeviceServer
@@ -50,6 +50,8 @@ def test_an_isolated_vm_sends_its_trace_with_the_servers_share_of_each_run():
     # a run of traps had the server answer each of them
     traps = isolated.code < (1 << 16)
     assert (server[traps] > 0).all()
+    # and the server ran the VM's channels: its kernels and copies
+    assert isolated.counter(SERVER_ENGINE_TIME).sum() > 0
 
 
 class _NoCounters:

@@ -49,7 +49,9 @@ PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
 CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
-SERVER_TIME = "server.access_ns"  # in a trace of a VM in its own process (vfio-user)
+# in a trace of a VM in its own process (vfio-user): the server's time answering its
+# accesses, and running its channels
+SERVER_TIME, SERVER_ENGINE_TIME = "server.access_ns", "server.engine_ns"
 
 
 @dataclass(frozen=True)
@@ -164,14 +166,23 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             # a VM in its own process: its handlers are round trips to the server, one
             # thread that answers every VM -- the server's part holds it (the lock);
             # the rest (the VMM's own Python, the socket) and the time between events
-            # are the VM's own process on its own core, except a wait's, which sleeps
+            # are the VM's own process on its own core, except a wait's, which sleeps.
+            # The server running the VM's channels meanwhile holds the lock too: it
+            # is taken from the time the VM waited, else from its time between events
             handler = max(0, int(events.handler_ns[r]) - engine)
             mediator = 0
             cpu = min(handler, counts.get(SERVER_TIME, 0))
             own = handler - cpu
+            gap = int(events.gap_ns[r])
             waited = engine or counts.get("port.wait", 0)
             sleep = own if waited else 0
-            free = int(events.gap_ns[r]) + (0 if waited else own)
+            free = gap + (0 if waited else own)
+            channels = counts.get(SERVER_ENGINE_TIME, 0)
+            from_sleep = min(channels, sleep)
+            from_free = min(channels - from_sleep, free)
+            cpu += from_sleep + from_free
+            sleep -= from_sleep
+            free -= from_free
         elif costs.recorded_times:
             # a handler's time beyond what its counted work costs is time blocked on
             # another thread (a wait on the engine, a BAR0 write that waits for the

@@ -306,12 +306,14 @@ class VfioUserDevice:
         return out
 
     def counters_with_server_time(self) -> dict[str, int]:
-        """counters() and, as "server.access_ns", the server's time answering this
-        device's register accesses so far, in one round trip: what a recorded VM in
-        its own process needs to tell the server's share of a trap from its own."""
+        """counters() and the server's time so far -- answering this device's register
+        accesses ("server.access_ns") and running its channels ("server.engine_ns") --
+        in one round trip: what a recorded VM in its own process needs to tell the
+        server's share of its time from its own."""
         body = self._stats(p.STATS_COUNTERS | p.STATS_SERVER_TIME)
         return self._with_memslots(dict(body["counters"])
-                                   | {"server.access_ns": int(body["server_access_ns"])})
+                                   | {"server.access_ns": int(body["server_access_ns"]),
+                                      "server.engine_ns": int(body["server_engine_ns"])})
 
     def faults(self) -> list[ChannelFault]:
         return [ChannelFault(**f) for f in self._stats(p.STATS_FAULTS)["faults"]]

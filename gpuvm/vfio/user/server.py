@@ -526,6 +526,8 @@ class DeviceServer:
             body["device_time_ns"] = self.stats.device_time_ns()
         if what & p.STATS_SERVER_TIME:
             body["server_access_ns"] = self.access_ns
+            engine = getattr(self.stats, "engine_host_ns", None)  # a vGPU's; else none
+            body["server_engine_ns"] = engine() if engine is not None else 0
         return json.dumps(body).encode(), []
 
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
