@@ -1,7 +1,8 @@
 """The model against what the emulator measured on the lent 16-core machine, re-analysed
-from the bundle `gpuvm calibrate --emulator` kept (tests/data/validation-h100: the
+from the bundles `gpuvm calibrate --emulator` kept (tests/data/validation-h100: the
 makespans of 1, 2, 4 and 8 VMs of fv-opt and pv, and their traces; fv is left out only
-because its traces make the replay take a minute).
+because its traces make the replay take a minute; tests/data/validation-h100-isolated:
+fv, fv-opt and pv with every VM in its own VMM process, `--isolated`).
 
 This is deterministic -- no guest runs, the same bundle gives the same predictions -- so
 it holds the model, not the host, to a bound: a change to the replay, the fit or the
@@ -45,6 +46,47 @@ def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
     without = validation.predict(analysis.kept, replace(analysis.profile, lock_handoff_ns=0.0))
     larger = [p for p in analysis.points if p.vms > validation.FIT_VMS]
     assert _mean_abs(larger) < _mean_abs([p for p in without if p.vms > validation.FIT_VMS])
+
+
+# VMs in VMM processes of their own (`gpuvm calibrate --emulator --isolated`): fv, fv-opt
+# and pv of results/validation/20261123-174214, also from the 16-core machine
+ISOLATED = Path(__file__).parent / "data" / "validation-h100-isolated"
+ISOLATED_MEAN_BOUND_PCT = 25.0  # 13.3% when it was added
+
+
+@pytest.fixture(scope="module")
+def isolated_analysis():
+    measured, fits, about = validation.load(ISOLATED)
+    assert about["isolated"]
+    return validation.analyse(measured, fits, about["cpus"])
+
+
+def test_the_model_predicts_isolated_vms_within_its_bound(isolated_analysis):
+    assert {(p.mode, p.vms) for p in isolated_analysis.points} == \
+        {(m, n) for m in ("fv", "fv-opt", "pv") for n in (1, 2, 4, 8)}
+    assert _mean_abs(isolated_analysis.points) <= ISOLATED_MEAN_BOUND_PCT, \
+        isolated_analysis.points
+    # processes share no interpreter lock: nothing is fitted for one
+    assert isolated_analysis.profile.lock_handoff_ns == 0
+
+
+def test_eight_isolated_vms_wait_for_the_server_and_nothing_else(isolated_analysis):
+    """The server's time in the traces is what the model serialises: counted as each
+    VM's own instead, eight VMs would take little more than one."""
+    from gpuvm.sim.replay import SERVER_ENGINE_TIME, SERVER_TIME
+
+    def own(trace):
+        events = trace["events"]
+        deltas = events.deltas.copy()
+        for name in (SERVER_TIME, SERVER_ENGINE_TIME):
+            deltas[:, events.names.index(name)] = 0
+        return dict(trace, events=replace(events, deltas=deltas))
+    eight = [m for m in isolated_analysis.kept if m.vms == 8]
+    served = validation.predict(eight, isolated_analysis.profile)
+    unserved = validation.predict([replace(m, trace=own(m.trace)) for m in eight],
+                                  isolated_analysis.profile)
+    assert all(abs(p.error_pct) < 25 for p in served), served
+    assert all(p.error_pct < -50 for p in unserved), unserved
 
 
 def test_a_bundle_saved_again_loads_the_same(tmp_path):
