@@ -12,6 +12,10 @@ mediator lock, the engine).  The host cores the VMs effectively get are fitted o
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
 only ever adds time), predicted from the fastest of the mode's traces.
 
+With `isolated` every VM runs in its own VMM process over vfio-user: nothing shares an
+interpreter lock there (no hand-off is fitted), and the model serialises the server's
+share of each trace instead (gpuvm.sim.replay).
+
 What was measured is kept as a bundle (`save` / `load`: the makespans, and every trace
 as the .npz the model reads), so the analysis -- the fit, the cores, the predictions --
 can be redone from it on any machine, without rerunning a guest: `gpuvm calibrate

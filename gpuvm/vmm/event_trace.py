@@ -19,7 +19,10 @@ marks, waits, hypercalls) each close their run: they are where the guest's work 
 
 The cost when recording: two clock reads and a few integer operations per event, and one
 counter snapshot per run (counted as the run's handler time: it can wait for the device
-lock, which is then the guest's wait).  Nothing is recorded
+lock, which is then the guest's wait).  A VM in its own process (vfio-user) reads its
+counters from the server, with the server's own time for this VM ("server.access_ns",
+"server.engine_ns": what the model serialises); a read is a round trip there, of which
+only what it took beyond the run's quickest read is counted.  Nothing is recorded
 unless a run asks for it (RunOptions.record_events).
 """
 
