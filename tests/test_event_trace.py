@@ -87,6 +87,26 @@ class _Clocked:
         return False
 
 
+GUEST = [300, 20, 5000, 1, 80, 4000, 60, 900]  # the guest's time before each event
+HANDLERS = 3 * 100 + 3 * 50 + 2 * 1000  # its events' handlers: writes, reads, phase marks
+
+
+def _play(session: _Clocked, recorder) -> EventTrace:
+    """Run the guest of GUEST through `recorder` installed on `session`: writes and
+    reads in turn, a phase mark at the 4th and 7th event."""
+    recorder.install(session)
+    recorder.begin()
+    for i, ns in enumerate(GUEST):
+        session.now += ns
+        if i in (3, 6):
+            session.port_out(abi.PORT_PHASE, 1)
+        elif i % 2:
+            session.device.read(0, 0, 4)
+        else:
+            session.device.write(0, 0, 4, 1)
+    return recorder.trace()
+
+
 @pytest.mark.parametrize("lock_wait", [0, 30])
 def test_the_recorded_runs_account_for_every_ns_between_the_first_and_last_event(lock_wait):
     """...but for the recorder's own work: a counter read's CPU time (a wait in it
@@ -96,23 +116,10 @@ def test_the_recorded_runs_account_for_every_ns_between_the_first_and_last_event
     session.lock_wait = lock_wait
     recorder = EventRecorder(session.snapshot, clock=session.clock,
                              cpu_clock=session.cpu_clock)
-    recorder.install(session)
-    recorder.begin()
-    start = session.now
-    guest = [300, 20, 5000, 1, 80, 4000, 60, 900]  # the guest's time before each event
-    for i, ns in enumerate(guest):
-        session.now += ns
-        if i in (3, 6):
-            session.port_out(abi.PORT_PHASE, 1)
-        elif i % 2:
-            session.device.read(0, 0, 4)
-        else:
-            session.device.write(0, 0, 4, 1)
-    trace = recorder.trace()
-    assert int(trace.gap_ns.sum()) == sum(guest)  # the guest's time, whatever class follows
-    handlers = 3 * 100 + 3 * 50 + 2 * 1000  # writes, reads, phase marks
+    trace = _play(session, recorder)
+    assert int(trace.gap_ns.sum()) == sum(GUEST)  # the guest's time, whatever class follows
     # each run's close read the counters once: its 7 ns of work left out, its wait kept
-    assert int(trace.handler_ns.sum()) == handlers + lock_wait * len(trace)
+    assert int(trace.handler_ns.sum()) == HANDLERS + lock_wait * len(trace)
 
 
 def test_a_remote_counter_read_adds_only_its_time_beyond_the_typical_read():
@@ -127,21 +134,10 @@ def test_a_remote_counter_read_adds_only_its_time_beyond_the_typical_read():
         return dict(session.counts)
     recorder = EventRecorder(remote_snapshot, clock=session.clock,
                              cpu_clock=session.cpu_clock, remote_counters=True)
-    recorder.install(session)
-    recorder.begin()
-    guest = [300, 20, 5000, 1, 80, 4000, 60, 900]
-    for i, ns in enumerate(guest):
-        session.now += ns
-        if i in (3, 6):
-            session.port_out(abi.PORT_PHASE, 1)
-        elif i % 2:
-            session.device.read(0, 0, 4)
-        else:
-            session.device.write(0, 0, 4, 1)
-    trace = recorder.trace()
-    assert int(trace.gap_ns.sum()) == sum(guest)
+    trace = _play(session, recorder)
+    assert int(trace.gap_ns.sum()) == sum(GUEST)
     # the median read waited 0: 40, 900 and 10 ns more were waits
-    assert int(trace.handler_ns.sum()) == 3 * 100 + 3 * 50 + 2 * 1000 + 40 + 900 + 10
+    assert int(trace.handler_ns.sum()) == HANDLERS + 40 + 900 + 10
 
 
 def test_nothing_is_recorded_unless_asked():
