@@ -86,12 +86,6 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     return out
 
 
-def is_isolated_trace(trace: Mapping) -> bool:
-    """Whether the trace is of a VM in its own VMM process (it has the server's time)."""
-    from gpuvm.sim.replay import SERVER_TIME
-    return SERVER_TIME in trace["events"].names
-
-
 def trace_ns(trace: Mapping) -> int:
     """A recorded trace's own time: its runs' handler and between-event time."""
     events = trace["events"]
@@ -132,7 +126,8 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
     (default: the machine's).  0 where the runs show no cost at all."""
     fit = [m for m in points if m.vms == FIT_VMS]
     profile = replace(profile, host_cores=float(cores or os.cpu_count() or 1))
-    if not fit or any(is_isolated_trace(m.trace) for m in fit):
+    from gpuvm.sim.replay import served
+    if not fit or any(served(m.trace["events"]) for m in fit):
         # VMs in processes of their own share no interpreter lock: each waits for the
         # server's one thread, and the server's time is in the trace
         return profile

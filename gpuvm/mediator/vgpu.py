@@ -104,8 +104,7 @@ class VGpu:
         self._install_traps()
         # Physical channels are reused by later VMs: count only what happens from now on.
         self._device_baseline = self._device_channel_counts()
-        self._engine_host_baseline = 0
-        self._engine_host_baseline = self.engine_host_ns()
+        self._engine_host_baseline = self._channels_host_ns()
 
     def _install_traps(self) -> None:
         reads, writes = bar0_traps.build(self)
@@ -291,13 +290,15 @@ class VGpu:
     def device_time_ns(self) -> int:
         return self.med.gpu.device_time_ns()
 
+    def _channels_host_ns(self) -> int:
+        chids = range(self.part.chid_base, self.part.chid_base + self.part.channels)
+        return sum(self.med.gpu.pfifo.host_ns[c] for c in chids)
+
     def engine_host_ns(self) -> int:
         """Host time the device has spent running this vGPU's channels since it was
         created (pfifo.host_ns): in a server that serves every VM from one process,
         time no other VM's access is answered in."""
-        chids = range(self.part.chid_base, self.part.chid_base + self.part.channels)
-        total = sum(self.med.gpu.pfifo.host_ns[c] for c in chids)
-        return total - self._engine_host_baseline
+        return self._channels_host_ns() - self._engine_host_baseline
 
     # ------------------------------------------------------------------ PRAMIN
     def _pramin(self, offset: int, size: int, value: int | None) -> int:

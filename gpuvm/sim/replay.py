@@ -57,6 +57,11 @@ CHUNK_NS = 1_000_000  # replay grain of a per-event trace
 SERVER_TIME, SERVER_ENGINE_TIME = "server.access_ns", "server.engine_ns"
 
 
+def served(events: EventTrace) -> bool:
+    """Whether `events` is of a VM in its own process: it carries the server's time."""
+    return SERVER_TIME in events.names
+
+
 @dataclass(frozen=True)
 class Step:
     resource: str  # CPU | MEDIATOR | ENGINE
@@ -159,7 +164,7 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[:] = [0, 0, 0]
         pending_events = 0
 
-    isolated = SERVER_TIME in names
+    isolated = served(events)
     for r in range(len(events)):
         phase = PHASES[int(events.phase[r])] if events.phase[r] < len(PHASES) else phase
         counts = {n: int(v) for n, v in zip(names, events.deltas[r]) if v}
