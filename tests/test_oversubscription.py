@@ -221,8 +221,10 @@ def test_band_moves_more_pages_than_quantum():
     """Both VMs keep submitting short kernels: BAND alternates them, and every turn moves
     the pages the other evicted; QUANTUM lets the holder keep the GPU for its quantum."""
     def moves(policy: dict) -> list[dict[str, int]]:
-        # 150 kernels of 1 ms each, on a real-time device clock: long enough to overlap
-        specs = [VmSpec(f"vm{i}", "loop", [1_000_000, 150], mdev_type=OS75) for i in range(2)]
+        # 400 kernels of 1 ms each, on a real-time device clock: long enough to overlap
+        # (150 did not always: once in a loaded full suite one VM's kernels were done
+        # before the other's Init was)
+        specs = [VmSpec(f"vm{i}", "loop", [1_000_000, 400], mdev_type=OS75) for i in range(2)]
         options = RunOptions(mode="fv-opt", backend="inproc", vram_size=VRAM, wait_slice=2.0,
                              timeout=120, scheduler=policy)
         return check_pair(run_vms(specs, options))
