@@ -186,7 +186,7 @@ class MappingEvent(ctypes.LittleEndianStructure):
 
 
 STATS_COUNTERS, STATS_FAULTS, STATS_DEVICE_TIME = 1, 2, 4
-STATS_SERVER_TIME = 8  # the server's time answering this connection's register accesses
+STATS_SERVER_TIME = 8  # the server's time on this connection: its accesses, its channels
 STATS_ALL = STATS_COUNTERS | STATS_FAULTS | STATS_DEVICE_TIME
 
 
