@@ -113,3 +113,28 @@ def test_a_broken_bundle_is_one_error_line(tmp_path, gpuvm_cli):
     next((tmp_path / "b").glob("*.npz")).write_bytes(b"not an npz")
     rc, _, err = gpuvm_cli("calibrate", "--emulator", "--from", str(tmp_path / "b"))
     assert rc == 2 and err.count("\n") == 1 and ".npz" in err, err
+
+
+def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
+    """The table's error is read against its noise: every repetition's own error, and how
+    far apart the emulator's repetitions were."""
+    measured, _, _ = validation.load(ISOLATED)
+    assert [(s.mode, s.vms) for s in isolated_analysis.spread] == \
+        [(p.mode, p.vms) for p in isolated_analysis.points]
+    for s in isolated_analysis.spread:
+        reps = sorted((m for m in measured if (m.mode, m.vms) == (s.mode, s.vms)),
+                      key=lambda m: m.rep)
+        spans = [m.makespan_ns for m in reps]
+        assert s.measured_spread_pct == pytest.approx(100 * (max(spans) / min(spans) - 1))
+        assert list(s.rep_errors_pct) == pytest.approx(
+            [p.error_pct for p in validation.predict(reps, isolated_analysis.profile)])
+    assert "at most" in validation.spread_summary(isolated_analysis.spread)
+
+
+def test_the_servers_time_on_a_run_is_kept_in_the_bundle(tmp_path):
+    measured, fits, about = validation.load(ISOLATED)
+    served = [replace(m, served_ns=1_000 * (i + 1)) for i, m in enumerate(measured)]
+    validation.save(tmp_path / "served", served, fits, about)
+    again, _, _ = validation.load(tmp_path / "served")
+    assert [m.served_ns for m in again] == [m.served_ns for m in served]
+    assert all(m.served_ns == 0 for m in measured)  # older bundles: not measured

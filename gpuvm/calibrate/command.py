@@ -251,7 +251,8 @@ def main_emulator(args: argparse.Namespace) -> int:
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(emulator.to_toml(profile, about.get("command", "?")))
     report = json.dumps({"about": about, "profile": asdict(profile),
-                         "points": [asdict(p) | {"error_pct": p.error_pct} for p in points]},
+                         "points": [asdict(p) | {"error_pct": p.error_pct} for p in points],
+                         "spread": [asdict(s) for s in analysis.spread]},
                         indent=1) + "\n"
     if bundle is not None:
         (bundle / "points.json").write_text(report)
@@ -281,7 +282,7 @@ def main_emulator(args: argparse.Namespace) -> int:
             t.add_row(m.mode, phase, f"{rec:,.1f}", f"{mod:,.1f}",
                       f"{100 * (mod - rec) / rec:+.1f}" if rec else "-")
     console.print(t)
-    print_validation(console, points, f"model vs emulator makespan, {title} "
+    print_validation(console, points, analysis.spread, f"model vs emulator makespan, {title} "
                      f"(cores fitted on {validation.FIT_VMS} VMs)")
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
@@ -297,6 +298,7 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     from gpuvm.sim.traces import TraceKey, record_fastest
 
     progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
+    load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
     fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
     scaling = load(REPO / "experiments" / "scaling.toml")
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
@@ -323,24 +325,32 @@ def _measure_emulator(args: argparse.Namespace, reps: int
         + (" --isolated" if args.emulator_isolated else "")
     about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
              "isolated": args.emulator_isolated,
-             "cpus": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
+             "cpus": os.cpu_count(), "load": load_before,
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
 
 
-def print_validation(console, points, title: str) -> None:
+def print_validation(console, points, spread, title: str) -> None:
+    """The kept points beside their spread: a point's error means little where its
+    repetitions' own errors range wider than it."""
     from rich.table import Table
 
-    from gpuvm.calibrate import emulator
+    from gpuvm.calibrate import emulator, validation
 
+    by_point = {(s.mode, s.vms): s for s in spread}
     t = Table(title=title)
-    for col in ("mode", "VMs", "emulator ms", "model ms", "error %"):
+    for col in ("mode", "VMs", "emulator ms", "model ms", "error %", "each rep's error %",
+                "reps' spread %"):
         t.add_column(col, justify="right")
     for p in points:
+        s = by_point.get((p.mode, p.vms))
         t.add_row(p.mode, str(p.vms), f"{p.measured_ms:,.1f}", f"{p.predicted_ms:,.1f}",
-                  f"{p.error_pct:+.1f}")
+                  f"{p.error_pct:+.1f}",
+                  " ".join(f"{e:+.0f}" for e in s.rep_errors_pct) if s else "-",
+                  f"{s.measured_spread_pct:.0f}" if s else "-")
     console.print(t)
     print(emulator.summary(points))
+    print(validation.spread_summary(spread))
 
 
 # ------------------------------------------------------------------ --pt-footprint

@@ -45,6 +45,9 @@ class Measured:
     rep: int
     makespan_ns: int
     trace: Mapping  # the 1-VM trace recorded just before
+    # VMs in processes of their own: the server thread's time on the run's VMs, summed
+    # (gpuvm.run.execute.ServedTime) -- how busy the one thread they all wait for was
+    served_ns: int = 0
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -59,7 +62,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import TraceKey, record_fastest
 
-    def makespan(mode: str, n: int) -> int:
+    def makespan(mode: str, n: int) -> tuple[int, int]:
+        """The run's makespan and the server's time on its VMs (isolated; else 0)."""
         scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                             for i in range(n)))
         results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend,
@@ -67,7 +71,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
         failed = [r.error() for r in results if not r.passed]
         if failed:
             raise RuntimeError(f"{mode} x{n}: {failed[0]}")
-        return max(sum(p.wall_ns for p in r.session.phases) for r in results)
+        return (max(sum(p.wall_ns for p in r.session.phases) for r in results),
+                sum(r.served.total_ns for r in results if r.served is not None))
 
     out: list[Measured] = []
     for rep in range(reps):
@@ -79,8 +84,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
-                span = makespan(mode, n)
-                out.append(Measured(mode, n, rep, span, trace))
+                span, served = makespan(mode, n)
+                out.append(Measured(mode, n, rep, span, trace, served))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
     return out
@@ -168,12 +173,47 @@ def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None
     return replace(profile, host_cores=float(cores))
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How one (mode, VMs) point moved over the repetitions -- the noise its error is to
+    be read against.  `rep_errors_pct`: each repetition's run predicted from the trace
+    recorded just before it (a slow minute slows both, so the pair sees less of it);
+    `measured_spread_pct`: the slowest repetition's makespan over the fastest's."""
+    mode: str
+    vms: int
+    rep_errors_pct: tuple[float, ...]
+    measured_spread_pct: float
+
+
+def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
+    runs: dict[tuple[str, int], list[Measured]] = {}
+    for m in measured:
+        runs.setdefault((m.mode, m.vms), []).append(m)
+    out = []
+    for (mode, vms), reps in sorted(runs.items()):
+        reps.sort(key=lambda m: m.rep)
+        spans = [m.makespan_ns for m in reps]
+        out.append(Spread(mode, vms, tuple(p.error_pct for p in predict(reps, profile)),
+                          100 * (max(spans) / min(spans) - 1)))
+    return out
+
+
+def spread_summary(spread: Sequence[Spread]) -> str:
+    """One line: how far apart repetitions of one point were (the emulator's own noise)."""
+    moved = sorted(s.measured_spread_pct for s in spread if len(s.rep_errors_pct) > 1)
+    if not moved:
+        return "one repetition per point: no spread to show"
+    return (f"repetitions of one point: the slowest {moved[len(moved) // 2]:.0f}% over "
+            f"the fastest (median), {moved[-1]:.0f}% at most")
+
+
 # ------------------------------------------------------------------ the analysis
 @dataclass(frozen=True)
 class Analysis:
     profile: CostProfile  # fitted prices, host cores fitted on FIT_VMS
     kept: list[Measured]  # the fastest repetition of each (mode, VMs)
     points: list[ValidationPoint]
+    spread: list[Spread]  # per point, over every repetition
 
 
 def analyse(measured: Sequence[Measured],
@@ -181,14 +221,15 @@ def analyse(measured: Sequence[Measured],
             cores: int | None = None) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
-    kept point predicted from its mode's fastest trace (`fastest`)."""
+    kept point predicted from its mode's fastest trace (`fastest`), and every
+    repetition from its own (`spreads`)."""
     from gpuvm.calibrate import emulator
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
-    return Analysis(profile, kept, predict(kept, profile))
+    return Analysis(profile, kept, predict(kept, profile), spreads(measured, profile))
 
 
 # ------------------------------------------------------------------ bundles
@@ -210,7 +251,8 @@ def save(directory: Path, measured: Sequence[Measured],
             write_trace(directory / names[id(trace)], dict(trace))
         return names[id(trace)]
     runs = [{"mode": m.mode, "vms": m.vms, "rep": m.rep, "makespan_ns": m.makespan_ns,
-             "trace": stored(m.trace)} for m in measured]
+             "trace": stored(m.trace)} | ({"served_ns": m.served_ns} if m.served_ns else {})
+            for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
         {"about": dict(about or {}), "runs": runs, "fit_traces": fits}, indent=1) + "\n")
@@ -239,7 +281,8 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
         return cache[name]
     try:
         measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
-                             int(r["makespan_ns"]), trace(str(r["trace"]))) for r in runs]
+                             int(r["makespan_ns"]), trace(str(r["trace"])),
+                             int(r.get("served_ns", 0))) for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: a run lacks {exc}") from None

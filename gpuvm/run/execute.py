@@ -41,12 +41,26 @@ def machine_for(mode: str) -> MachineFactory:
     return MediatedMachine if MODES[mode].mediated else NativeMachine
 
 
+@dataclass(frozen=True)
+class ServedTime:
+    """What the vfio-user server's one thread spent on a VM in its own process: answering
+    its register accesses, and running its channels.  Every VM waits for that thread,
+    so the sum over a run's VMs against its makespan says how busy the server was."""
+    access_ns: int
+    engine_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.access_ns + self.engine_ns
+
+
 @dataclass
 class VmResult:
     spec: VmSpec
     outcome: GuestOutcome
     faults: list[ChannelFault]
     scheduler: VmMetrics | None = None  # what the GPU scheduler saw (mediated modes)
+    served: ServedTime | None = None  # a VM in its own process: the server's time on it
 
     @property
     def session(self) -> GuestSession:

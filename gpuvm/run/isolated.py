@@ -132,8 +132,10 @@ def start_together(vms: list[VmProcess], options: RunOptions) -> None:
         vm.drain()
 
 
-def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any]:
-    """The finished (or dead) VM's record and scheduler metrics; its device detached."""
+def collect_vm(machine: Machine, vm: VmProcess
+               ) -> tuple[dict[str, Any], Any, tuple[int, int]]:
+    """The finished (or dead) VM's record, scheduler metrics and the server's time on
+    it (DeviceServer.served_ns); its device detached."""
     if vm.reader is None:
         vm.drain()
     assert vm.reader is not None
@@ -150,8 +152,9 @@ def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any]:
             f"VMM process killed by {signal.Signals(-rc).name}"
         record = vm_process.failed_outcome(vm.spec.name, why)
     metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
+    served = vm.server.served_ns()
     machine.detach(vm.spec)
-    return record, metrics
+    return record, metrics, served
 
 
 def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
@@ -159,7 +162,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                  on_spawn: Callable[[VmProcess], None] | None = None) -> list:
     """Run each VM of `boot` in its own process against `machine` (see the docstring);
     `on_spawn` sees each VM process as it starts (tests kill one)."""
-    from gpuvm.run.execute import VmResult
+    from gpuvm.run.execute import ServedTime, VmResult
 
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
@@ -184,9 +187,10 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                        or time.monotonic() >= v.deadline]:
                 if vm.process.poll() is None:
                     vm.process.kill()
-                record, metrics = collect_vm(machine, vm)
+                record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
-                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics)
+                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics,
+                                                 ServedTime(*served))
                 running.remove(vm)
             if pending or running:
                 time.sleep(POLL_S)

@@ -117,6 +117,12 @@ class DeviceServer:
         self.access_ns = 0
         self._answered_access = False
 
+    def served_ns(self) -> tuple[int, int]:
+        """The server's time on this device so far: answering its register accesses,
+        and running its channels (a vGPU's; 0 for a device that does not say)."""
+        engine = getattr(self.stats, "engine_host_ns", None)
+        return self.access_ns, engine() if engine is not None else 0
+
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "DeviceServer":
         self.thread = threading.Thread(target=self.serve, name=f"vfio-user {self.name}",
@@ -525,9 +531,7 @@ class DeviceServer:
         if what & p.STATS_DEVICE_TIME:
             body["device_time_ns"] = self.stats.device_time_ns()
         if what & p.STATS_SERVER_TIME:
-            body["server_access_ns"] = self.access_ns
-            engine = getattr(self.stats, "engine_host_ns", None)  # a vGPU's; else none
-            body["server_engine_ns"] = engine() if engine is not None else 0
+            body["server_access_ns"], body["server_engine_ns"] = self.served_ns()
         return json.dumps(body).encode(), []
 
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
