@@ -338,16 +338,20 @@ def print_validation(console, points, spread, title: str) -> None:
     from gpuvm.calibrate import emulator, validation
 
     by_point = {(s.mode, s.vms): s for s in spread}
+    server = any(s.server_per_vm is not None for s in spread)
     t = Table(title=title)
     for col in ("mode", "VMs", "emulator ms", "model ms", "error %", "each rep's error %",
-                "reps' spread %"):
+                "their median %", "reps' spread %") + (("server per VM",) if server else ()):
         t.add_column(col, justify="right")
     for p in points:
         s = by_point.get((p.mode, p.vms))
+        ratio = s.server_per_vm if s else None
         t.add_row(p.mode, str(p.vms), f"{p.measured_ms:,.1f}", f"{p.predicted_ms:,.1f}",
                   f"{p.error_pct:+.1f}",
                   " ".join(f"{e:+.0f}" for e in s.rep_errors_pct) if s else "-",
-                  f"{s.measured_spread_pct:.0f}" if s else "-")
+                  f"{s.median_error_pct:+.1f}" if s else "-",
+                  f"{s.measured_spread_pct:.0f}" if s else "-",
+                  *((f"{ratio:.2f}x" if ratio is not None else "-",) if server else ()))
     console.print(t)
     print(emulator.summary(points))
     print(validation.spread_summary(spread))

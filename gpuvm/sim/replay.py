@@ -62,6 +62,11 @@ def served(events: EventTrace) -> bool:
     return SERVER_TIME in events.names
 
 
+def server_ns(events: EventTrace) -> int:
+    """The server's whole time on the traced VM (its accesses and its channels)."""
+    return int(events.counter(SERVER_TIME).sum() + events.counter(SERVER_ENGINE_TIME).sum())
+
+
 @dataclass(frozen=True)
 class Step:
     resource: str  # CPU | MEDIATOR | ENGINE
