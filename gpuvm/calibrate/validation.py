@@ -14,7 +14,13 @@ only ever adds time), predicted from the fastest of the mode's traces.
 
 With `isolated` every VM runs in its own VMM process over vfio-user: nothing shares an
 interpreter lock there (no hand-off is fitted), and the model serialises the server's
-share of each trace instead (gpuvm.sim.replay).
+share of each trace instead (gpuvm.sim.replay).  The server's time on each run's VMs is
+kept too (`Measured.served_ns`): per VM against the trace's, it says whether the one
+thread they all wait for took longer per VM than one VM alone had it take.
+
+Repetitions of one point minutes apart differ by 30-50% on the lent machines, so each
+point is also shown against that noise (`spreads`): every repetition's run predicted
+from its own trace, their median, and how far apart the runs were.
 
 What was measured is kept as a bundle (`save` / `load`: the makespans, and every trace
 as the .npz the model reads), so the analysis -- the fit, the cores, the predictions --
