@@ -4,6 +4,9 @@ pointers or PV hypercalls -- and the victim's results stay correct."""
 
 from __future__ import annotations
 
+import os
+import select
+import time
 import numpy as np
 import pytest
 
@@ -67,6 +70,35 @@ def victim_still_fine(gpu, victim):
     assert victim.copy(victim.rig.va(0), victim.rig.sys_va(0), 4)
     assert victim.ram.read_u32(victim.rig.sys_base) == PATTERN
     assert victim.vgpu.faults() == []
+
+
+def _interrupted(fd: int) -> int:
+    """How many interrupts the eventfd holds now (read: it starts again from 0)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return os.eventfd_read(fd) if poller.poll(0) else 0
+
+
+def test_a_vms_completions_interrupt_that_vm_only(world):
+    """A real vGPU raises only its own interrupts: another VM's completions would send
+    this VM's guest to look again at nothing -- one more trap each -- so its time would
+    grow with the number of VMs beside it."""
+    gpu, med, victim, attacker, _ = world
+    assert victim.copy(victim.rig.va(0), victim.rig.sys_va(0), 4)
+    assert attacker.copy(attacker.rig.va(0), attacker.rig.sys_va(0), 4)
+    _interrupted(attacker.attached.irq_fd)
+    _interrupted(victim.attached.irq_fd)
+    for _ in range(4):  # each waits for its interrupt (and reads it)
+        assert victim.copy(victim.rig.va(0), victim.rig.sys_va(0), 4)
+    assert _interrupted(attacker.attached.irq_fd) == 0
+    # an event of no channel in particular still reaches everyone
+    with gpu.lock:
+        gpu.signal()
+        gpu._work.notify_all()
+    deadline = time.monotonic() + 5
+    while not (seen := _interrupted(attacker.attached.irq_fd)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen > 0
 
 
 @pytest.mark.parametrize("which", ["other VM's VRAM", "hypervisor VRAM"])

@@ -235,7 +235,7 @@ class ChannelExecutor:
                     [ch.sem_seq, 0, now & 0xFFFFFFFF, now >> 32]
                 mem.write(ch.sem_addr, np.array(data, dtype=np.uint32).view(np.uint8))
                 ch.count("pfifo.semaphore_releases")
-                self.gpu.signal()
+                self.gpu.signal(ch.chid)
             elif op in (regs.SEM_ACQUIRE_EQUAL, regs.SEM_ACQUIRE_GEQUAL, regs.SEM_ACQUIRE_MASK):
                 ch.acquire = (ch.sem_addr, ch.sem_seq, op)
             else:
@@ -243,7 +243,7 @@ class ChannelExecutor:
                                    f"semaphore operation {op}", v)
         elif m == regs.HOST_REF_CNT:
             self._userd_write(ch.ctx, regs.USERD_REF, v)
-            self.gpu.signal()
+            self.gpu.signal(ch.chid)
         else:
             raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT, f"host method {m:#x}", m)
 
@@ -293,7 +293,7 @@ class ChannelExecutor:
                 if ch.on_resume is not None:
                     done, ch.on_resume = ch.on_resume, None
                     done(ch.resume_at)
-                    self.gpu.signal()
+                    self.gpu.signal(ch.chid)
                     progress = True
                 if ch.acquire is not None:
                     if not self._acquired(ch, mem):

@@ -78,9 +78,13 @@ class Gpu:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._signalled = False
+        # whose work the signals since the last notice came from (channel ids), or
+        # None once one came from no channel in particular: listeners tell everyone
+        self._signalled_chids: set[int] | None = set()
         # called (lock held) whenever guests may have something to see: completions and
-        # faults; a VFIO device turns each call into its interrupt's eventfd
-        self.event_listeners: list[Callable[[], None]] = []
+        # faults, with the channels they came from (None: from no channel in particular,
+        # anyone may look); a VFIO device turns each call into its interrupt's eventfd
+        self.event_listeners: list[Callable[[frozenset[int] | None], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def attach_sysram(self, port: DmaPort) -> None:
@@ -227,9 +231,16 @@ class Gpu:
             finally:
                 self.lock.release()
 
-    def signal(self) -> None:
-        """GPU work completed or faulted: wake guests waiting on memory (lock held)."""
+    def signal(self, chid: int | None = None) -> None:
+        """GPU work completed or faulted -- on channel `chid` (None: on none in
+        particular): wake guests waiting on memory (lock held).  Saying the channel lets
+        a mediator interrupt only the VM that owns it, as a real vGPU raises only its
+        own interrupts; told nothing, it interrupts every VM."""
         self._signalled = True
+        if chid is None:
+            self._signalled_chids = None
+        elif self._signalled_chids is not None:
+            self._signalled_chids.add(chid)
 
     def flushed(self) -> None:
         """A TLB flush: BAR apertures re-read their instance blocks on next use."""
@@ -255,10 +266,13 @@ class Gpu:
                 wake = self.pfifo.service(self.clock.now_ns())
                 if self._signalled:
                     self._signalled = False
+                    chids = None if self._signalled_chids is None \
+                        else frozenset(self._signalled_chids)
+                    self._signalled_chids = set()
                     self.clock.signal(self)  # sleeping guests wake at this device time
                     self._events.notify_all()
                     for listener in self.event_listeners:
-                        listener()
+                        listener(chids)
                 self._clock_party.set_alarm(wake)  # only now may a virtual clock move on
                 timeout = None if wake is None else self.clock.wall_seconds_until(wake)
                 if self.pfifo.cut_short:

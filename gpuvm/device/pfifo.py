@@ -227,7 +227,7 @@ class Pfifo(RegisterBlock):
         ch.on_resume = None
         self.faults.append(fault)
         self.gpu.counts.chan(ch.chid, "chan.faults")
-        self.gpu.signal()
+        self.gpu.signal(ch.chid)
 
     # ------------------------------------------------------------------ service
     def service(self, now: int) -> int | None:

@@ -178,11 +178,16 @@ class Mediator:
             return pchid in self.gpu.pfifo.runlist and self.gpu.pfifo.channels[pchid].runnable
 
     # ------------------------------------------------------------------ VMs
-    def _interrupt(self) -> None:
-        """Completions or faults on the GPU: each vGPU raises its MSI (a waiter re-checks
-        its own condition, so a vGPU woken for another's event only looks again)."""
+    def _interrupt(self, chids: frozenset[int] | None) -> None:
+        """Completions or faults on the GPU's channels `chids`: the vGPUs owning them
+        raise their MSI, and only they -- an interrupt for another VM's work would send a
+        guest to look again at nothing, one more trap per VM for every VM's completion.
+        An event of no channel in particular (None), or of a channel no vGPU owns,
+        interrupts every vGPU: a waiter re-checks its own condition."""
+        owners = None if chids is None else {self.owner.get(c) for c in chids}
         for vgpu in list(self.vgpus):
-            vgpu.interrupt()
+            if owners is None or None in owners or vgpu in owners:
+                vgpu.interrupt()
 
     def add_vm(self, name: str, mode: Mode, spec: PartitionSpec | None = None,
                share: float = 1.0, uuid: str = "", type_id: str = "") -> VGpu:

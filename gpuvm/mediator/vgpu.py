@@ -255,7 +255,7 @@ class VGpu:
     def watchdog_fault(self, vchid: int, reason: str) -> None:
         self._watchdog_faults.append(ChannelFault(vchid, reason, 0, "PFIFO",
                                                   regs.CHAN_ERR_TIMEOUT_EXT))
-        self.med.gpu.signal()  # waiters look again (they see the fault)
+        self.med.gpu.signal(self.part.chid_base + vchid)  # it looks again: sees the fault
 
     def faults(self) -> list[ChannelFault]:
         mine = list(self._watchdog_faults)

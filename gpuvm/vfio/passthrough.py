@@ -100,5 +100,6 @@ class PassthroughGpu:
     def device_time_ns(self) -> int:
         return self.gpu.device_time_ns()
 
-    def _interrupt(self) -> None:
+    def _interrupt(self, chids: frozenset[int] | None = None) -> None:
+        """The whole GPU is this VM's: every event on it is its own."""
         self.irqs.fire(abi.VFIO_PCI_MSI_IRQ_INDEX)
