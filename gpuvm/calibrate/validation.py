@@ -211,8 +211,8 @@ def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
     for (mode, vms), reps in sorted(runs.items()):
         reps.sort(key=lambda m: m.rep)
         spans = [m.makespan_ns for m in reps]
-        ratios = [m.served_ns / vms / server_ns(m.trace["events"]) for m in reps
-                  if m.served_ns and server_ns(m.trace["events"])]
+        traced = [(m.served_ns, server_ns(m.trace["events"])) for m in reps]
+        ratios = [served / vms / alone for served, alone in traced if served and alone]
         out.append(Spread(mode, vms, tuple(p.error_pct for p in predict(reps, profile)),
                           100 * (max(spans) / min(spans) - 1),
                           statistics.median(ratios) if ratios else None))

@@ -180,8 +180,9 @@ class Mediator:
     # ------------------------------------------------------------------ VMs
     def _interrupt(self, chids: frozenset[int] | None) -> None:
         """Completions or faults on the GPU's channels `chids`: the vGPUs owning them
-        raise their MSI, and only they -- an interrupt for another VM's work would send a
-        guest to look again at nothing, one more trap per VM for every VM's completion.
+        raise their MSI, and only they -- an interrupt for another VM's work would wake
+        this VM's waiter to look again at nothing (over vfio-user, a round trip on the
+        server's one thread), for every VM's completion.
         An event of no channel in particular (None), or of a channel no vGPU owns,
         interrupts every vGPU: a waiter re-checks its own condition."""
         owners = None if chids is None else {self.owner.get(c) for c in chids}
