@@ -77,9 +77,9 @@ class Gpu:
         self._thread_counts: dict[int, defaultdict[str, int]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._signalled = False
-        # whose work the signals since the last notice came from (channel ids), or
-        # None once one came from no channel in particular: listeners tell everyone
+        # whose work the signals since the last notice came from (channel ids; empty:
+        # none came), or None once one came from no channel in particular: listeners
+        # then tell everyone
         self._signalled_chids: set[int] | None = set()
         # called (lock held) whenever guests may have something to see: completions and
         # faults, with the channels they came from (None: from no channel in particular,
@@ -236,7 +236,6 @@ class Gpu:
         particular): wake guests waiting on memory (lock held).  Saying the channel lets
         a mediator interrupt only the VM that owns it, as a real vGPU raises only its
         own interrupts; told nothing, it interrupts every VM."""
-        self._signalled = True
         if chid is None:
             self._signalled_chids = None
         elif self._signalled_chids is not None:
@@ -264,8 +263,7 @@ class Gpu:
         with self.lock:
             while not self._stopping:
                 wake = self.pfifo.service(self.clock.now_ns())
-                if self._signalled:
-                    self._signalled = False
+                if self._signalled_chids is None or self._signalled_chids:
                     chids = None if self._signalled_chids is None \
                         else frozenset(self._signalled_chids)
                     self._signalled_chids = set()
