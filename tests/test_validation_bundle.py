@@ -156,3 +156,13 @@ def test_the_servers_time_on_a_run_is_kept_and_read_against_the_trace(tmp_path):
     # a bundle from before the server's time was kept: nothing to show
     unmeasured = [replace(m, served_ns=0) for m in measured]
     assert all(s.server_per_vm is None for s in validation.spreads(unmeasured, profile))
+
+
+def test_a_bundle_keeps_its_older_traces_but_the_cache_rerecords_them(tmp_path):
+    """The test bundles' traces are of format 3 (a remote counter read's whole wait
+    beyond the median counted): a bundle is what was measured, so it still loads; the
+    trace cache, which stands for the present recorder, does not serve them."""
+    from gpuvm.sim.traces import FORMAT, read_trace
+    old = BUNDLE / "trace000.npz"
+    assert read_trace(old, (3,)) is not None and FORMAT != 3
+    assert read_trace(old) is None

@@ -288,7 +288,7 @@ def save(directory: Path, measured: Sequence[Measured],
 def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], dict]:
     """(measured, fit traces, about) of a bundle written by `save`; ValueError naming
     what is missing or unreadable."""
-    from gpuvm.sim.traces import read_trace
+    from gpuvm.sim.traces import BUNDLE_FORMATS, read_trace
     path = directory / BUNDLE_RUNS
     try:
         data = json.loads(path.read_text())
@@ -299,7 +299,7 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
 
     def trace(name: str) -> Mapping:
         if name not in cache:
-            t = read_trace(directory / name)
+            t = read_trace(directory / name, BUNDLE_FORMATS)
             if t is None:
                 raise ValueError(f"{directory / name}: missing, unreadable or of another "
                                  f"trace format")

@@ -45,6 +45,7 @@ import simpy
 from gpuvm.experiment.costs import CostProfile
 from gpuvm.sim.model import EngineModel, Kernel
 from gpuvm.sim.residency import Residency
+from gpuvm.vfio.user.protocol import SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
 from gpuvm.vmm.event_trace import EventTrace
 from scheduler.config import SchedulerConfig
 
@@ -54,7 +55,7 @@ CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
 # in a trace of a VM in its own process (vfio-user): the server's time answering its
 # accesses, and running its channels
-SERVER_TIME, SERVER_ENGINE_TIME = "server.access_ns", "server.engine_ns"
+SERVER_TIME, SERVER_ENGINE_TIME = SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
 
 
 def served(events: EventTrace) -> bool:

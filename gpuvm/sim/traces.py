@@ -26,7 +26,12 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.vmm.event_trace import EventTrace
 
 CACHE = REPO / "results" / "traces"
-FORMAT = 3  # 3: runs keep the guest time before a change of class (2 lost it); 1 was per-phase counts
+# 4: a VM in its own process counts a counter read's wait only while the server ran its
+# channels (3 counted every read beyond the median); 3: runs keep the guest time before a
+# change of class (2 lost it); 1 was per-phase counts
+FORMAT = 4
+# what a saved validation bundle may hold: 3 has 4's columns, recorded by the older rule
+BUNDLE_FORMATS = (3, FORMAT)
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,13 @@ def write_trace(path: Path, trace: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def read_trace(path: Path) -> dict[str, Any] | None:
-    """The cached trace, or None where it is of another format (or unreadable)."""
+def read_trace(path: Path, formats: tuple[int, ...] = (FORMAT,)) -> dict[str, Any] | None:
+    """The cached trace, or None where it is of a format not in `formats` (or
+    unreadable)."""
     try:
         with np.load(path, allow_pickle=False) as a:
             meta = json.loads(str(a["meta"]))
-            if meta.get("format") != FORMAT:
+            if meta.get("format") not in formats:
                 return None
             return meta | {"events": EventTrace.from_arrays(a)}
     except (OSError, ValueError, KeyError):

@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import abi
 
 # event classes: BAR n read = 2n, write = 2n + 1; port writes = PORT_BASE + port
@@ -137,11 +138,15 @@ class EventRecorder:
         self._snapshot = snapshot
         # counters read from a server in another process (a VM over vfio-user): the
         # read is a round trip the unrecorded run never makes; only what it took beyond
-        # the run's typical (median) read is the guest's -- the server was busy (its
-        # engine thread holds the server's interpreter lock while it runs a kernel) and
-        # the guest's next access would have waited for it: trace() adds that.  Not
+        # the run's typical (median) read can be the guest's -- the server was busy
+        # (its engine thread holds the server's interpreter lock while it runs this
+        # VM's kernel) and the guest's next access would have waited for it: trace()
+        # adds that, up to the server's time on the VM's channels during the run.  Not
         # beyond the quickest: measured on 2 cores, the reads' spread is wake-up jitter
-        # (as slow early in a run as late, with fewer counters), 20-35% more time.
+        # (as slow early in a run as late, with fewer counters), 20-35% more time.  Nor
+        # beyond the channels' time: the rest is jitter too -- uncapped, it made pv
+        # traces on the lent 16-core machine 13-15% longer than the runs they predict
+        # (5-7 ms of 43-54, measured 2026-11-23), fv-opt's 2%.
         self._remote_counters = remote_counters
         self._remote_read_ns: list[int] = []
         self._clock = clock
@@ -279,5 +284,7 @@ class EventRecorder:
         cols = np.array(self._rows, dtype=np.int64).reshape(-1, 6)
         if self._remote_read_ns:
             reads = np.array(self._remote_read_ns, dtype=np.int64)
-            cols[:, 3] += np.maximum(0, reads - int(np.median(reads)))
+            busy = deltas[:, index[SERVER_ENGINE_COUNTER]] if SERVER_ENGINE_COUNTER in index \
+                else np.zeros(len(reads), dtype=np.int64)
+            cols[:, 3] += np.minimum(np.maximum(0, reads - int(np.median(reads))), busy)
         return EventTrace(*(cols[:, i].copy() for i in range(6)), names, deltas)

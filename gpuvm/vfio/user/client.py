@@ -312,8 +312,8 @@ class VfioUserDevice:
         server's share of its time from its own."""
         body = self._stats(p.STATS_COUNTERS | p.STATS_SERVER_TIME)
         return self._with_memslots(dict(body["counters"])
-                                   | {"server.access_ns": int(body["server_access_ns"]),
-                                      "server.engine_ns": int(body["server_engine_ns"])})
+                                   | {p.SERVER_ACCESS_COUNTER: int(body["server_access_ns"]),
+                                      p.SERVER_ENGINE_COUNTER: int(body["server_engine_ns"])})
 
     def faults(self) -> list[ChannelFault]:
         return [ChannelFault(**f) for f in self._stats(p.STATS_FAULTS)["faults"]]
