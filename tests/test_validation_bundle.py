@@ -52,7 +52,7 @@ def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
 # 4`): fv, fv-opt and pv of results/validation/20261123-192945, also from the 16-core
 # machine, with the server's time on every run
 ISOLATED = Path(__file__).parent / "data" / "validation-h100-isolated"
-ISOLATED_MEAN_BOUND_PCT = 25.0  # 13.1% when it was added
+ISOLATED_MEAN_BOUND_PCT = 25.0  # 11.4% for this bundle (13.1% for the one before it)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,9 @@ def test_the_model_predicts_isolated_vms_within_its_bound(isolated_analysis):
 
 def test_eight_isolated_vms_wait_for_the_server_and_nothing_else(isolated_analysis):
     """The server's time in the traces is what the model serialises: counted as each
-    VM's own instead, eight VMs would take little more than one."""
+    VM's own instead, eight VMs would take little more than one.  (fv-opt's 8 VMs come
+    out 34% short even so: its server took 1.44x as long per VM as the trace shows --
+    test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt.)"""
     from gpuvm.sim.replay import SERVER_ENGINE_TIME, SERVER_TIME
 
     def own(trace):
@@ -86,7 +88,7 @@ def test_eight_isolated_vms_wait_for_the_server_and_nothing_else(isolated_analys
     served = validation.predict(eight, isolated_analysis.profile)
     unserved = validation.predict([replace(m, trace=own(m.trace)) for m in eight],
                                   isolated_analysis.profile)
-    assert all(abs(p.error_pct) < 25 for p in served), served
+    assert all(abs(p.error_pct) < 40 for p in served), served
     assert all(p.error_pct < -50 for p in unserved), unserved
 
 
@@ -133,13 +135,15 @@ def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
     assert "at most" in validation.spread_summary(isolated_analysis.spread)
 
 
-def test_the_server_took_longer_per_vm_with_eight_vms_than_the_trace_shows(isolated_analysis):
+def test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt(isolated_analysis):
     """What the model does not know (README): per VM, the one server thread's time grew
-    with the VM count -- the 8-VM runs are predicted short by that much.  (This bundle is
-    from before interrupts were routed to their own VM, which took most of fv's growth.)"""
-    eight = {s.mode: s.server_per_vm for s in isolated_analysis.spread if s.vms == 8}
-    assert set(eight) == {"fv", "fv-opt", "pv"}
-    assert all(ratio is not None and ratio > 1.05 for ratio in eight.values()), eight
+    with the VM count in fv-opt -- its 4- and 8-VM runs are predicted short by that much.
+    fv's grew too before interrupts were routed to their own VM; in this bundle, from
+    after, it stays near the trace's."""
+    growth = {(s.mode, s.vms): s.server_per_vm for s in isolated_analysis.spread}
+    assert all(r is not None for r in growth.values()), growth
+    assert growth["fv-opt", 4] > 1.3 and growth["fv-opt", 8] > 1.3, growth
+    assert growth["fv", 8] < 1.1, growth
 
 
 def test_the_servers_time_on_a_run_is_kept_and_read_against_the_trace(tmp_path):
