@@ -137,7 +137,8 @@ def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
 
 def test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt(isolated_analysis):
     """What the model does not know (README): per VM, the one server thread's time grew
-    with the VM count in fv-opt -- its 4- and 8-VM runs are predicted short by that much.
+    with the VM count -- in this bundle's run fv-opt's, whose 4- and 8-VM runs are
+    predicted short by that much (the next run of the same command, pv's instead).
     fv's grew too before interrupts were routed to their own VM; in this bundle, from
     after, it stays near the trace's."""
     growth = {(s.mode, s.vms): s.server_per_vm for s in isolated_analysis.spread}
