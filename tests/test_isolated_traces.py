@@ -107,9 +107,9 @@ def test_a_held_vm_is_built_but_runs_no_guest_code_until_told_to_go():
                             if k.startswith("trap."))
         assert vm.process.poll() is None and traps() == 0
         start_together([vm], options)
-        record, _, (access_ns, _) = collect_vm(machine, vm)
+        record, _, served = collect_vm(machine, vm)
         assert record["failure"] is None and traps() > 0
-        assert access_ns > 0  # the server's time on the VM comes back with it
+        assert served.access_ns > 0  # the server's time on the VM comes back with it
     finally:
         if vm.process.poll() is None:
             vm.process.kill()

@@ -53,7 +53,7 @@ class Measured:
     makespan_ns: int
     trace: Mapping  # the 1-VM trace recorded just before
     # VMs in processes of their own: the server thread's time on the run's VMs, summed
-    # (gpuvm.run.execute.ServedTime) -- how busy the one thread they all wait for was
+    # (gpuvm.run.spec.ServedTime) -- how busy the one thread they all wait for was
     served_ns: int = 0
 
 

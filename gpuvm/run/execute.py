@@ -20,7 +20,7 @@ from gpuvm.device.faults import ChannelFault
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
-from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
+from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
@@ -39,19 +39,6 @@ MachineFactory = Callable[[RunOptions, list[VmSpec]], Machine]
 def machine_for(mode: str) -> MachineFactory:
     """The machine a mode runs on: a GPU per VM (native) or one shared GPU."""
     return MediatedMachine if MODES[mode].mediated else NativeMachine
-
-
-@dataclass(frozen=True)
-class ServedTime:
-    """What the vfio-user server's one thread spent on a VM in its own process: answering
-    its register accesses, and running its channels.  Every VM waits for that thread,
-    so the sum over a run's VMs against its makespan says how busy the server was."""
-    access_ns: int
-    engine_ns: int
-
-    @property
-    def total_ns(self) -> int:
-        return self.access_ns + self.engine_ns
 
 
 @dataclass

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpuvm.run.spec import Machine, RunOptions, VmSpec
+from gpuvm.run.spec import Machine, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 from gpuvm.vmm import vm_process
 
@@ -133,7 +133,7 @@ def start_together(vms: list[VmProcess], options: RunOptions) -> None:
 
 
 def collect_vm(machine: Machine, vm: VmProcess
-               ) -> tuple[dict[str, Any], Any, tuple[int, int]]:
+               ) -> tuple[dict[str, Any], Any, ServedTime]:
     """The finished (or dead) VM's record, scheduler metrics and the server's time on
     it (DeviceServer.served_ns); its device detached."""
     if vm.reader is None:
@@ -152,7 +152,7 @@ def collect_vm(machine: Machine, vm: VmProcess
             f"VMM process killed by {signal.Signals(-rc).name}"
         record = vm_process.failed_outcome(vm.spec.name, why)
     metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
-    served = vm.server.served_ns()
+    served = ServedTime(*vm.server.served_ns())
     machine.detach(vm.spec)
     return record, metrics, served
 
@@ -162,7 +162,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                  on_spawn: Callable[[VmProcess], None] | None = None) -> list:
     """Run each VM of `boot` in its own process against `machine` (see the docstring);
     `on_spawn` sees each VM process as it starts (tests kill one)."""
-    from gpuvm.run.execute import ServedTime, VmResult
+    from gpuvm.run.execute import VmResult
 
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
@@ -189,8 +189,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     vm.process.kill()
                 record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
-                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics,
-                                                 ServedTime(*served))
+                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics, served)
                 running.remove(vm)
             if pending or running:
                 time.sleep(POLL_S)

@@ -86,6 +86,19 @@ class VmSpec:
         return params
 
 
+@dataclass(frozen=True)
+class ServedTime:
+    """What the vfio-user server's one thread spent on a VM in its own process: answering
+    its register accesses, and running its channels.  Every VM waits for that thread,
+    so the sum over a run's VMs against its makespan says how busy the server was."""
+    access_ns: int
+    engine_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return self.access_ns + self.engine_ns
+
+
 @dataclass
 class RunOptions:
     mode: str = "native"
