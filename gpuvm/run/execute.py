@@ -22,6 +22,7 @@ from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
 from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.device import VfioError
+from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
@@ -152,7 +153,7 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                            wait_timeout=min(options.wait_slice, options.timeout),
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
     if options.record_events:
-        session.recorder = EventRecorder(session.snapshot)
+        session.recorder = EventRecorder(_with_channel_time(session, device))
         session.recorder.install(session)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
@@ -160,6 +161,18 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                          attached.bar_sizes)
     attached.connect_mappings(runner.memslots)
     return attached, runner, session
+
+
+def _with_channel_time(session: GuestSession, device: object
+                       ) -> Callable[[], dict[str, int]]:
+    """What a recorded VM's counters are read with: the session's, and where the device
+    says, its host time running the VM's channels (SERVER_ENGINE_COUNTER, as a VM over
+    vfio-user reports it).  In one process that work holds the interpreter lock every
+    VM's thread needs, and the model serialises it (gpuvm.sim.replay)."""
+    engine = getattr(device, "engine_host_ns", None)
+    if engine is None:
+        return session.snapshot
+    return lambda: session.snapshot() | {SERVER_ENGINE_COUNTER: engine()}
 
 
 def _detach_at_last_time(machine: Machine, r: _Running) -> None:

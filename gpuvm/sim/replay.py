@@ -18,7 +18,8 @@ phase becomes a sequence of steps, and each step needs one shared resource:
 
 Where the profile says the VMs' Python work shares one interpreter lock (this emulator:
 VMs are threads of one process), `cpu` and `mediator` steps also hold that lock: host
-CPU for the VMM's own work is then the lock, not the N cores.  A trace of a VM in its
+CPU for the VMM's own work is then the lock, not the N cores; so does the engine thread
+running each VM's channels, where the trace says how long ("server.engine_ns").  A trace of a VM in its
 own VMM process (vfio-user; it carries the server's time) holds that lock only for the
 server's share -- answering its accesses, running its channels -- since one server
 thread serves every VM; the VMM's own work is its process's, on its own core.
@@ -142,6 +143,17 @@ def _mmio_exits(names: Sequence[str], deltas: np.ndarray) -> np.ndarray:
     return deltas[:, cols].sum(axis=1) if cols else np.zeros(len(deltas), dtype=np.int64)
 
 
+def _channels_on_lock(channels: int, cpu: int, sleep: int, free: int
+                      ) -> tuple[int, int, int]:
+    """(cpu, sleep, free) with `channels` -- the device's host time running the VM's
+    channels meanwhile, which holds the lock (the server's, or the one interpreter lock
+    of VMs as threads) -- moved into cpu: taken from the time the VM waited, else from
+    its time between events (it cannot have run while the VM's own Python did)."""
+    from_sleep = min(channels, sleep)
+    from_free = min(channels - from_sleep, free)
+    return cpu + from_sleep + from_free, sleep - from_sleep, free - from_free
+
+
 def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[Step]:
     """A per-event trace as steps, in its order (see the module docstring)."""
     names = events.names
@@ -191,12 +203,8 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             waited = engine or counts.get("port.wait", 0)
             sleep = own if waited else 0
             free = gap + (0 if waited else own)
-            channels = counts.get(SERVER_ENGINE_TIME, 0)
-            from_sleep = min(channels, sleep)
-            from_free = min(channels - from_sleep, free)
-            cpu += from_sleep + from_free
-            sleep -= from_sleep
-            free -= from_free
+            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_TIME, 0),
+                                                 cpu, sleep, free)
         elif costs.recorded_times:
             # a handler's time beyond what its counted work costs is time blocked on
             # another thread (a wait on the engine, a BAR0 write that waits for the
@@ -212,6 +220,10 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             # VMM's exit loop around it is Python, on the lock like a handler
             free = int(events.guest_ns[r])
             cpu += int(events.gap_ns[r]) - free
+            # the engine thread running the VM's channels holds the lock too (traces
+            # from before it was recorded have none)
+            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_TIME, 0),
+                                                 cpu, sleep, free)
         else:
             sleep = int(counts.get("port.wait", 0) * costs.wait_ns)
             priced = int(costs.modelled_ns(counts, mediated)) - engine - sleep - mediator
