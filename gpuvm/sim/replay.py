@@ -19,10 +19,11 @@ phase becomes a sequence of steps, and each step needs one shared resource:
 Where the profile says the VMs' Python work shares one interpreter lock (this emulator:
 VMs are threads of one process), `cpu` and `mediator` steps also hold that lock: host
 CPU for the VMM's own work is then the lock, not the N cores; so does the engine thread
-running each VM's channels, where the trace says how long ("server.engine_ns").  A trace of a VM in its
-own VMM process (vfio-user; it carries the server's time) holds that lock only for the
-server's share -- answering its accesses, running its channels -- since one server
-thread serves every VM; the VMM's own work is its process's, on its own core.
+running each VM's channels, where the trace says how long ("server.engine_ns").  A
+trace of a VM in its own VMM process (vfio-user; it carries the server's time) holds
+that lock only for the server's share -- answering its accesses, running its channels
+-- since one server thread serves every VM; the VMM's own work is its process's, on its
+own core.
 
 A trace recorded per event (gpuvm.vmm.event_trace) is replayed in its order: each run
 of equal events is priced by the profile and cut into steps of at most CHUNK_NS, so VMs
