@@ -50,8 +50,8 @@ def test_a_recorded_trace_accounts_for_every_counted_event_in_its_phase(mode):
     assert (mmio[bar] == trace.events[bar]).all()
     # the engine thread's time on the VM's channels is recorded beside its counters
     # (VMs as threads: the model puts it on the interpreter lock)
-    from gpuvm.sim.replay import SERVER_ENGINE_TIME
-    assert trace.counter(SERVER_ENGINE_TIME).sum() > 0
+    from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
+    assert trace.counter(SERVER_ENGINE_COUNTER).sum() > 0
     assert {class_name(int(c)) for c in trace.code} >= {"port.wait", "port.phase", "bar0.write"}
 
 
@@ -198,19 +198,19 @@ def test_the_engine_running_a_threaded_vms_channels_holds_the_lock_it_waited_on(
     """VMs as threads of one process: the engine thread's time on a VM's channels
     (recorded as server.engine_ns) holds the interpreter lock every VM needs -- taken from
     the time the VM's handler waited, then from its time between events."""
-    from gpuvm.sim.replay import SERVER_ENGINE_TIME
+    from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
     costs = replace(XEN, trap_ns=10_000.0, trap_mediator_ns=0.0, exit_free_ns=0.0,
                     recorded_times=1.0, interpreter_lock=1.0)
     # the handler waited 5 ms, of which the engine ran the VM's channels 3 ms; then
     # 2 ms of channels while the guest ran 1 ms between events: 1 ms of it from there
-    rows = [(1, 1, 5_000_000, 0, {"exits.mmio.bar0.write": 1, SERVER_ENGINE_TIME: 3_000_000}),
+    rows = [(1, 1, 5_000_000, 0, {"exits.mmio.bar0.write": 1, SERVER_ENGINE_COUNTER: 3_000_000}),
             (1, 1, 10_000, 1_000_000, {"exits.mmio.bar0.write": 1,
-                                        SERVER_ENGINE_TIME: 2_000_000})]
+                                        SERVER_ENGINE_COUNTER: 2_000_000})]
     steps = event_steps(_trace(rows), costs, mediated=True)
     total = {r: sum(s.ns for s in steps if s.resource == r) for r in (CPU, FREE, SLEEP)}
     assert total == {CPU: 20_000 + 3_000_000 + 1_000_000, FREE: 0, SLEEP: 1_990_000}
     untold = event_steps(_trace([(c, n, h, g, {k: v for k, v in d.items()
-                                              if k != SERVER_ENGINE_TIME})
+                                              if k != SERVER_ENGINE_COUNTER})
                                  for c, n, h, g, d in rows]), costs, mediated=True)
     two = [replay(replicate(VmTrace("vm", tuple(s)), 2), cores=8, interpreter_lock=True)
            for s in (steps, untold)]

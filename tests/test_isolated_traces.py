@@ -19,10 +19,10 @@ from gpuvm.experiment.execute import specs_for
 from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.run.execute import machine_for
 from gpuvm.run.isolated import VmProcess, collect_vm, spawn_vm, start_together
-from gpuvm.sim.replay import CPU, FREE, SERVER_ENGINE_TIME, SERVER_TIME, SLEEP, VmTrace, \
-    event_steps, replay, replicate
+from gpuvm.sim.replay import CPU, FREE, SLEEP, VmTrace, event_steps, replay, replicate
 from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vfio.user.client import VfioUserDevice
+from gpuvm.vfio.user.protocol import SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
 from gpuvm.vfio.user.server import DeviceServer
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.event_trace import EventTrace
@@ -44,14 +44,14 @@ def test_an_isolated_vm_sends_its_trace_with_the_servers_share_of_each_run():
     # the same guest did the same things, in the same runs of events
     assert np.array_equal(isolated.code, alone.code)
     assert np.array_equal(isolated.events, alone.events)
-    server = isolated.counter(SERVER_TIME)
-    assert SERVER_TIME not in alone.names
+    server = isolated.counter(SERVER_ACCESS_COUNTER)
+    assert SERVER_ACCESS_COUNTER not in alone.names
     assert 0 < server.sum() < isolated.handler_ns.sum()
     # a run of traps had the server answer each of them
     traps = isolated.code < (1 << 16)
     assert (server[traps] > 0).all()
     # and the server ran the VM's channels: its kernels and copies
-    assert isolated.counter(SERVER_ENGINE_TIME).sum() > 0
+    assert isolated.counter(SERVER_ENGINE_COUNTER).sum() > 0
 
 
 class _NoCounters:
@@ -117,7 +117,7 @@ def test_a_held_vm_is_built_but_runs_no_guest_code_until_told_to_go():
 
 
 def _trace(handler: int, server: int, gap: int, wait: bool = False) -> EventTrace:
-    names = ("exits.mmio.bar0.write", "port.wait", SERVER_TIME)
+    names = ("exits.mmio.bar0.write", "port.wait", SERVER_ACCESS_COUNTER)
     deltas = np.array([[100, int(wait), server]], dtype=np.int64)
     one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
     return EventTrace(one(1), one(0), one(100), one(handler), one(gap), one(gap), names,

@@ -76,12 +76,12 @@ def test_eight_isolated_vms_wait_for_the_server_and_nothing_else(isolated_analys
     VM's own instead, eight VMs would take little more than one.  (fv-opt's 8 VMs come
     out 34% short even so: its server took 1.44x as long per VM as the trace shows --
     test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt.)"""
-    from gpuvm.sim.replay import SERVER_ENGINE_TIME, SERVER_TIME
+    from gpuvm.vfio.user.protocol import SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
 
     def own(trace):
         events = trace["events"]
         deltas = events.deltas.copy()
-        for name in (SERVER_TIME, SERVER_ENGINE_TIME):
+        for name in (SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER):
             deltas[:, events.names.index(name)] = 0
         return dict(trace, events=replace(events, deltas=deltas))
     eight = [m for m in isolated_analysis.kept if m.vms == 8]

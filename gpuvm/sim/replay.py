@@ -55,19 +55,17 @@ PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
 CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
-# in a trace of a VM in its own process (vfio-user): the server's time answering its
-# accesses, and running its channels
-SERVER_TIME, SERVER_ENGINE_TIME = SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
 
 
 def served(events: EventTrace) -> bool:
     """Whether `events` is of a VM in its own process: it carries the server's time."""
-    return SERVER_TIME in events.names
+    return SERVER_ACCESS_COUNTER in events.names
 
 
 def server_ns(events: EventTrace) -> int:
     """The server's whole time on the traced VM (its accesses and its channels)."""
-    return int(events.counter(SERVER_TIME).sum() + events.counter(SERVER_ENGINE_TIME).sum())
+    return int(events.counter(SERVER_ACCESS_COUNTER).sum()
+               + events.counter(SERVER_ENGINE_COUNTER).sum())
 
 
 @dataclass(frozen=True)
@@ -198,13 +196,13 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             # is taken from the time the VM waited, else from its time between events
             handler = max(0, int(events.handler_ns[r]) - engine)
             mediator = 0
-            cpu = min(handler, counts.get(SERVER_TIME, 0))
+            cpu = min(handler, counts.get(SERVER_ACCESS_COUNTER, 0))
             own = handler - cpu
             gap = int(events.gap_ns[r])
             waited = engine or counts.get("port.wait", 0)
             sleep = own if waited else 0
             free = gap + (0 if waited else own)
-            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_TIME, 0),
+            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_COUNTER, 0),
                                                  cpu, sleep, free)
         elif costs.recorded_times:
             # a handler's time beyond what its counted work costs is time blocked on
@@ -223,7 +221,7 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             cpu += int(events.gap_ns[r]) - free
             # the engine thread running the VM's channels holds the lock too (traces
             # from before it was recorded have none)
-            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_TIME, 0),
+            cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_COUNTER, 0),
                                                  cpu, sleep, free)
         else:
             sleep = int(counts.get("port.wait", 0) * costs.wait_ns)

@@ -282,9 +282,9 @@ class EventRecorder:
             for k, v in d.items():
                 deltas[r, index[k]] = v
         cols = np.array(self._rows, dtype=np.int64).reshape(-1, 6)
+        trace = EventTrace(*(cols[:, i].copy() for i in range(6)), names, deltas)
         if self._remote_read_ns:
             reads = np.array(self._remote_read_ns, dtype=np.int64)
-            busy = deltas[:, index[SERVER_ENGINE_COUNTER]] if SERVER_ENGINE_COUNTER in index \
-                else np.zeros(len(reads), dtype=np.int64)
-            cols[:, 3] += np.minimum(np.maximum(0, reads - int(np.median(reads))), busy)
-        return EventTrace(*(cols[:, i].copy() for i in range(6)), names, deltas)
+            trace.handler_ns[:] += np.minimum(np.maximum(0, reads - int(np.median(reads))),
+                                              trace.counter(SERVER_ENGINE_COUNTER))
+        return trace
