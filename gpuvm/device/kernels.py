@@ -5,14 +5,22 @@ of these kernels (see KOBJ_* in regs.py).  Each kernel reads and writes GPU memo
 through the channel's address space (`KernelMemory`), computes its result with numpy, and
 returns the device time the profile says it takes -- the functional result and the
 modelled occupancy come from the same call.
+
+The host work of a kernel stays on the engine's own thread: numpy's BLAS would otherwise
+split a matrix product over one thread per host core and leave those threads spinning
+for their next job, taking the cores the VMs' vCPUs run on (measured on a 16-core host:
+a 128x128 mmul made one pv VM's process use 390 ms of CPU for a 59 ms run, 40-70 ms with
+BLAS on one thread, and eight threaded fv-opt VMs took 2.9-3.0 s instead of 3.2-4.2 s).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from gpuvm.device import regs
 from gpuvm.device.faults import ChannelError
@@ -50,6 +58,13 @@ def _cost(costs: ComputeCosts, flops: float, nbytes: float) -> int:
     return int(costs.launch_ns + 1e9 * max(flops / costs.flops_per_s, nbytes / costs.bytes_per_s))
 
 
+@functools.cache
+def _blas_on_one_thread() -> None:
+    """Once per process, before the first matrix product (see the module docstring):
+    finding the BLAS libraries takes milliseconds, and the limit then holds."""
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def _f32(mem: KernelMemory, va: int, n: int) -> np.ndarray:
     return mem.read(va, 4 * n).view(np.float32)
 
@@ -70,6 +85,7 @@ def _mmul(mem: KernelMemory, p: list[int], costs: ComputeCosts) -> int:
     n = p[6]
     if not 0 < n <= MAX_MMUL_N:
         raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"mmul n = {n}", n)
+    _blas_on_one_thread()
     a = _f32(mem, _u64(p, 0), n * n).reshape(n, n)
     b = _f32(mem, _u64(p, 2), n * n).reshape(n, n)
     mem.write(_u64(p, 4), np.matmul(a, b).astype(np.float32).view(np.uint8).reshape(-1))
