@@ -22,7 +22,9 @@ import pytest
 from gpuvm.calibrate import validation
 
 BUNDLE = Path(__file__).parent / "data" / "validation-h100"
-MEAN_BOUND_PCT = 30.0  # mean |error| over the bundle's 8 points: 16.9% when it was added
+# mean |error| over the bundle's 8 points: 23.0% when it was added (results/validation/
+# 20261124-000105, after numpy's BLAS was kept to one thread); 16.9% for the one before
+MEAN_BOUND_PCT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,19 @@ def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
     without = validation.predict(analysis.kept, replace(analysis.profile, lock_handoff_ns=0.0))
     larger = [p for p in analysis.points if p.vms > validation.FIT_VMS]
     assert _mean_abs(larger) < _mean_abs([p for p in without if p.vms > validation.FIT_VMS])
+
+
+def test_the_lock_costs_more_per_exit_with_more_vms_and_in_pv(analysis):
+    """What the one fitted hand-off misses (README): the hand-off each point alone would
+    need grows from 2 to 8 VMs in both modes, and pv needs about three times fv-opt's
+    -- its handlers take the lock several times per exit (numpy and ioctls release it
+    inside), which the model does not count."""
+    needed = validation.needed_handoffs(analysis.kept, analysis.profile)
+    assert set(needed) == {(m, n) for m in ("fv-opt", "pv") for n in (2, 4, 8)}
+    for mode in ("fv-opt", "pv"):
+        assert needed[(mode, 8)] > 1.3 * needed[(mode, 2)], needed
+    for n in (2, 4, 8):
+        assert needed[("pv", n)] > 2 * needed[("fv-opt", n)], needed
 
 
 # VMs in VMM processes of their own (`gpuvm calibrate --emulator --isolated --trace-reps
@@ -164,10 +179,18 @@ def test_the_servers_time_on_a_run_is_kept_and_read_against_the_trace(tmp_path):
 
 
 def test_a_bundle_keeps_its_older_traces_but_the_cache_rerecords_them(tmp_path):
-    """The test bundles' traces are of format 3 (a remote counter read's whole wait
-    beyond the median counted): a bundle is what was measured, so it still loads; the
-    trace cache, which stands for the present recorder, does not serve them."""
-    from gpuvm.sim.traces import FORMAT, read_trace
-    old = BUNDLE / "trace000.npz"
-    assert read_trace(old, (3,)) is not None and FORMAT != 3
-    assert read_trace(old) is None
+    """A trace of format 3 (a remote counter read's whole wait beyond the median
+    counted) in a bundle: a bundle is what was measured, so it still loads; the trace
+    cache, which stands for the present recorder, does not serve it."""
+    from gpuvm.sim.traces import FORMAT, read_trace, write_trace
+    assert FORMAT != 3
+    shutil.copytree(BUNDLE, tmp_path / "older")
+    measured, _, _ = validation.load(BUNDLE)
+    name = "trace001.npz"
+    write_trace(tmp_path / "older" / name,
+                read_trace(BUNDLE / name) | {"format": 3})
+    assert read_trace(tmp_path / "older" / name) is None
+    assert read_trace(tmp_path / "older" / name, (3,)) is not None
+    again, _, _ = validation.load(tmp_path / "older")
+    assert [(m.mode, m.vms, m.makespan_ns) for m in again] == \
+        [(m.mode, m.vms, m.makespan_ns) for m in measured]

@@ -284,6 +284,9 @@ def main_emulator(args: argparse.Namespace) -> int:
     console.print(t)
     print_validation(console, points, analysis.spread, f"model vs emulator makespan, {title} "
                      f"(cores fitted on {validation.FIT_VMS} VMs)")
+    if not about.get("isolated"):  # VMs as threads: the one shape with the lock
+        print_needed_handoffs(validation.needed_handoffs(kept, profile),
+                              profile.lock_handoff_ns, validation.FIT_VMS)
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
               f"`gpuvm calibrate --emulator --from {bundle}`)")
@@ -355,6 +358,21 @@ def print_validation(console, points, spread, title: str) -> None:
     console.print(t)
     print(emulator.summary(points))
     print(validation.spread_summary(spread))
+
+
+def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
+                          fit_vms: int) -> None:
+    """One line per mode: the interpreter lock's hand-off each count of VMs as threads
+    would need to come out right, beside the one fitted for all of them."""
+    modes = sorted({mode for mode, _ in needed})
+    if not modes:
+        return
+    print(f"the lock hand-off each point needs (us; fitted on {fit_vms} VMs: "
+          f"{fitted / 1e3:.1f}):")
+    for mode in modes:
+        print(f"  {mode}: " + ", ".join(f"{vms} VMs {ns / 1e3:.1f}"
+                                        for (m, vms), ns in sorted(needed.items())
+                                        if m == mode))
 
 
 # ------------------------------------------------------------------ --pt-footprint

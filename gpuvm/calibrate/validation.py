@@ -148,16 +148,44 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
         p = replace(profile, lock_handoff_ns=handoff)
         return sum(predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
                    for m in fit) / len(fit)
+    return replace(profile, lock_handoff_ns=_handoff_where_zero(error))
+
+
+def _handoff_where_zero(error: Callable[[float], float]) -> float:
+    """The hand-off at which `error` (the predictions' relative error; it grows with
+    the cost) crosses 0, to half a microsecond: 0 where even none is too much,
+    HANDOFF_MAX_NS where even that is too little."""
     # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
     low, high = 1.0, float(HANDOFF_MAX_NS)
     if error(low) >= 0:
-        return replace(profile, lock_handoff_ns=0.0)
+        return 0.0
     if error(high) <= 0:
-        return replace(profile, lock_handoff_ns=high)
-    while high - low > 500:  # to half a microsecond
+        return high
+    while high - low > 500:
         mid = (low + high) / 2
         low, high = (mid, high) if error(mid) < 0 else (low, mid)
-    return replace(profile, lock_handoff_ns=round((low + high) / 2))
+    return round((low + high) / 2)
+
+
+def needed_handoffs(points: Sequence[Measured], profile: CostProfile
+                    ) -> dict[tuple[str, int], float]:
+    """Per kept point of VMs as threads with more than one VM, the hand-off for which
+    that point alone would come out right.  One cost is fitted for every mode and
+    count (`fit_handoff`); where these differ -- by mode, or growing with the VM
+    count -- the lock's cost depends on more than the exits the model charges it for
+    (README, "The model against the emulator").  Replays each point a dozen times:
+    a minute or two for fv's eight VMs."""
+    from gpuvm.sim.replay import served
+    out = {}
+    for m in points:
+        if m.vms < 2 or served(m.trace["events"]):
+            continue
+
+        def error(handoff: float, m: Measured = m) -> float:
+            p = replace(profile, lock_handoff_ns=handoff)
+            return predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
+        out[(m.mode, m.vms)] = _handoff_where_zero(error)
+    return out
 
 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
