@@ -1,15 +1,20 @@
 """`gpuvm bench device`: how fast the emulated device itself is.
 
-Three numbers, measured side by side in one run: BAR0 register accesses per second
+Four numbers, measured side by side in one run: BAR0 register accesses per second
 through the device's MMIO entry point, page translations per second (vectorized range
-walks and single-page BAR walks), and a 64 MiB copy whose source and destination are
+walks and single-page BAR walks), a 64 MiB copy whose source and destination are
 scattered over 4 KiB pages -- done the way the copy engine does it -- against one
-contiguous numpy copy of the same bytes.
+contiguous numpy copy of the same bytes, and the host cores the compute engine keeps
+busy running mmul kernels: with numpy's BLAS on one thread, as the device keeps it
+(gpuvm/device/kernels.py), and with a BLAS thread per core, numpy's default, whose idle
+threads spin on cores the VMs' vCPUs need.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,9 +23,13 @@ from gpuvm.bench.timing import best_of
 from gpuvm.device import regs
 from gpuvm.device.channel import ChannelMemory
 from gpuvm.device.gpu import Gpu
+from gpuvm.device.kernels import KERNELS
 from gpuvm.device.mmu import Space
 
 COPY_BYTES = 64 * regs.MiB
+KERNEL_N = 128  # the validation's mmul size
+KERNELS_RUN = 200
+KERNEL_PAUSE_S = 1e-3  # an engine idle between a VM's kernels
 
 
 @dataclass
@@ -30,6 +39,9 @@ class DeviceBench:
     bar_translations_per_s: float  # single-page walks (the BAR1/BAR3 path)
     scattered_copy_s: float
     contiguous_copy_s: float
+    # process CPU time over wall time while the engine runs mmul kernels
+    kernel_cores_one_thread: float  # BLAS on one thread, as the device keeps it
+    kernel_cores_per_core: float  # a BLAS thread per host core (numpy's default)
 
     @property
     def copy_ratio(self) -> float:
@@ -48,6 +60,21 @@ def _scattered_space(gpu: Gpu, pd: int, pt_base: int, va: int, frames: np.ndarra
     ptes = (frames.astype(np.uint64) >> np.uint64(8)) | np.uint64(regs.PTE_PRESENT)
     gpu.vram.u64[(pt_base >> 3) + first:(pt_base >> 3) + first + npages] = ptes
     return Space(pd)
+
+
+def _cores_busy(mem: ChannelMemory, va: int, profile_compute) -> float:
+    """Process CPU time over wall time while the mmul kernel runs KERNELS_RUN times,
+    KERNEL_PAUSE_S apart: each thread kept busy counts 1, spinning or not."""
+    size = 4 * KERNEL_N * KERNEL_N
+    params = [va & 0xFFFFFFFF, va >> 32, (va + size) & 0xFFFFFFFF, (va + size) >> 32,
+              (va + 2 * size) & 0xFFFFFFFF, (va + 2 * size) >> 32, KERNEL_N, 0]
+    mmul = KERNELS[regs.KERNEL_MMUL]
+    mmul.run(mem, params, profile_compute)  # the first sets the device's limit
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(KERNELS_RUN):
+        mmul.run(mem, params, profile_compute)
+        time.sleep(KERNEL_PAUSE_S)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
 def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) -> DeviceBench:
@@ -90,8 +117,13 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
         a = gpu.vram.u8[512 * regs.MiB:512 * regs.MiB + COPY_BYTES]
         b = gpu.vram.u8[1024 * regs.MiB:1024 * regs.MiB + COPY_BYTES]
         t_contig = best_of(lambda: np.copyto(b, a), repeat)
+
+        from threadpoolctl import threadpool_limits
+        one = _cores_busy(src_mem, va, gpu.profile.compute)
+        with threadpool_limits(limits=os.cpu_count() or 1, user_api="blas"):
+            per_core = _cores_busy(src_mem, va, gpu.profile.compute)
         return DeviceBench(accesses / t_regs, npages / t_range, singles / t_single,
-                           t_scatter, t_contig)
+                           t_scatter, t_contig, one, per_core)
     finally:
         gpu.release_memory()
 
@@ -109,6 +141,9 @@ def print_device_bench(r: DeviceBench) -> None:
     t.add_row("64 MiB copy, scattered 4 KiB pages (ms)", f"{r.scattered_copy_s * 1e3:.2f}")
     t.add_row("64 MiB copy, contiguous numpy (ms)", f"{r.contiguous_copy_s * 1e3:.2f}")
     t.add_row("scattered / contiguous", f"{r.copy_ratio:.2f}x")
+    what = f"cores busy, mmul n={KERNEL_N} each {KERNEL_PAUSE_S * 1e3:g} ms"
+    t.add_row(f"{what}, BLAS on 1 thread (device)", f"{r.kernel_cores_one_thread:.2f}")
+    t.add_row(f"{what}, BLAS on {os.cpu_count()} (numpy)", f"{r.kernel_cores_per_core:.2f}")
     Console().print(t)
 
 
