@@ -267,6 +267,21 @@ def test_readonly_memslot_reads_memory_and_traps_writes(image: Path) -> None:
     backing.close()
 
 
+def test_the_vcpu_threads_usage_is_measured_from_the_guests_start(image: Path) -> None:
+    """The vCPU thread's CPU time and sleeps while its guest ran (validation compares
+    the sleeps of VMs as threads with the model's lock waits).  A guest that exits at
+    once sleeps little; one that spins until its timeout kick is on its core throughout."""
+    quick, _ = run_one(image, MODE_BARS)
+    assert quick.vcpu is not None and quick.passed
+    assert 0 < quick.vcpu.cpu_ns < quick.wall_ns
+    runner, _, _, ram = make_vm(image, MODE_SPIN, name="spinner")
+    runner.start()
+    spun = runner.join(0.3)
+    ram.close()
+    assert spun.vcpu is not None and spun.vcpu.cpu_ns > 0.2e9
+    assert spun.vcpu.voluntary_switches < 50
+
+
 def test_four_vms_concurrently(image: Path) -> None:
     vms = [make_vm(image, MODE_BARS, name=f"vm{i}", param1=2 * i) for i in range(4)]
     for runner, *_ in vms:

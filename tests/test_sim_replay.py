@@ -46,6 +46,18 @@ def test_mediator_work_serialises_and_private_work_does_not():
     assert replay(replicate(engine, 4), cores=8).makespan_ns == 4000  # one engine
 
 
+def test_the_replay_counts_the_exits_that_slept_for_the_interpreter_lock():
+    """Each VM's step of 3 exits holds the lock 1 us: alone it never waits; of four at
+    once, three wait for it, and each of their exits pays the hand-off."""
+    step = VmTrace("t", (Step(CPU, 1000, "Init", events=3),))
+    alone = replay([step], cores=8, interpreter_lock=True, lock_handoff_ns=100)
+    assert alone.lock_sleeps == 0 and alone.makespan_ns == 1000
+    four = replay(replicate(step, 4), cores=8, interpreter_lock=True, lock_handoff_ns=100)
+    assert four.lock_sleeps == 3 * 3
+    assert four.makespan_ns == 1000 + 3 * (1000 + 3 * 100)
+    assert replay(replicate(step, 4), cores=8).lock_sleeps == 0  # no lock, no sleeps
+
+
 def test_fv_degrades_with_vms_and_pv_does_not_on_the_paper_profile():
     fv = trace_from_row({"vm": "fv", "phase_counters": {"Init": FV_INIT}}, XEN, True)
     pv_counts = {"exits.mmio.bar0.write": 40, "hcall.calls": 56, "hcall.entries": 2400,

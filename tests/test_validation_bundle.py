@@ -14,6 +14,7 @@ hand-off) is what brings the 4- and 8-VM predictions closer."""
 from __future__ import annotations
 
 import shutil
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -176,6 +177,26 @@ def test_the_servers_time_on_a_run_is_kept_and_read_against_the_trace(tmp_path):
     # a bundle from before the server's time was kept: nothing to show
     unmeasured = [replace(m, served_ns=0) for m in measured]
     assert all(s.server_per_vm is None for s in validation.spreads(unmeasured, profile))
+
+
+def test_the_vcpu_threads_sleeps_are_kept_and_set_beside_the_models_lock_waits(tmp_path):
+    """A run's vCPU sleeps survive the bundle; per point, the median per VM sits beside
+    the exits the model has wait for the lock -- none for one VM's channels alone
+    beyond the engine's, more with every VM beside it.  A bundle from before: neither."""
+    measured, fits, about = validation.load(BUNDLE)
+    few = [replace(m, vcpu_sleeps=m.vms * (100 + m.rep)) for m in measured
+           if m.mode == "fv-opt" and m.vms in (1, 8)]
+    validation.save(tmp_path / "sleeps", few, fits, about)
+    again, _, _ = validation.load(tmp_path / "sleeps")
+    assert [m.vcpu_sleeps for m in again] == [m.vcpu_sleeps for m in few]
+    profile = validation.analyse(measured, fits, about["cpus"]).profile
+    spread = {s.vms: s for s in validation.spreads(again, profile)}
+    reps = {m.rep for m in few}
+    assert spread[8].sleeps_per_vm == pytest.approx(statistics.median(100 + r for r in reps))
+    assert spread[8].model_sleeps_per_vm > spread[1].model_sleeps_per_vm + 100
+    old = [replace(m, vcpu_sleeps=0) for m in few]
+    assert all(s.sleeps_per_vm is None and s.model_sleeps_per_vm is None
+               for s in validation.spreads(old, profile))
 
 
 def test_a_bundle_keeps_its_older_traces_but_the_cache_rerecords_them(tmp_path):

@@ -287,6 +287,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
         print_needed_handoffs(validation.needed_handoffs(kept, profile),
                               profile.lock_handoff_ns, validation.FIT_VMS)
+        print_lock_sleeps(analysis.spread)
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
               f"`gpuvm calibrate --emulator --from {bundle}`)")
@@ -373,6 +374,26 @@ def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
         print(f"  {mode}: " + ", ".join(f"{vms} VMs {ns / 1e3:.1f}"
                                         for (m, vms), ns in sorted(needed.items())
                                         if m == mode))
+
+
+def print_lock_sleeps(spread) -> None:
+    """One line per mode: what the VMs beside one add to its vCPU thread's sleeps in the
+    run, against the exits the model has sleep for the interpreter lock (each paying the
+    hand-off) -- whether the model charges the lock as often as the VMs wait for it."""
+    by_point = {(s.mode, s.vms): s for s in spread if s.sleeps_per_vm is not None}
+    lines = []
+    for mode in sorted({mode for mode, _ in by_point}):
+        alone = by_point.get((mode, 1))
+        if alone is None:
+            continue
+        cells = [f"{vms} VMs {s.sleeps_per_vm - alone.sleeps_per_vm:+,.0f} / "
+                 f"{s.model_sleeps_per_vm - alone.model_sleeps_per_vm:+,.0f}"
+                 for (m, vms), s in sorted(by_point.items()) if m == mode and vms > 1]
+        lines.append(f"  {mode}: " + ", ".join(cells))
+    if lines:
+        print("sleeps per VM beyond one VM's, run / model (the vCPU thread's waits; the "
+              "exits the model has wait for the lock), median of the repetitions:")
+        print("\n".join(lines))
 
 
 # ------------------------------------------------------------------ --pt-footprint

@@ -25,7 +25,7 @@ import numpy as np
 
 from gpuvm.experiment.costs import CostProfile, mmio_exits
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import replay, traces_for_run
+from gpuvm.sim.replay import ReplayResult, replay, traces_for_run
 
 # profile key -> how to count it in one phase of a row (mediated or not)
 FEATURES = ("mmio_native_ns", "trap_ns", "io_exit_ns", "hypercall_ns", "hcall_entry_ns",
@@ -290,15 +290,21 @@ def trace_profile(costs: Mapping[str, float], name: str = "emulator",
                    wait_ns=costs["wait_ns"], interpreter_lock=1.0, guest_time=1.0)
 
 
-def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,
-                          policy: str = "fifo") -> int:
-    """The model's makespan of `count` VMs each replaying `trace` at once."""
+def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,
+                         policy: str = "fifo") -> ReplayResult:
+    """The model's run of `count` VMs each replaying `trace` at once."""
     from gpuvm.sim.replay import replicate, trace_from_events
 
     one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
     return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
                   interpreter_lock=bool(profile.interpreter_lock),
-                  lock_handoff_ns=int(profile.lock_handoff_ns)).makespan_ns
+                  lock_handoff_ns=int(profile.lock_handoff_ns))
+
+
+def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,
+                          policy: str = "fifo") -> int:
+    """The model's makespan of `count` VMs each replaying `trace` at once."""
+    return replayed_from_traces(mode, count, trace, profile, policy).makespan_ns
 
 
 def predicted_phases_ms(mode: str, trace: Mapping, profile: CostProfile) -> dict[str, float]:

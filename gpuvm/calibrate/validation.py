@@ -55,6 +55,9 @@ class Measured:
     # VMs in processes of their own: the server thread's time on the run's VMs, summed
     # (gpuvm.run.spec.ServedTime) -- how busy the one thread they all wait for was
     served_ns: int = 0
+    # VMs as threads: the times the run's vCPU threads slept, summed (voluntary context
+    # switches, gpuvm.vmm.guest_session.ThreadUsage); 0: not measured
+    vcpu_sleeps: int = 0
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -69,8 +72,9 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import TraceKey, record_fastest
 
-    def makespan(mode: str, n: int) -> tuple[int, int]:
-        """The run's makespan and the server's time on its VMs (isolated; else 0)."""
+    def makespan(mode: str, n: int) -> tuple[int, int, int]:
+        """The run's makespan, the server's time on its VMs (isolated; else 0) and the
+        times its vCPU threads slept (threads; else 0)."""
         scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                             for i in range(n)))
         results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend,
@@ -79,7 +83,9 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
         if failed:
             raise RuntimeError(f"{mode} x{n}: {failed[0]}")
         return (max(sum(p.wall_ns for p in r.session.phases) for r in results),
-                sum(r.served.total_ns for r in results if r.served is not None))
+                sum(r.served.total_ns for r in results if r.served is not None),
+                sum(r.outcome.vcpu.voluntary_switches for r in results
+                    if r.outcome.vcpu is not None and not isolated))
 
     out: list[Measured] = []
     for rep in range(reps):
@@ -91,8 +97,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
-                span, served = makespan(mode, n)
-                out.append(Measured(mode, n, rep, span, trace, served))
+                span, served, sleeps = makespan(mode, n)
+                out.append(Measured(mode, n, rep, span, trace, served, sleeps))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
     return out
@@ -222,6 +228,13 @@ class Spread:
     # time per VM in the run over its time in the trace: above 1, the one thread every
     # VM waits for took longer per VM than one VM alone had it take (None: not measured)
     server_per_vm: float | None = None
+    # VMs as threads, the median over the repetitions of the times each VM's vCPU thread
+    # slept in the run, and of the exits per VM that slept for the interpreter lock in
+    # the model (each pays the hand-off) -- beside the 1-VM point's, what the VMs beside
+    # one add: the run's sleeps against the hand-offs the model charged (None: not
+    # measured)
+    sleeps_per_vm: float | None = None
+    model_sleeps_per_vm: float | None = None
 
     @property
     def median_error_pct(self) -> float:
@@ -231,6 +244,7 @@ class Spread:
 
 
 def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
+    from gpuvm.calibrate.emulator import replayed_from_traces
     from gpuvm.sim.replay import server_ns
     runs: dict[tuple[str, int], list[Measured]] = {}
     for m in measured:
@@ -239,11 +253,19 @@ def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
     for (mode, vms), reps in sorted(runs.items()):
         reps.sort(key=lambda m: m.rep)
         spans = [m.makespan_ns for m in reps]
+        models = [replayed_from_traces(m.mode, m.vms, m.trace, profile) for m in reps]
         traced = [(m.served_ns, server_ns(m.trace["events"])) for m in reps]
         ratios = [served / vms / alone for served, alone in traced if served and alone]
-        out.append(Spread(mode, vms, tuple(p.error_pct for p in predict(reps, profile)),
+        sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
+        out.append(Spread(mode, vms,
+                          tuple(ValidationPoint(mode, vms, m.makespan_ns / 1e6,
+                                                r.makespan_ns / 1e6).error_pct
+                                for m, r in zip(reps, models)),
                           100 * (max(spans) / min(spans) - 1),
-                          statistics.median(ratios) if ratios else None))
+                          statistics.median(ratios) if ratios else None,
+                          statistics.median(sleeps) if sleeps else None,
+                          statistics.median(r.lock_sleeps / vms for r in models)
+                          if sleeps else None))
     return out
 
 
@@ -306,6 +328,7 @@ def save(directory: Path, measured: Sequence[Measured],
         return names[id(trace)]
     runs = [{"mode": m.mode, "vms": m.vms, "rep": m.rep, "makespan_ns": m.makespan_ns,
              "trace": stored(m.trace)} | ({"served_ns": m.served_ns} if m.served_ns else {})
+            | ({"vcpu_sleeps": m.vcpu_sleeps} if m.vcpu_sleeps else {})
             for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
@@ -336,7 +359,8 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
     try:
         measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
                              int(r["makespan_ns"]), trace(str(r["trace"])),
-                             int(r.get("served_ns", 0))) for r in runs]
+                             int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)))
+                    for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{path}: a run lacks {exc}") from None

@@ -9,8 +9,8 @@ modelled occupancy come from the same call.
 The host work of a kernel stays on the engine's own thread: numpy's BLAS would otherwise
 split a matrix product over one thread per host core and leave those threads spinning
 for their next job, taking the cores the VMs' vCPUs run on.  `gpuvm bench device` measures
-it: 200 128x128 mmul kernels kept 0.23-0.30 host cores busy with BLAS on one thread
-against 7.06-7.21 with a thread per core (three runs on a 16-core host; 0.18 vs 1.2 on
+it: 200 128x128 mmul kernels kept 0.22-0.23 host cores busy with BLAS on one thread
+against 7.12-7.17 with a thread per core (three runs on a 16-core host; 0.15 vs 1.13 on
 2 cores).
 """
 

@@ -130,6 +130,9 @@ class ReplayResult:
     events: int  # simpy events processed
     # per VM, residency.COUNTER_NAMES (only when the GPU was oversubscribed)
     residency: dict[str, dict[str, int]] = field(default_factory=dict)
+    # exits that found the interpreter lock held or wanted and slept for it, all VMs:
+    # each paid a hand-off (the emulator's vCPU threads count these as sleeps)
+    lock_sleeps: int = 0
 
     @property
     def mean_vm_ns(self) -> float:
@@ -261,6 +264,7 @@ class _System:
         self.mediator = simpy.Resource(env, capacity=1)
         self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
         self.lock_handoff_ns = lock_handoff_ns
+        self.lock_sleeps = 0
         self.engine = EngineModel(env, scheduler, residency)
 
     def on_core(self, ns: int) -> Generator:
@@ -282,6 +286,8 @@ class _System:
             asked = self.env.now
             yield held
             slept = self.env.now > asked
+            if slept:
+                self.lock_sleeps += step.events
             yield from self.on_core(step.ns + (step.events * self.lock_handoff_ns if slept
                                                else 0))
 
@@ -351,7 +357,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     counters = {} if residency is None else \
         {str(vm): c.as_dict() for vm, c in residency.counters.items()}
     return ReplayResult(max(finish.values(), default=0), finish,
-                        {t.name: t.alone_ns for t in traces}, events, counters)
+                        {t.name: t.alone_ns for t in traces}, events, counters,
+                        system.lock_sleeps)
 
 
 def replicate(trace: VmTrace, count: int) -> list[VmTrace]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -264,6 +265,32 @@ def boot_params_for(ram: GuestRam, bench: str, params: list[int], flags: int,
     return bp
 
 
+@dataclass(frozen=True)
+class ThreadUsage:
+    """What one thread used over an interval (getrusage RUSAGE_THREAD): its CPU time and
+    how often it slept.  For a vCPU thread of VMs run as threads a voluntary switch is a
+    wait -- for the interpreter lock another VM holds, for a fence, for a kick -- so the
+    sleeps a VM adds beside others count the lock hand-offs the model prices
+    (gpuvm/calibrate/validation.py); preemptions are the host's cores running short."""
+
+    cpu_ns: int
+    voluntary_switches: int
+    involuntary_switches: int
+
+    @classmethod
+    def now(cls) -> ThreadUsage:
+        """This thread's usage so far.  CPU time from the thread's clock: getrusage's is
+        sampled at the scheduler tick, and reads 0 for a guest of a few milliseconds."""
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return cls(time.thread_time_ns(), usage.ru_nvcsw, usage.ru_nivcsw)
+
+    def since(self, before: ThreadUsage) -> ThreadUsage:
+        """The usage from `before` to this one (both of one thread)."""
+        return ThreadUsage(self.cpu_ns - before.cpu_ns,
+                           self.voluntary_switches - before.voluntary_switches,
+                           self.involuntary_switches - before.involuntary_switches)
+
+
 @dataclass
 class GuestOutcome:
     """How one guest ended, whichever backend ran it."""
@@ -274,6 +301,7 @@ class GuestOutcome:
     failure: str | None = None  # None when the guest exited by itself
     rip: int | None = None  # guest instruction pointer at a crash (KVM)
     wall_ns: int = 0
+    vcpu: ThreadUsage | None = None  # the vCPU thread's, from the guest's start (KVM)
 
     @property
     def passed(self) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
-from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession
+from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
 from gpuvm.vmm.guest_thread import GuestThread
 from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm import long_mode
@@ -142,6 +142,7 @@ class KvmRunner(GuestThread):
         rip: int | None = None
         vm: KvmVm | None = None
         loop: ExitLoop | None = None
+        vcpu: ThreadUsage | None = None
         started = False
         try:
             vm = self._setup()
@@ -153,7 +154,11 @@ class KvmRunner(GuestThread):
                             self._stop_reason)
             self.session.start()
             started = True
-            failure = loop.run()
+            usage = ThreadUsage.now()
+            try:
+                failure = loop.run()
+            finally:
+                vcpu = ThreadUsage.now().since(usage)
         except GuestFailed as exc:
             failure = str(exc)
         except (KvmError, MemslotError) as exc:
@@ -183,4 +188,4 @@ class KvmRunner(GuestThread):
                 self.session.failure = failure
             self._outcome = GuestOutcome(self.name, self.backend, self.session,
                                          failure=failure, rip=rip,
-                                         wall_ns=time.perf_counter_ns() - t0)
+                                         wall_ns=time.perf_counter_ns() - t0, vcpu=vcpu)
