@@ -10,8 +10,8 @@ The host work of a kernel stays on the engine's own thread: numpy's BLAS would o
 split a matrix product over one thread per host core and leave those threads spinning
 for their next job, taking the cores the VMs' vCPUs run on.  `gpuvm bench device` measures
 it: 200 128x128 mmul kernels kept 0.22-0.23 host cores busy with BLAS on one thread
-against 7.12-7.17 with a thread per core (three runs on a 16-core host; 0.15 vs 1.13 on
-2 cores).
+against 7.12-7.17 with a thread per core (three runs on a 16-core host; 0.17-0.20
+against 1.17-1.21 on 2 cores).
 """
 
 from __future__ import annotations
