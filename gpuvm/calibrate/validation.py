@@ -16,7 +16,10 @@ With `isolated` every VM runs in its own VMM process over vfio-user: nothing sha
 interpreter lock there (no hand-off is fitted), and the model serialises the server's
 share of each trace instead (gpuvm.sim.replay).  The server's time on each run's VMs is
 kept too (`Measured.served_ns`): per VM against the trace's, it says whether the one
-thread they all wait for took longer per VM than one VM alone had it take.
+thread they all wait for took longer per VM than one VM alone had it take.  VMs as
+threads keep how often their vCPU threads slept (`Measured.vcpu_sleeps`): beside the
+exits the model has wait for the interpreter lock, it says whether the model charges
+the lock as often as the VMs wait for it.
 
 Repetitions of one point minutes apart differ by 30-50% on the lent machines, so each
 point is also shown against that noise (`spreads`): every repetition's run predicted
