@@ -10,8 +10,8 @@ from gpuvm.calibrate import emulator
 from gpuvm.device import regs
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import with_bounce_bytes
-from gpuvm.sim.replay import (CPU, ENGINE, MEDIATOR, Step, VmTrace, phase_steps, replay,
-                              replicate, trace_from_row)
+from gpuvm.sim.replay import (CPU, ENGINE, FREE, MEDIATOR, SLEEP, Step, VmTrace, phase_steps,
+                              replay, replicate, trace_from_row)
 
 XEN = load_costs("xen-2014")
 FV_INIT = {"exits.mmio.bar3.write": 40000, "exits.mmio.bar0.write": 5000,
@@ -56,6 +56,18 @@ def test_the_replay_counts_the_exits_that_slept_for_the_interpreter_lock():
     assert four.lock_sleeps == 3 * 3
     assert four.makespan_ns == 1000 + 3 * (1000 + 3 * 100)
     assert replay(replicate(step, 4), cores=8).lock_sleeps == 0  # no lock, no sleeps
+
+
+def test_the_replay_adds_up_the_vms_time_on_host_cores():
+    """What a VM's vCPU thread would use: its guest's time and its work under the lock,
+    plus the hand-offs it paid beside others -- not the engine's time, nor a wait's."""
+    trace = VmTrace("t", (Step(FREE, 500, "Init"), Step(CPU, 1000, "Init", events=3),
+                          Step(ENGINE, 2000, "Launch"), Step(SLEEP, 700, "Launch")))
+    alone = replay([trace], cores=8, interpreter_lock=True, lock_handoff_ns=100)
+    assert alone.core_ns == 1500
+    four = replay(replicate(trace, 4), cores=8, interpreter_lock=True, lock_handoff_ns=100)
+    assert four.core_ns == 4 * 1500 + 100 * four.lock_sleeps
+    assert four.lock_sleeps > 0
 
 
 def test_fv_degrades_with_vms_and_pv_does_not_on_the_paper_profile():

@@ -200,24 +200,34 @@ def test_the_servers_time_on_a_run_is_kept_and_read_against_the_trace(tmp_path,
     assert all(s.server_per_vm is None for s in validation.spreads(unmeasured, profile))
 
 
-def test_the_vcpu_threads_sleeps_are_kept_and_set_beside_the_models_lock_waits(tmp_path,
-                                                                              analysis):
-    """A run's vCPU sleeps survive the bundle; per point, the median per VM sits beside
-    the exits the model has wait for the lock -- none for one VM's channels alone
-    beyond the engine's, more with every VM beside it.  A bundle from before: neither."""
+def test_the_vcpu_threads_usage_is_kept_and_set_beside_the_models(tmp_path, analysis):
+    """A run's vCPU sleeps and CPU time survive the bundle; per point, the median per VM
+    sits beside the model's: the exits it has wait for the lock -- none for one VM's
+    channels alone beyond the engine's, more with every VM beside it -- and its VMs'
+    time on host cores, which grows beside others by the hand-offs they pay.  A bundle
+    from before: neither."""
     measured, fits, about = validation.load(BUNDLE)
-    few = [replace(m, vcpu_sleeps=m.vms * (100 + m.rep)) for m in measured
+    few = [replace(m, vcpu_sleeps=m.vms * (100 + m.rep),
+                   vcpu_cpu_ns=m.vms * (1_000_000 + m.rep)) for m in measured
            if m.mode == "fv-opt" and m.vms in (1, 8)]
-    validation.save(tmp_path / "sleeps", few, fits, about)
-    again, _, _ = validation.load(tmp_path / "sleeps")
-    assert [m.vcpu_sleeps for m in again] == [m.vcpu_sleeps for m in few]
+    validation.save(tmp_path / "usage", few, fits, about)
+    again, _, _ = validation.load(tmp_path / "usage")
+    assert [(m.vcpu_sleeps, m.vcpu_cpu_ns) for m in again] == \
+        [(m.vcpu_sleeps, m.vcpu_cpu_ns) for m in few]
     profile = analysis.profile
     spread = {s.vms: s for s in validation.spreads(again, profile)}
     reps = {m.rep for m in few}
     assert spread[8].sleeps_per_vm == pytest.approx(statistics.median(100 + r for r in reps))
     assert spread[8].model_sleeps_per_vm > spread[1].model_sleeps_per_vm + 100
-    old = [replace(m, vcpu_sleeps=0) for m in few if m.vms == 1]
-    assert all(s.sleeps_per_vm is None and s.model_sleeps_per_vm is None
+    assert spread[8].cpu_per_vm_ns == \
+        pytest.approx(statistics.median(1_000_000 + r for r in reps))
+    # each hand-off the model charged is time on a core
+    assert spread[8].model_cpu_per_vm_ns - spread[1].model_cpu_per_vm_ns >= \
+        0.9 * profile.lock_handoff_ns * \
+        (spread[8].model_sleeps_per_vm - spread[1].model_sleeps_per_vm)
+    old = [replace(m, vcpu_sleeps=0, vcpu_cpu_ns=0) for m in few if m.vms == 1]
+    assert all(s.sleeps_per_vm is None and s.model_sleeps_per_vm is None and
+               s.cpu_per_vm_ns is None and s.model_cpu_per_vm_ns is None
                for s in validation.spreads(old, profile))
 
 
@@ -237,3 +247,19 @@ def test_a_bundle_keeps_its_older_traces_but_the_cache_rerecords_them(tmp_path):
     again, _, _ = validation.load(tmp_path / "older")
     assert [(m.mode, m.vms, m.makespan_ns) for m in again] == \
         [(m.mode, m.vms, m.makespan_ns) for m in measured]
+
+
+def test_calibrate_prints_the_vcpu_usage_beside_the_models(capsys):
+    """Per mode, beyond the 1-VM point: the sleeps the VMs beside one added, run / model,
+    and each VM's CPU over one VM's alone, run / model; a point not measured is left
+    out, and a bundle from before says nothing."""
+    from gpuvm.calibrate.command import print_vcpu_usage
+    spread = [validation.Spread("fv", 1, (0.0,), 0.0, None, 100.0, 10.0, 1e6, 2e6),
+              validation.Spread("fv", 8, (0.0,), 0.0, None, 600.0, 300.0, 1.5e6, 2.2e6),
+              validation.Spread("pv", 8, (0.0,), 0.0, None, 50.0, 5.0, 3e6, 3e6)]
+    print_vcpu_usage(spread)
+    out = capsys.readouterr().out.splitlines()
+    assert "  fv: 8 VMs +500 / +290" in out and "  fv: 8 VMs 1.50x / 1.10x" in out, out
+    assert not any(line.startswith("  pv") for line in out), out  # no 1-VM point
+    print_vcpu_usage([validation.Spread("fv", n, (0.0,), 0.0) for n in (1, 8)])
+    assert capsys.readouterr().out == ""

@@ -15,6 +15,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from gpuvm.calibrate.stats import MIN_REPS
 from gpuvm.errors import UserError
@@ -287,7 +288,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
         print_needed_handoffs(validation.needed_handoffs(kept, profile),
                               profile.lock_handoff_ns, validation.FIT_VMS)
-        print_lock_sleeps(analysis.spread)
+        print_vcpu_usage(analysis.spread)
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
               f"`gpuvm calibrate --emulator --from {bundle}`)")
@@ -376,24 +377,40 @@ def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
                                         if m == mode))
 
 
-def print_lock_sleeps(spread) -> None:
-    """One line per mode: what the VMs beside one add to its vCPU thread's sleeps in the
-    run, against the exits the model has sleep for the interpreter lock (each paying the
-    hand-off) -- whether the model charges the lock as often as the VMs wait for it."""
-    by_point = {(s.mode, s.vms): s for s in spread if s.sleeps_per_vm is not None}
-    lines = []
-    for mode in sorted({mode for mode, _ in by_point}):
-        alone = by_point.get((mode, 1))
-        if alone is None:
-            continue
-        cells = [f"{vms} VMs {s.sleeps_per_vm - alone.sleeps_per_vm:+,.0f} / "
-                 f"{s.model_sleeps_per_vm - alone.model_sleeps_per_vm:+,.0f}"
-                 for (m, vms), s in sorted(by_point.items()) if m == mode and vms > 1]
-        lines.append(f"  {mode}: " + ", ".join(cells))
-    if lines:
+def print_vcpu_usage(spread) -> None:
+    """Per mode, what the VMs beside one did to its vCPU thread in the run, against the
+    model: the sleeps they added, beside the exits the model has sleep for the
+    interpreter lock (each paying the hand-off) -- whether the model charges the lock
+    as often as the VMs wait for it; and its CPU time over one VM's alone, beside the
+    model VM's time on host cores over one VM's -- whether a VM's own work grows only
+    by the hand-offs, as the model has it."""
+    def lines(measured: str, run: Callable, model: Callable, cell: Callable) -> list[str]:
+        by_point = {(s.mode, s.vms): s for s in spread if getattr(s, measured) is not None}
+        out = []
+        for mode in sorted({mode for mode, _ in by_point}):
+            alone = by_point.get((mode, 1))
+            if alone is None:
+                continue
+            out.append(f"  {mode}: " + ", ".join(
+                f"{vms} VMs " + cell(run(s, alone), model(s, alone))
+                for (m, vms), s in sorted(by_point.items()) if m == mode and vms > 1))
+        return out
+    sleeps = lines("sleeps_per_vm",
+                   lambda s, a: s.sleeps_per_vm - a.sleeps_per_vm,
+                   lambda s, a: s.model_sleeps_per_vm - a.model_sleeps_per_vm,
+                   lambda run, model: f"{run:+,.0f} / {model:+,.0f}")
+    if sleeps:
         print("sleeps per VM beyond one VM's, run / model (the vCPU thread's waits; the "
               "exits the model has wait for the lock), median of the repetitions:")
-        print("\n".join(lines))
+        print("\n".join(sleeps))
+    cpu = lines("cpu_per_vm_ns",
+                lambda s, a: s.cpu_per_vm_ns / a.cpu_per_vm_ns,
+                lambda s, a: s.model_cpu_per_vm_ns / a.model_cpu_per_vm_ns,
+                lambda run, model: f"{run:.2f}x / {model:.2f}x")
+    if cpu:
+        print("CPU per VM over one VM's, run / model (the vCPU thread's CPU time; the "
+              "model VM's time on host cores), median of the repetitions:")
+        print("\n".join(cpu))
 
 
 # ------------------------------------------------------------------ --pt-footprint

@@ -17,9 +17,11 @@ interpreter lock there (no hand-off is fitted), and the model serialises the ser
 share of each trace instead (gpuvm.sim.replay).  The server's time on each run's VMs is
 kept too (`Measured.served_ns`): per VM against the trace's, it says whether the one
 thread they all wait for took longer per VM than one VM alone had it take.  VMs as
-threads keep how often their vCPU threads slept (`Measured.vcpu_sleeps`): beside the
-exits the model has wait for the interpreter lock, it says whether the model charges
-the lock as often as the VMs wait for it.
+threads keep how often their vCPU threads slept and the CPU time they used
+(`Measured.vcpu_sleeps`, `vcpu_cpu_ns`): beside the exits the model has wait for the
+interpreter lock, and its VMs' time on host cores, they say whether the model charges
+the lock as often as the VMs wait for it, and whether a VM's own work grows beside
+others as the model's does (by the hand-offs alone).
 
 Repetitions of one point minutes apart differ by 30-50% on the lent machines, so each
 point is also shown against that noise (`spreads`): every repetition's run predicted
@@ -59,8 +61,10 @@ class Measured:
     # (gpuvm.run.spec.ServedTime) -- how busy the one thread they all wait for was
     served_ns: int = 0
     # VMs as threads: the times the run's vCPU threads slept, summed (voluntary context
-    # switches, gpuvm.vmm.guest_session.ThreadUsage); 0: not measured
+    # switches, gpuvm.vmm.guest_session.ThreadUsage), and the CPU time they used; 0: not
+    # measured
     vcpu_sleeps: int = 0
+    vcpu_cpu_ns: int = 0
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -75,9 +79,9 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import TraceKey, record_fastest
 
-    def makespan(mode: str, n: int) -> tuple[int, int, int]:
-        """The run's makespan, the server's time on its VMs (isolated; else 0) and the
-        times its vCPU threads slept (threads; else 0)."""
+    def makespan(mode: str, n: int) -> tuple[int, int, int, int]:
+        """The run's makespan, the server's time on its VMs (isolated; else 0), and the
+        times its vCPU threads slept and the CPU time they used (threads; else 0)."""
         scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
                                             for i in range(n)))
         results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend,
@@ -85,10 +89,11 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
         failed = [r.error() for r in results if not r.passed]
         if failed:
             raise RuntimeError(f"{mode} x{n}: {failed[0]}")
+        vcpus = [r.outcome.vcpu for r in results
+                 if r.outcome.vcpu is not None and not isolated]
         return (max(sum(p.wall_ns for p in r.session.phases) for r in results),
                 sum(r.served.total_ns for r in results if r.served is not None),
-                sum(r.outcome.vcpu.voluntary_switches for r in results
-                    if r.outcome.vcpu is not None and not isolated))
+                sum(u.voluntary_switches for u in vcpus), sum(u.cpu_ns for u in vcpus))
 
     out: list[Measured] = []
     for rep in range(reps):
@@ -100,8 +105,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), 1, backend)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
-                span, served, sleeps = makespan(mode, n)
-                out.append(Measured(mode, n, rep, span, trace, served, sleeps))
+                span, served, sleeps, cpu = makespan(mode, n)
+                out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
     return out
@@ -238,6 +243,12 @@ class Spread:
     # measured)
     sleeps_per_vm: float | None = None
     model_sleeps_per_vm: float | None = None
+    # VMs as threads, the median over the repetitions of each VM's vCPU thread's CPU
+    # time in the run, and of each model VM's time on host cores (ns) -- against the
+    # 1-VM point's, how much a VM's own work grew beside others: in the model only by
+    # the hand-offs it paid (None: not measured)
+    cpu_per_vm_ns: float | None = None
+    model_cpu_per_vm_ns: float | None = None
 
     @property
     def median_error_pct(self) -> float:
@@ -260,6 +271,7 @@ def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
         traced = [(m.served_ns, server_ns(m.trace["events"])) for m in reps]
         ratios = [served / vms / alone for served, alone in traced if served and alone]
         sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
+        cpu = [m.vcpu_cpu_ns / vms for m in reps if m.vcpu_cpu_ns]
         out.append(Spread(mode, vms,
                           tuple(ValidationPoint(mode, vms, m.makespan_ns / 1e6,
                                                 r.makespan_ns / 1e6).error_pct
@@ -268,7 +280,10 @@ def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
                           statistics.median(ratios) if ratios else None,
                           statistics.median(sleeps) if sleeps else None,
                           statistics.median(r.lock_sleeps / vms for r in models)
-                          if sleeps else None))
+                          if sleeps else None,
+                          statistics.median(cpu) if cpu else None,
+                          statistics.median(r.core_ns / vms for r in models)
+                          if cpu else None))
     return out
 
 
@@ -332,6 +347,7 @@ def save(directory: Path, measured: Sequence[Measured],
     runs = [{"mode": m.mode, "vms": m.vms, "rep": m.rep, "makespan_ns": m.makespan_ns,
              "trace": stored(m.trace)} | ({"served_ns": m.served_ns} if m.served_ns else {})
             | ({"vcpu_sleeps": m.vcpu_sleeps} if m.vcpu_sleeps else {})
+            | ({"vcpu_cpu_ns": m.vcpu_cpu_ns} if m.vcpu_cpu_ns else {})
             for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
@@ -362,7 +378,8 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
     try:
         measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
                              int(r["makespan_ns"]), trace(str(r["trace"])),
-                             int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)))
+                             int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)),
+                             int(r.get("vcpu_cpu_ns", 0)))
                     for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:

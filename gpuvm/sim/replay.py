@@ -133,6 +133,9 @@ class ReplayResult:
     # exits that found the interpreter lock held or wanted and slept for it, all VMs:
     # each paid a hand-off (the emulator's vCPU threads count these as sleeps)
     lock_sleeps: int = 0
+    # time the VMs spent on host cores, all VMs: their guests, their work under the lock
+    # and the hand-offs they paid (beside the emulator's vCPU threads' CPU time)
+    core_ns: int = 0
 
     @property
     def mean_vm_ns(self) -> float:
@@ -265,12 +268,14 @@ class _System:
         self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
         self.lock_handoff_ns = lock_handoff_ns
         self.lock_sleeps = 0
+        self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
 
     def on_core(self, ns: int) -> Generator:
         """Spend `ns` on one of the host cores."""
         with self.cores.request() as core:
             yield core
+            self.core_ns += ns
             yield self.env.timeout(ns)
 
     def holding(self, step: Step) -> Generator:
@@ -358,7 +363,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
         {str(vm): c.as_dict() for vm, c in residency.counters.items()}
     return ReplayResult(max(finish.values(), default=0), finish,
                         {t.name: t.alone_ns for t in traces}, events, counters,
-                        system.lock_sleeps)
+                        system.lock_sleeps, system.core_ns)
 
 
 def replicate(trace: VmTrace, count: int) -> list[VmTrace]:
