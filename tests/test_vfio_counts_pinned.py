@@ -21,16 +21,14 @@ identical.  counts_default_type.json pins the new counts exactly.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from gpuvm.device import regs
-from gpuvm.run import RunOptions, VmSpec, run_vms
+from gpuvm.run import RunOptions, VmSpec
 from gpuvm.vmm.kvm import kvm_usable
+from parallel_runs import phase_counts_of
 
 KVM_USABLE, KVM_WHY = kvm_usable()
 
@@ -50,30 +48,17 @@ LAZY_REMAP_TRAPS = ("exits.mmio.bar1.", "exits.mmio.bar3.", "trap.bar1.forward."
                     "trap.bar3.forward.")
 
 
-def _phase_counts(bench: str, params: list[int], mode: str, backend: str,
-                  partition: dict[str, int], mdev_type: str | None
-                  ) -> dict[str, dict[str, int]]:
-    """One VM's counters per phase (in a worker process of `_counts`)."""
-    (r,) = run_vms([VmSpec("vm0", bench, params, partition=dict(partition),
-                           mdev_type=mdev_type)],
-                   RunOptions(mode=mode, backend=backend, timeout=300))
-    assert r.passed, (bench, mode, r.error())
-    return {p.name: p.counters for p in r.session.phases}
-
-
 def _counts(backend: str, partition: dict[str, int],
             mdev_type: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
-    """Every case, one VM per run, the runs spread over the host's cores: each is a
-    whole run of its own (its own process, GPU and counters), so the counts are those
-    of the runs one after another, in half the time on two cores (140 s -> 69 s)."""
-    cases = [(bench, params, mode) for bench, params in CASES.items() for mode in MODES]
-    # spawn, not fork: pytest's process has threads of earlier tests' runs
-    with ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        runs = [pool.submit(_phase_counts, bench, params, mode, backend, partition,
-                            mdev_type) for bench, params, mode in cases]
-        return {f"{bench}/{mode}": run.result()
-                for (bench, _, mode), run in zip(cases, runs)}
+    """Every case, one VM per run, the runs spread over the host's cores."""
+    options = {mode: RunOptions(mode=mode, backend=backend, timeout=300) for mode in MODES}
+    got = phase_counts_of({f"{bench}/{mode}": (VmSpec("vm0", bench, params,
+                                                      partition=dict(partition),
+                                                      mdev_type=mdev_type), options[mode])
+                           for bench, params in CASES.items() for mode in MODES})
+    failed = [why for why in got.values() if isinstance(why, str)]
+    assert not failed, failed
+    return got
 
 
 def _assert_same(got: dict, want: dict) -> None:

@@ -17,6 +17,7 @@ from gpuvm.run.execute import machine_for
 from gpuvm.run.isolated import run_isolated
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.kvm import kvm_usable
+from parallel_runs import phase_counts_of
 
 KVM_USABLE, KVM_WHY = kvm_usable()
 PINNED = json.loads((Path(__file__).with_name("data") / "counts_default_type.json").read_text())
@@ -38,28 +39,48 @@ def test_isolated_vm_counts_equal_the_in_process_run(mode):
     assert _isolated_counts("mmul", mode) == PINNED[f"mmul/{mode}"]
 
 
+KVM_MODES = [*ISSUE_MODES, "fv+remap"]
+
+
+@pytest.fixture(scope="module")
+def isolated_counts():
+    """Every benchmark in ISSUE_MODES, each VM in its own VMM process (the in-process
+    backend), the runs spread over the host's cores."""
+    return phase_counts_of({
+        (bench, mode): (VmSpec("vm0", bench, CASES[bench], mdev_type=DEFAULT_TYPE),
+                        RunOptions(mode=mode, backend="inproc", timeout=300, isolated=True))
+        for bench in CASES for mode in ISSUE_MODES})
+
+
+@pytest.fixture(scope="module")
+def kvm_counts():
+    """Every benchmark in KVM_MODES on KVM, in process and isolated, spread likewise."""
+    return phase_counts_of({
+        (bench, mode, isolated): (VmSpec("vm0", bench, CASES[bench]),
+                                  RunOptions(mode=mode, backend="kvm", timeout=300,
+                                             isolated=isolated))
+        for bench in CASES for mode in KVM_MODES for isolated in (False, True)})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bench", list(CASES))
 @pytest.mark.parametrize("mode", ISSUE_MODES)
-def test_every_benchmark_isolated_equals_in_process(bench, mode):
-    assert _isolated_counts(bench, mode) == PINNED[f"{bench}/{mode}"]
+def test_every_benchmark_isolated_equals_in_process(bench, mode, isolated_counts):
+    assert isolated_counts[(bench, mode)] == PINNED[f"{bench}/{mode}"]
 
 
 @pytest.mark.slow
 @pytest.mark.kvm
 @pytest.mark.skipif(not KVM_USABLE, reason=KVM_WHY)
 @pytest.mark.parametrize("bench", list(CASES))
-@pytest.mark.parametrize("mode", [*ISSUE_MODES, "fv+remap"])
-def test_isolated_kvm_counts_equal_in_process_kvm(bench, mode):
+@pytest.mark.parametrize("mode", KVM_MODES)
+def test_isolated_kvm_counts_equal_in_process_kvm(bench, mode, kvm_counts):
     """On KVM the counts include exits; remap modes map granted VRAM pages as memslots in
     the VMM process from the server's memfd."""
-    spec = VmSpec("vm0", bench, CASES[bench])
-    (inproc,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300))
-    (isolated,) = run_vms([spec], RunOptions(mode=mode, backend="kvm", timeout=300,
-                                             isolated=True))
-    assert inproc.passed and isolated.passed, isolated.error()
-    assert {p.name: p.counters for p in isolated.session.phases} == \
-        {p.name: p.counters for p in inproc.session.phases}
+    inproc, isolated = kvm_counts[(bench, mode, False)], kvm_counts[(bench, mode, True)]
+    assert not isinstance(inproc, str), inproc
+    assert not isinstance(isolated, str), isolated
+    assert isolated == inproc
 
 
 def test_killed_vmm_leaves_the_others_running_and_its_partition_reusable():
