@@ -17,7 +17,7 @@ from gpuvm.run.execute import machine_for
 from gpuvm.run.isolated import run_isolated
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.kvm import kvm_usable
-from parallel_runs import phase_counts_of
+from parallel_runs import phase_counts, phase_counts_of
 
 KVM_USABLE, KVM_WHY = kvm_usable()
 PINNED = json.loads((Path(__file__).with_name("data") / "counts_default_type.json").read_text())
@@ -27,16 +27,15 @@ CASES = {"vecadd": [1000], "madd": [16], "mmul": [32], "fmadd": [1000],
 ISSUE_MODES = ["fv", "fv-opt", "pv"]
 
 
-def _isolated_counts(bench: str, mode: str, backend: str = "inproc") -> dict:
-    (r,) = run_vms([VmSpec("vm0", bench, CASES[bench], mdev_type=DEFAULT_TYPE)],
-                   RunOptions(mode=mode, backend=backend, timeout=300, isolated=True))
-    assert r.passed, (bench, mode, r.error())
-    return {p.name: p.counters for p in r.session.phases}
+def _isolated_run(bench: str, mode: str) -> tuple[VmSpec, RunOptions]:
+    """One VM of the default type in its own VMM process (the in-process backend)."""
+    return (VmSpec("vm0", bench, CASES[bench], mdev_type=DEFAULT_TYPE),
+            RunOptions(mode=mode, backend="inproc", timeout=300, isolated=True))
 
 
 @pytest.mark.parametrize("mode", ISSUE_MODES)
 def test_isolated_vm_counts_equal_the_in_process_run(mode):
-    assert _isolated_counts("mmul", mode) == PINNED[f"mmul/{mode}"]
+    assert phase_counts(*_isolated_run("mmul", mode)) == PINNED[f"mmul/{mode}"]
 
 
 KVM_MODES = [*ISSUE_MODES, "fv+remap"]
@@ -46,10 +45,8 @@ KVM_MODES = [*ISSUE_MODES, "fv+remap"]
 def isolated_counts():
     """Every benchmark in ISSUE_MODES, each VM in its own VMM process (the in-process
     backend), the runs spread over the host's cores."""
-    return phase_counts_of({
-        (bench, mode): (VmSpec("vm0", bench, CASES[bench], mdev_type=DEFAULT_TYPE),
-                        RunOptions(mode=mode, backend="inproc", timeout=300, isolated=True))
-        for bench in CASES for mode in ISSUE_MODES})
+    return phase_counts_of({(bench, mode): _isolated_run(bench, mode)
+                            for bench in CASES for mode in ISSUE_MODES})
 
 
 @pytest.fixture(scope="module")
