@@ -150,3 +150,22 @@ def test_a_sweep_on_a_local_dask_cluster_gives_the_serial_rows(tmp_path):
     assert run_sweep(exp, points, traces, dask="local") == serial
     slowdowns = {(r["mode"], r["vms"]): r["makespan_ns"] / r["alone_ns"] for r in serial}
     assert slowdowns[("pv", 16)] > slowdowns[("pv", 1)] == 1.0
+
+
+def test_a_thread_that_waited_past_the_wake_curves_knee_pays_it_per_exit():
+    """Four VMs each holding the lock 1 us for 3 exits: the second waits 1 us, inside
+    the window where waking costs nothing extra (a measured curve: 0 ns more up to 2 us
+    asleep, 50 ns past it), and pays the plain hand-off; the third and fourth wait 2.3
+    and 3.75 us, past it, and each of their exits pays 50 ns more."""
+    from dataclasses import replace
+
+    from gpuvm.experiment.costs import load_costs
+    step = VmTrace("t", (Step(CPU, 1000, "Init", events=3),))
+    curve = replace(load_costs("emulator"), wake_slept_ns=(2_000.0, 2_001.0),
+                    wake_latency_ns=(0.0, 50.0))
+    plain = replay(replicate(step, 4), cores=8, interpreter_lock=True, lock_handoff_ns=100)
+    late = replay(replicate(step, 4), cores=8, interpreter_lock=True, lock_handoff_ns=100,
+                  wake_extra_ns=curve.wake_extra_ns)
+    assert plain.makespan_ns == 1000 + 3 * (1000 + 3 * 100)
+    assert late.makespan_ns == 1000 + (1000 + 3 * 100) + 2 * (1000 + 3 * 150)
+    assert late.core_ns == plain.core_ns + 2 * 3 * 50

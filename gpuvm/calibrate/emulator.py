@@ -195,7 +195,9 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# runs of equal events of single-VM per-event traces, fastest of their recordings:",
         "# handler time; plus exit_free_ns, the KVM exit off the interpreter lock, in each",
         "# exit's price), a port wait's latency, and the host cores the VMs effectively got",
-        "# (fitted to 2-VM makespans).  VMs are threads of one process here",
+        "# (fitted to 2-VM makespans), and how long a thread takes to wake by how long",
+        "# it slept (wake_*: a hand-off after a long wait costs more).  VMs are threads",
+        "# of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
         "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
         "# telling lock-held work from blocked time (recorded_times = 1).  Used by the",
@@ -209,6 +211,9 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
                 "lock_handoff_ns"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
+    if profile.wake_slept_ns:
+        for key in ("wake_slept_ns", "wake_latency_ns"):
+            lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"
 
 
@@ -298,7 +303,8 @@ def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostPro
     one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
     return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
                   interpreter_lock=bool(profile.interpreter_lock),
-                  lock_handoff_ns=int(profile.lock_handoff_ns))
+                  lock_handoff_ns=int(profile.lock_handoff_ns),
+                  wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None)
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

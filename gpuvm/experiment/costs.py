@@ -8,6 +8,7 @@ profile says what it assumes.
 
 from __future__ import annotations
 
+import bisect
 import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -84,6 +85,37 @@ class CostProfile:
     # interprocessor interrupt to an idle vCPU, tens of microseconds), and meanwhile
     # nobody runs Python.  Fitted with the host cores on the 2-VM runs.
     lock_handoff_ns: float = 0.0
+    # How long a thread takes to run again once woken, by how long it slept (measured
+    # by `gpuvm calibrate --emulator`, gpuvm/calibrate/wake.py): on a virtual machine an
+    # idle vCPU polls for a while before it halts (Linux cpuidle-haltpoll,
+    # guest_halt_poll_ns, 200 us by default), so a thread woken within that window runs
+    # again in a few microseconds and one woken after it waits for the halted vCPU to
+    # be brought back.  A thread that waited for the interpreter lock longer pays the
+    # difference on top of lock_handoff_ns (fitted where the waits are short).  Both
+    # empty: every hand-off costs the same.
+    wake_slept_ns: tuple[float, ...] = ()
+    wake_latency_ns: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.wake_slept_ns) != len(self.wake_latency_ns):
+            raise ValueError("wake_slept_ns and wake_latency_ns differ in length")
+        if list(self.wake_slept_ns) != sorted(self.wake_slept_ns):
+            raise ValueError("wake_slept_ns must ascend")
+
+    def wake_extra_ns(self, slept_ns: float) -> float:
+        """What a thread that slept `slept_ns` takes to wake beyond one that slept the
+        shortest time measured (linear between the measured sleeps, flat beyond them;
+        0 without a measured curve).  Not numpy: the replay asks once per hand-off."""
+        xs, ys = self.wake_slept_ns, self.wake_latency_ns
+        if not xs:
+            return 0.0
+        i = bisect.bisect_right(xs, slept_ns)
+        if i == 0:
+            return 0.0
+        if i == len(xs):
+            return max(0.0, ys[-1] - ys[0])
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, y0 + (y1 - y0) * (slept_ns - x0) / (x1 - x0) - ys[0])
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
@@ -144,7 +176,11 @@ def load_costs(name_or_path: str) -> CostProfile:
         missing, extra = sorted(required - set(table)), sorted(set(table) - names)
         raise ValueError(f"cost profile {path}: "
                          + (f"missing {missing[0]!r}" if missing else f"unknown {extra[0]!r}"))
-    return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
+    try:
+        return CostProfile(path.stem, **{k: tuple(float(x) for x in v) if isinstance(v, list)
+                                         else float(v) for k, v in table.items()})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"cost profile {path}: {exc}") from None
 
 
 # ------------------------------------------------------------------ host memory (issue 16)

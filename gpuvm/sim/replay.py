@@ -39,7 +39,7 @@ Everything is integer ns and deterministic: the same rows give the same makespan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generator, Iterable, Mapping, Sequence
+from typing import Callable, Generator, Iterable, Mapping, Sequence
 
 import numpy as np
 import simpy
@@ -261,12 +261,14 @@ def trace_from_events(name: str, trace: Mapping, costs: CostProfile, mediated: b
 class _System:
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
                  residency: Residency | None, interpreter_lock: bool = False,
-                 lock_handoff_ns: int = 0) -> None:
+                 lock_handoff_ns: int = 0,
+                 wake_extra_ns: Callable[[float], float] | None = None) -> None:
         self.env = env
         self.cores = simpy.Resource(env, capacity=cores)
         self.mediator = simpy.Resource(env, capacity=1)
         self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
         self.lock_handoff_ns = lock_handoff_ns
+        self.wake_extra_ns = wake_extra_ns
         self.lock_sleeps = 0
         self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
@@ -283,18 +285,22 @@ class _System:
         when there is none).  The lock is taken first: a thread waiting for it sleeps,
         and leaves the cores to the guests in KVM_RUN.  Where another VM holds or wants
         the lock, each of the step's exits pays a hand-off (CostProfile.lock_handoff_ns)
-        while holding it: it slept, and waking it takes that long."""
+        while holding it: it slept, and waking it takes that long -- longer the longer it
+        slept, where the profile measured how waking depends on that
+        (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late)."""
         if self.gil is None:
             yield from self.on_core(step.ns)
             return
         with self.gil.request() as held:
             asked = self.env.now
             yield held
-            slept = self.env.now > asked
-            if slept:
+            waited = self.env.now - asked
+            handoff = 0
+            if waited:
                 self.lock_sleeps += step.events
-            yield from self.on_core(step.ns + (step.events * self.lock_handoff_ns if slept
-                                               else 0))
+                late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
+                handoff = step.events * (self.lock_handoff_ns + int(late))
+            yield from self.on_core(step.ns + handoff)
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -332,7 +338,8 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
 def replay(traces: Sequence[VmTrace], cores: int = 2,
            policy: str | SchedulerConfig = "fifo",
            residency: Residency | None = None,
-           interpreter_lock: bool = False, lock_handoff_ns: int = 0) -> ReplayResult:
+           interpreter_lock: bool = False, lock_handoff_ns: int = 0,
+           wake_extra_ns: Callable[[float], float] | None = None) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
@@ -340,7 +347,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     working_set_bytes must be resident while its kernels run (gpuvm.sim.residency);
     a trace whose working set alone does not fit raises ResidencyError.
     `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM;
-    `lock_handoff_ns`: what each exit pays to take it from another thread."""
+    `lock_handoff_ns`: what each exit pays to take it from another thread;
+    `wake_extra_ns`: what it pays beyond that, by how long it waited (ns -> ns)."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -348,7 +356,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
             residency.check(trace.name, trace.working_set_bytes)
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
-    system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns)
+    system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns,
+                     wake_extra_ns)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
