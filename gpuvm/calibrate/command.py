@@ -223,6 +223,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuvm.calibrate import emulator, validation
+    from gpuvm.calibrate.wake import WakeCurve
     from gpuvm.experiment.config import REPO
 
     reps = args.emulator_reps
@@ -242,7 +243,11 @@ def main_emulator(args: argparse.Namespace) -> int:
         bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
                                  fit_traces, about)
         title = f"{about['benchmark']} (fastest of {reps})"
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"))
+    try:
+        wake = WakeCurve.from_about(about)
+    except ValueError as exc:
+        raise UserError(f"{args.emulator_from}: {exc}") from None
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake)
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -271,6 +276,8 @@ def main_emulator(args: argparse.Namespace) -> int:
     console.print(t)
     if profile_out is not None:
         print(f"profile written to {profile_out}")
+    print("a thread woken after sleeping (us) runs Python again after (us): "
+          + (wake.text() if wake is not None else "not measured (every hand-off alike)"))
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -299,11 +306,14 @@ def _measure_emulator(args: argparse.Namespace, reps: int
                       ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts."""
     from gpuvm.calibrate import validation
+    from gpuvm.calibrate.wake import measure as measure_wake
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
 
     progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
     load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
+    progress("measuring how long a woken thread takes to run again")
+    wake = measure_wake()
     fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
     scaling = load(REPO / "experiments" / "scaling.toml")
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
@@ -330,7 +340,7 @@ def _measure_emulator(args: argparse.Namespace, reps: int
         + (" --isolated" if args.emulator_isolated else "")
     about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
              "isolated": args.emulator_isolated,
-             "cpus": os.cpu_count(), "load": load_before,
+             "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
 

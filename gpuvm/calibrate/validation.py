@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
+from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import CostProfile
 
 FIT_VMS = 2  # the VM count the host cores are fitted on
@@ -312,15 +313,20 @@ class Analysis:
 
 def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
-            cores: int | None = None) -> Analysis:
+            cores: int | None = None, wake: WakeCurve | None = None) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
-    repetition from its own (`spreads`)."""
+    repetition from its own (`spreads`).  With the host's `wake` curve (measured with
+    the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
+    top of the fitted one."""
     from gpuvm.calibrate import emulator
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
+    if wake is not None:
+        profile = replace(profile, wake_slept_ns=tuple(float(v) for v in wake.slept_ns),
+                          wake_latency_ns=tuple(float(v) for v in wake.latency_ns))
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     return Analysis(profile, kept, predict(kept, profile), spreads(measured, profile))

@@ -1,0 +1,118 @@
+"""How long a thread takes to run Python again once woken, by how long it slept.
+
+VMs run as threads of one process take turns holding the interpreter lock: a vCPU
+thread back from KVM_RUN that finds it held sleeps until the holder lets it go and
+wakes it.  What that wake-up costs depends on how long the thread slept.  On a virtual
+machine (the lent 16-core machines are) an idle vCPU first polls for a while before it
+halts (Linux's cpuidle-haltpoll driver, `guest_halt_poll_ns`, 200 us by default); a
+thread woken within that window runs again in a few microseconds, one woken after it
+waits for its halted vCPU to be brought back by the hypervisor.  Measured there
+(2026-11-25, two runs): 6-9 us after sleeps of up to 150 us, 16-18 us at 200-300 us,
+19-25 us at 400-800 us, 37 us at 2 ms.  With two fv VMs a thread waits for the other's
+handler (~50 us), inside the window; with eight it waits for seven (~400 us), past it --
+so a hand-off fitted on 2-VM runs is too cheap for 8, and the model
+(CostProfile.wake_extra_ns, gpuvm.sim.replay) adds what this curve says.
+
+The measurement: this process busy-waits a given time while a second one sleeps in a
+blocking read; it stamps the clock and writes to it; the sleeper stamps when it runs
+Python again and sends the stamp back.  The
+mean of SAMPLES wake-ups per sleep (less the slowest TRIM): about a second in all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Mapping, Sequence
+
+SLEPT_US = (5, 20, 50, 100, 150, 200, 300, 400, 800, 2000)
+SAMPLES = 200
+TRIM = 0.05  # the slowest share of the samples left out (the host's preemptions)
+_STAMP = 8  # bytes of a clock stamp sent back
+_WAKE = b"x"
+
+
+@dataclass(frozen=True)
+class WakeCurve:
+    """Mean wake-up latency (ns) after each sleep (ns), ascending in the sleep."""
+
+    slept_ns: tuple[int, ...]
+    latency_ns: tuple[int, ...]
+
+    def to_about(self) -> dict[str, list[int]]:
+        """As kept in a validation bundle's "about" (gpuvm.calibrate.validation)."""
+        return {"slept_ns": list(self.slept_ns), "latency_ns": list(self.latency_ns)}
+
+    @classmethod
+    def from_about(cls, about: Mapping[str, Any]) -> WakeCurve | None:
+        """The curve a bundle kept under "wake"; None for a bundle from before it was
+        measured (its model then charges every hand-off alike)."""
+        wake = about.get("wake")
+        if not wake:
+            return None
+        try:
+            curve = cls(tuple(int(v) for v in wake["slept_ns"]),
+                        tuple(int(v) for v in wake["latency_ns"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"wake curve unreadable ({exc!r})") from None
+        if len(curve.slept_ns) != len(curve.latency_ns) or not curve.slept_ns:
+            raise ValueError("wake curve: slept_ns and latency_ns differ in length")
+        return curve
+
+    def text(self) -> str:
+        """One line: 'after 5 us asleep 7.7 us, ...'."""
+        return ", ".join(f"{s / 1e3:g} us: {w / 1e3:.1f}"
+                         for s, w in zip(self.slept_ns, self.latency_ns))
+
+
+def _sleeper(conn: Connection) -> None:
+    """The sleeping side, in a process of its own: answer every wake-up with the time
+    it ran again, until told to quit."""
+    while conn.recv_bytes() == _WAKE:
+        conn.send_bytes(time.perf_counter_ns().to_bytes(_STAMP, "little"))
+
+
+def measure(slept_us: Sequence[int] = SLEPT_US, samples: int = SAMPLES) -> WakeCurve:
+    """The wake-up latency after each sleep in `slept_us` (see the module).  The sleeper
+    is another process (spawned), not a thread: a thread of this one would wake and
+    then find the interpreter lock still held by this busy side -- a second sleep and
+    wake-up the emulator's hand-off does not have (measured on the lent machine: 19 us
+    after a 5 us sleep, against 8 across processes).  Both sides read CLOCK_MONOTONIC
+    (time.perf_counter_ns on Linux), one clock for every process."""
+    if samples < 1 or not slept_us:
+        raise ValueError("measure needs at least one sleep and one sample")
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    sleeper = ctx.Process(target=_sleeper, args=(theirs,), name="wake-sleeper", daemon=True)
+    sleeper.start()
+    sleeps = sorted(slept_us)
+    waits: list[list[int]] = [[] for _ in sleeps]
+    try:
+        ours.send_bytes(_WAKE)  # the sleeper is up (its imports done) once it answers
+        ours.recv_bytes()
+        for _ in range(samples):  # rounds over every sleep: a slow moment hits them all
+            for us, out in zip(sleeps, waits):
+                end = time.perf_counter_ns() + us * 1000
+                while time.perf_counter_ns() < end:  # busy: the sleeper's core idles
+                    pass
+                sent = time.perf_counter_ns()
+                ours.send_bytes(_WAKE)
+                out.append(int.from_bytes(ours.recv_bytes(), "little") - sent)
+    finally:
+        ours.send_bytes(b"q")
+        sleeper.join(timeout=10)
+        ours.close()
+        theirs.close()
+    return WakeCurve(tuple(us * 1000 for us in sleeps), tuple(_trimmed_mean(w) for w in waits))
+
+
+def _trimmed_mean(values: Sequence[int]) -> int:
+    """The mean without the slowest TRIM of the samples.  A mean, not a median: past
+    the poll window a wake-up is fast or slow by chance (on a 2-core VM: 10 us or 165),
+    and the model charges the expected cost of each; the slowest few are the host
+    preempting the sleeper, which the model does not charge per hand-off."""
+    kept = sorted(values)[:max(1, int(len(values) * (1 - TRIM)))]
+    return int(statistics.fmean(kept))
