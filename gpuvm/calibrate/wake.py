@@ -7,8 +7,9 @@ machine (the lent 16-core machines are) an idle vCPU first polls for a while bef
 halts (Linux's cpuidle-haltpoll driver, `guest_halt_poll_ns`, 200 us by default); a
 thread woken within that window runs again in a few microseconds, one woken after it
 waits for its halted vCPU to be brought back by the hypervisor.  Measured there
-(2026-11-25, two runs): 6-9 us after sleeps of up to 150 us, 16-18 us at 200-300 us,
-19-25 us at 400-800 us, 37 us at 2 ms.  With two fv VMs a thread waits for the other's
+(2026-11-25, this measurement on two machines, two runs each): 21-28 us after sleeps
+of up to 200 us, 34-38 at 300-400, 47-48 at 800, 64-65 at 2 ms on one; medians of
+6-9 us up to 150 us, 16-18 at 200-300, 19-25 at 400-800, 37 at 2 ms on the other.  With two fv VMs a thread waits for the other's
 handler (~50 us), inside the window; with eight it waits for seven (~400 us), past it --
 so a hand-off fitted on 2-VM runs is too cheap for 8, and the model
 (CostProfile.wake_extra_ns, gpuvm.sim.replay) adds what this curve says.
@@ -79,9 +80,10 @@ def measure(slept_us: Sequence[int] = SLEPT_US, samples: int = SAMPLES) -> WakeC
     """The wake-up latency after each sleep in `slept_us` (see the module).  The sleeper
     is another process (spawned), not a thread: a thread of this one would wake and
     then find the interpreter lock still held by this busy side -- a second sleep and
-    wake-up the emulator's hand-off does not have (measured on the lent machine: 19 us
-    after a 5 us sleep, against 8 across processes).  Both sides read CLOCK_MONOTONIC
-    (time.perf_counter_ns on Linux), one clock for every process."""
+    wake-up the emulator's hand-off does not have (measured with a thread on the lent
+    machine: 19 us after 5 us asleep, 13-15 at 150-200, 25 at 2 ms -- no knee at the
+    poll window).  Both sides read CLOCK_MONOTONIC (time.perf_counter_ns on Linux), one
+    clock for every process."""
     if samples < 1 or not slept_us:
         raise ValueError("measure needs at least one sleep and one sample")
     ctx = multiprocessing.get_context("spawn")
