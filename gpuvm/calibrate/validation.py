@@ -7,8 +7,10 @@ per-event trace and then, at once, runs 2, 4 and 8 VMs of the same kind; each N-
 (1 VM too, run again without recording: what recording costs shows as error) is
 predicted from the trace recorded just before it, by replaying N copies of it under
 the contention the profile describes (the interpreter lock, the host cores, the
-mediator lock, the engine).  The host cores the VMs effectively get are fitted on the
-2-VM runs only (1 .. the machine's cores); the 4- and 8-VM runs are predictions.  Of
+mediator lock, the engine).  The host cores the VMs effectively get, and the lock's
+hand-off, are fitted on the 2-VM runs only (1 .. the machine's cores); the 4- and 8-VM
+runs are predictions.  How much later a thread wakes after a longer wait is not fitted
+but measured with the runs (gpuvm.calibrate.wake, kept in the bundle's "about").  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
 only ever adds time), predicted from the fastest of the mode's traces.
 

@@ -20,6 +20,8 @@ Where the profile says the VMs' Python work shares one interpreter lock (this em
 VMs are threads of one process), `cpu` and `mediator` steps also hold that lock: host
 CPU for the VMM's own work is then the lock, not the N cores; so does the engine thread
 running each VM's channels, where the trace says how long ("server.engine_ns").  A
+thread that finds the lock held sleeps, and pays a hand-off when it gets it -- more
+after a long sleep, where the profile measured how waking depends on that.  A
 trace of a VM in its own VMM process (vfio-user; it carries the server's time) holds
 that lock only for the server's share -- answering its accesses, running its channels
 -- since one server thread serves every VM; the VMM's own work is its process's, on its
