@@ -15,6 +15,7 @@ hand-off) is what brings the 4- and 8-VM predictions closer."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 from dataclasses import replace
@@ -29,6 +30,9 @@ BUNDLE = Path(__file__).parent / "data" / "validation-h100"
 # 20261125-000343, the first with the vCPU threads' sleeps); 23.0% and 16.9% for the two
 # before it
 MEAN_BOUND_PCT = 30.0
+# fv-opt and pv of results/validation/20261125-150109 (lent 16-core machine, with the
+# host's wake-up curve measured at the start of the run: gpuvm.calibrate.wake)
+WAKE_BUNDLE = Path(__file__).parent / "data" / "validation-h100-wake"
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +156,14 @@ def test_a_broken_bundle_is_one_error_line(tmp_path, gpuvm_cli):
     next((tmp_path / "b").glob("*.npz")).write_bytes(b"not an npz")
     rc, _, err = gpuvm_cli("calibrate", "--emulator", "--from", str(tmp_path / "b"))
     assert rc == 2 and err.count("\n") == 1 and ".npz" in err, err
+    # a wake-up curve that lost its latencies: named before any analysis runs
+    shutil.copytree(WAKE_BUNDLE, tmp_path / "w")
+    runs = tmp_path / "w" / validation.BUNDLE_RUNS
+    data = json.loads(runs.read_text())
+    del data["about"]["wake"]["latency_ns"]
+    runs.write_text(json.dumps(data))
+    rc, _, err = gpuvm_cli("calibrate", "--emulator", "--from", str(tmp_path / "w"))
+    assert rc == 2 and err.count("\n") == 1 and "wake curve" in err and "/w" in err, err
 
 
 def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
@@ -266,10 +278,6 @@ def test_calibrate_prints_the_vcpu_usage_beside_the_models(capsys):
     print_vcpu_usage([validation.Spread("fv", n, (0.0,), 0.0) for n in (1, 8)])
     assert capsys.readouterr().out == ""
 
-
-# fv-opt and pv of results/validation/20261125-150109 (lent 16-core machine, with the
-# host's wake-up curve measured at the start of the run: gpuvm.calibrate.wake)
-WAKE_BUNDLE = Path(__file__).parent / "data" / "validation-h100-wake"
 
 
 def test_the_measured_wake_curve_brings_eight_vms_closer():
