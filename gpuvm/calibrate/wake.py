@@ -7,9 +7,10 @@ machine (the lent 16-core machines are) an idle vCPU first polls for a while bef
 halts (Linux's cpuidle-haltpoll driver, `guest_halt_poll_ns`, 200 us by default); a
 thread woken within that window runs again in a few microseconds, one woken after it
 waits for its halted vCPU to be brought back by the hypervisor.  Measured there
-(2026-11-25, this measurement on two machines, two runs each): 21-28 us after sleeps
-of up to 200 us, 34-38 at 300-400, 47-48 at 800, 64-65 at 2 ms on one; medians of
-6-9 us up to 150 us, 16-18 at 200-300, 19-25 at 400-800, 37 at 2 ms on the other.  With two fv VMs a thread waits for the other's
+(2026-11-25): on one machine, three times, 20-29 us after sleeps of up to 200 us, 31-35
+at 300, 33-38 at 400, 41-48 at 800, 56-65 at 2 ms; on another 15-19 us up to 200 us,
+then 20, 22, 25, 32; on a third (medians, twice) 6-9 us up to 150 us, 16-18 at
+200-300, 19-25 at 400-800, 37 at 2 ms.  With two fv VMs a thread waits for the other's
 handler (~50 us), inside the window; with eight it waits for seven (~400 us), past it --
 so a hand-off fitted on 2-VM runs is too cheap for 8, and the model
 (CostProfile.wake_extra_ns, gpuvm.sim.replay) adds what this curve says.
