@@ -145,6 +145,7 @@ def predict(points: Sequence[Measured], profile: CostProfile) -> list[Validation
 
 TIE = 0.005  # predictions this close count as equal: the most cores among them is kept
 HANDOFF_MAX_NS = 200_000  # a wake-up slower than this is not a hand-off but a stall
+HANDOFF_RESOLUTION_NS = 500  # how close to its crossing a fitted or needed hand-off is
 
 
 def fit_handoff(points: Sequence[Measured], profile: CostProfile,
@@ -170,17 +171,46 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
 
 def _handoff_where_zero(error: Callable[[float], float]) -> float:
     """The hand-off at which `error` (the predictions' relative error; it grows with
-    the cost) crosses 0, to half a microsecond: 0 where even none is too much,
-    HANDOFF_MAX_NS where even that is too little."""
+    the cost) crosses 0, to HANDOFF_RESOLUTION_NS: 0 where even none is too much,
+    HANDOFF_MAX_NS where even that is too little.
+
+    Each call of `error` is a replay (seconds for eight fv VMs), so the crossing is
+    looked for where the line through the bracket's ends crosses 0 -- the error is
+    nearly linear in the cost -- and the bracket closed one resolution beyond it; a
+    step that did not halve the bracket is followed by a bisection, so a far from
+    linear error costs at most what bisection would, three times over.  About six
+    replays instead of bisection's twenty."""
     # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
     low, high = 1.0, float(HANDOFF_MAX_NS)
-    if error(low) >= 0:
+    e_low = error(low)
+    if e_low >= 0:
         return 0.0
-    if error(high) <= 0:
+    e_high = error(high)
+    if e_high <= 0:
         return high
-    while high - low > 500:
-        mid = (low + high) / 2
-        low, high = (mid, high) if error(mid) < 0 else (low, mid)
+    step = float(HANDOFF_RESOLUTION_NS)
+
+    def at(x: float) -> bool:
+        """Evaluate at x, narrow the bracket; whether x was too cheap."""
+        nonlocal low, high, e_low, e_high
+        e = error(x)
+        if e < 0:
+            low, e_low = x, e
+        else:
+            high, e_high = x, e
+        return e < 0
+
+    while high - low > step:
+        width = high - low
+        guess = low + width * -e_low / (e_high - e_low)
+        guess = min(max(guess, low + step / 2), high - step / 2)
+        if at(guess):  # too cheap: close the bracket a resolution above it
+            if high - low > step:
+                at(min(guess + step, high - 1.0))
+        elif high - low > step:  # too dear: a resolution below it
+            at(max(guess - step, low + 1.0))
+        if high - low > max(step, width / 2):
+            at((low + high) / 2)
     return round((low + high) / 2)
 
 
@@ -190,8 +220,8 @@ def needed_handoffs(points: Sequence[Measured], profile: CostProfile
     that point alone would come out right.  One cost is fitted for every mode and
     count (`fit_handoff`); where these differ -- by mode, or growing with the VM
     count -- the lock's cost depends on more than the exits the model charges it for
-    (README, "The model against the emulator").  Replays each point a dozen times:
-    a minute or two for fv's eight VMs."""
+    (README, "The model against the emulator").  Replays each point about six times
+    (`_handoff_where_zero`): half a minute for fv's eight VMs."""
     from gpuvm.sim.replay import served
     out = {}
     for m in points:
