@@ -169,3 +169,15 @@ def test_a_thread_that_waited_past_the_wake_curves_knee_pays_it_per_exit():
     assert plain.makespan_ns == 1000 + 3 * (1000 + 3 * 100)
     assert late.makespan_ns == 1000 + (1000 + 3 * 100) + 2 * (1000 + 3 * 150)
     assert late.core_ns == plain.core_ns + 2 * 3 * 50
+
+
+def test_two_vms_replay_alike_on_two_cores_and_on_sixteen():
+    """A VM's steps run one after another, each on at most one core, so N VMs never keep
+    more than N busy: gpuvm.calibrate.validation.fit_cores replays its 2-VM points on
+    one and two cores only.  One core is another matter."""
+    trace = VmTrace("t", (Step(FREE, 700, "Init"), Step(CPU, 1000, "Init", events=2),
+                          Step(ENGINE, 500, "Launch"), Step(FREE, 300, "Close")))
+    runs = {c: replay(replicate(trace, 2), cores=c, interpreter_lock=True,
+                      lock_handoff_ns=50) for c in (1, 2, 3, 16)}
+    assert runs[2].makespan_ns == runs[3].makespan_ns == runs[16].makespan_ns
+    assert runs[1].makespan_ns > runs[2].makespan_ns

@@ -247,6 +247,11 @@ def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None
         return profile
     errors = {}
     for cores in range(1, (most or os.cpu_count() or 1) + 1):
+        if cores > FIT_VMS:
+            # a VM's steps run one after another, each on at most one core: FIT_VMS
+            # VMs never keep more busy, so more cores replay exactly alike
+            errors[cores] = errors[FIT_VMS]
+            continue
         p = replace(profile, host_cores=float(cores))
         errors[cores] = sum(abs(predicted_from_traces(m.mode, m.vms, m.trace, p)
                                 / m.makespan_ns - 1) for m in fit) / len(fit)
