@@ -61,11 +61,11 @@ class WakeCurve:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"wake curve unreadable ({exc!r})") from None
         if len(curve.slept_ns) != len(curve.latency_ns) or not curve.slept_ns:
-            raise ValueError("wake curve: slept_ns and latency_ns differ in length")
+            raise ValueError("wake curve: needs one latency per sleep, and a sleep")
         return curve
 
     def text(self) -> str:
-        """One line: 'after 5 us asleep 7.7 us, ...'."""
+        """One line, microseconds asleep: microseconds to wake ('5 us: 7.7, ...')."""
         return ", ".join(f"{s / 1e3:g} us: {w / 1e3:.1f}"
                          for s, w in zip(self.slept_ns, self.latency_ns))
 
