@@ -295,8 +295,7 @@ def test_the_measured_wake_curve_brings_eight_vms_closer():
     traces = list(fits) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     plain = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                     recorded_times=1.0)
-    late = replace(plain, wake_slept_ns=tuple(map(float, wake.slept_ns)),
-                   wake_latency_ns=tuple(map(float, wake.latency_ns)))
+    late = wake.priced_in(plain)
     eight = [m for m in kept if m.vms == 8]
     errors = {}
     for name, profile in (("plain", plain), ("late", late)):

@@ -362,8 +362,7 @@ def analyse(measured: Sequence[Measured],
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
     if wake is not None:
-        profile = replace(profile, wake_slept_ns=tuple(float(v) for v in wake.slept_ns),
-                          wake_latency_ns=tuple(float(v) for v in wake.latency_ns))
+        profile = wake.priced_in(profile)
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     return Analysis(profile, kept, predict(kept, profile), spreads(measured, profile))

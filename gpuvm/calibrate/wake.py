@@ -26,9 +26,11 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Mapping, Sequence
+
+from gpuvm.experiment.costs import CostProfile
 
 SLEPT_US = (5, 20, 50, 100, 150, 200, 300, 400, 800, 2000)
 SAMPLES = 200
@@ -63,6 +65,12 @@ class WakeCurve:
         if len(curve.slept_ns) != len(curve.latency_ns) or not curve.slept_ns:
             raise ValueError("wake curve: needs one latency per sleep, and a sleep")
         return curve
+
+    def priced_in(self, profile: CostProfile) -> CostProfile:
+        """`profile` with this curve: its hand-offs after long waits cost what it says
+        (CostProfile.wake_extra_ns)."""
+        return replace(profile, wake_slept_ns=tuple(float(v) for v in self.slept_ns),
+                       wake_latency_ns=tuple(float(v) for v in self.latency_ns))
 
     def text(self) -> str:
         """One line, microseconds asleep: microseconds to wake ('5 us: 7.7, ...')."""
