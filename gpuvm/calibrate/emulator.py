@@ -212,7 +212,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "lock_handoff_ns"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     if profile.wake_slept_ns:
-        for key in ("wake_slept_ns", "wake_latency_ns"):
+        for key in ("wake_slept_ns", "wake_latency_ns") + \
+                (("wake_work_ns",) if profile.wake_work_ns else ()):
             lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"
 

@@ -28,6 +28,18 @@ def mmio_exits(counters: Mapping[str, int]) -> int:
     return sum(v for k, v in counters.items() if k.startswith("exits.mmio."))
 
 
+def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """ys at x (linear between the points xs, flat beyond them) less ys at the first
+    point; 0 before it or without points."""
+    i = bisect.bisect_right(xs, x)
+    if i == 0:
+        return 0.0
+    if i == len(xs):
+        return ys[-1] - ys[0]
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0) - ys[0]
+
+
 @dataclass(frozen=True)
 class CostProfile:
     name: str
@@ -95,27 +107,31 @@ class CostProfile:
     # empty: every hand-off costs the same.
     wake_slept_ns: tuple[float, ...] = ()
     wake_latency_ns: tuple[float, ...] = ()
+    # And how long the exit a woken thread then handles takes, by how long it slept
+    # (measured on this emulator's own exits, gpuvm/calibrate/wake.py): on the lent
+    # machines an exit handled after 0.6-1 ms asleep took 5-11 us more than one after
+    # 50-300 us -- its core went idle meanwhile, and its caches cold.  A thread that
+    # waited for the lock longer pays that difference too.  Empty: not measured.
+    wake_work_ns: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.wake_slept_ns) != len(self.wake_latency_ns):
             raise ValueError("wake_slept_ns and wake_latency_ns differ in length")
+        if self.wake_work_ns and len(self.wake_work_ns) != len(self.wake_slept_ns):
+            raise ValueError("wake_work_ns and wake_slept_ns differ in length")
         if list(self.wake_slept_ns) != sorted(self.wake_slept_ns):
             raise ValueError("wake_slept_ns must ascend")
 
     def wake_extra_ns(self, slept_ns: float) -> float:
-        """What a thread that slept `slept_ns` takes to wake beyond one that slept the
-        shortest time measured (linear between the measured sleeps, flat beyond them;
-        0 without a measured curve).  Not numpy: the replay asks once per hand-off."""
-        xs, ys = self.wake_slept_ns, self.wake_latency_ns
-        if not xs:
-            return 0.0
-        i = bisect.bisect_right(xs, slept_ns)
-        if i == 0:
-            return 0.0
-        if i == len(xs):
-            return max(0.0, ys[-1] - ys[0])
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return max(0.0, y0 + (y1 - y0) * (slept_ns - x0) / (x1 - x0) - ys[0])
+        """What a thread that slept `slept_ns` takes to wake, and then to handle its
+        exit, beyond one that slept the shortest time measured (linear between the
+        measured sleeps, flat beyond them; 0 without a measured curve).  Not numpy: the
+        replay asks once per hand-off."""
+        xs = self.wake_slept_ns
+        extra = _beyond_first(xs, self.wake_latency_ns, slept_ns)
+        if self.wake_work_ns:
+            extra += _beyond_first(xs, self.wake_work_ns, slept_ns)
+        return max(0.0, extra)
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

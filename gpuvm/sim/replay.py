@@ -289,7 +289,8 @@ class _System:
         the lock, each of the step's exits pays a hand-off (CostProfile.lock_handoff_ns)
         while holding it: it slept, and waking it takes that long -- longer the longer it
         slept, where the profile measured how waking depends on that
-        (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late)."""
+        (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late, and
+        a thread whose core idled that long works cold for a while)."""
         if self.gil is None:
             yield from self.on_core(step.ns)
             return
