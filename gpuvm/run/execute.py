@@ -153,7 +153,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                            wait_timeout=min(options.wait_slice, options.timeout),
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
     if options.record_events:
-        session.recorder = EventRecorder(_with_channel_time(session, device))
+        session.recorder = EventRecorder(_with_channel_time(session, device),
+                                         after_run=options.after_kvm_run)
         session.recorder.install(session)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]

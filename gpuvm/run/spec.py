@@ -7,7 +7,7 @@ gpuvm/run/mediated.py) is written against these types without importing the loop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
@@ -130,6 +130,10 @@ class RunOptions:
     # Record each VM's per-event trace (gpuvm.vmm.event_trace; session.recorder): only
     # where a trace is wanted (gpuvm.sim.traces), since it adds a little to every trap.
     record_events: bool = False
+    # With record_events and the KVM backend: called on the vCPU thread each time
+    # KVM_RUN returns, with when it was entered (time.perf_counter_ns) -- before the
+    # exit is handled.  gpuvm.calibrate.wake measures how a woken thread's exits slow.
+    after_kvm_run: Callable[[int], None] | None = None
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

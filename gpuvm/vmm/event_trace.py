@@ -134,8 +134,12 @@ class EventRecorder:
     def __init__(self, snapshot: Callable[[], dict[str, int]],
                  clock: Callable[[], int] = time.perf_counter_ns,
                  cpu_clock: Callable[[], int] = time.thread_time_ns,
-                 remote_counters: bool = False) -> None:
+                 remote_counters: bool = False,
+                 after_run: Callable[[int], None] | None = None) -> None:
         self._snapshot = snapshot
+        # called after each KVM_RUN returns, with when it was entered (RunOptions
+        # .after_kvm_run); its time counts as the guest's, not the exit's
+        self._after_run = after_run
         # counters read from a server in another process (a VM over vfio-user): the
         # read is a round trip the unrecorded run never makes; only what it took beyond
         # the run's typical (median) read can be the guest's -- the server was busy
@@ -223,6 +227,8 @@ class EventRecorder:
         t0 = self._clock()
         try:
             ioctl(fd, request)
+            if self._after_run is not None:
+                self._after_run(t0)
         finally:
             self.in_kvm_run_ns += self._clock() - t0
 
