@@ -9,8 +9,9 @@ predicted from the trace recorded just before it, by replaying N copies of it un
 the contention the profile describes (the interpreter lock, the host cores, the
 mediator lock, the engine).  The host cores the VMs effectively get, and the lock's
 hand-off, are fitted on the 2-VM runs only (1 .. the machine's cores); the 4- and 8-VM
-runs are predictions.  How much later a thread wakes after a longer wait is not fitted
-but measured with the runs (gpuvm.calibrate.wake, kept in the bundle's "about").  Of
+runs are predictions.  How much later a thread wakes after a longer wait, and how much
+slower it then handles its exit, is not fitted but measured with the runs
+(gpuvm.calibrate.wake, kept in the bundle's "about").  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
 only ever adds time), predicted from the fastest of the mode's traces.
 
