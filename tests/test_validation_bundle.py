@@ -21,10 +21,12 @@ import shutil
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from gpuvm.calibrate import validation
+from gpuvm.calibrate.wake import WakeCurve
 
 BUNDLE = Path(__file__).parent / "data" / "validation-h100"
 # mean |error| over the bundle's 8 points: 26.1% when it was added (results/validation/
@@ -284,27 +286,36 @@ def test_calibrate_prints_the_vcpu_usage_beside_the_models(capsys):
 
 
 
+def _eight_vm_errors(bundle: Path, priced: Callable
+                     ) -> tuple[WakeCurve, dict[str, dict[str, float]]]:
+    """The bundle's wake curve, and its 8-VM errors per way of pricing the wake-ups:
+    `priced(plain, wake)` names the profiles (plain: costs fitted from the bundle's
+    traces, every hand-off alike); each gets its hand-off fitted on the 2-VM runs."""
+    from gpuvm.calibrate import emulator
+    measured, fits, about = validation.load(bundle)
+    wake = WakeCurve.from_about(about)
+    assert wake is not None
+    kept = validation.fastest(measured)
+    traces = list(fits) + [(m.mode, m.trace) for m in measured if m.vms == 1]
+    plain = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
+                    recorded_times=1.0)
+    eight = [m for m in kept if m.vms == 8]
+    errors = {}
+    for name, profile in priced(plain, wake).items():
+        fitted = validation.fit_handoff(kept, profile, about["cpus"])
+        errors[name] = {p.mode: p.error_pct for p in validation.predict(eight, fitted)}
+    return wake, errors
+
+
 def test_the_measured_wake_curve_brings_eight_vms_closer():
     """Each VM of eight waits for seven others' handlers (fv-opt: ~300 us), past the
     200 us the lent machine's idle vCPUs poll before they halt, and wakes late; with
     two it waits for one, inside the window.  A hand-off fitted on 2 VMs with the curve
     the run measured predicts both modes' 8-VM makespans closer than one fitted
     without it (fv-opt -19% -> -4%, pv -35% -> -28% when added)."""
-    from gpuvm.calibrate import emulator
-    from gpuvm.calibrate.wake import WakeCurve
-    measured, fits, about = validation.load(WAKE_BUNDLE)
-    wake = WakeCurve.from_about(about)
-    assert wake is not None and wake.latency_ns[-1] > wake.latency_ns[0]
-    kept = validation.fastest(measured)
-    traces = list(fits) + [(m.mode, m.trace) for m in measured if m.vms == 1]
-    plain = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
-                    recorded_times=1.0)
-    late = wake.priced_in(plain)
-    eight = [m for m in kept if m.vms == 8]
-    errors = {}
-    for name, profile in (("plain", plain), ("late", late)):
-        fitted = validation.fit_handoff(kept, profile, about["cpus"])
-        errors[name] = {p.mode: p.error_pct for p in validation.predict(eight, fitted)}
+    wake, errors = _eight_vm_errors(
+        WAKE_BUNDLE, lambda plain, wake: {"plain": plain, "late": wake.priced_in(plain)})
+    assert wake.latency_ns[-1] > wake.latency_ns[0]
     assert set(errors["late"]) == {"fv-opt", "pv"}
     for mode in ("fv-opt", "pv"):
         assert abs(errors["late"][mode]) < abs(errors["plain"][mode]) - 5, errors
@@ -315,21 +326,10 @@ def test_the_exits_slowing_after_a_long_sleep_brings_eight_vms_closer():
     run measured that on an fv-opt VM's own exits beside the wake-up.  A hand-off fitted
     on 2 VMs with both predicts the 8-VM makespans closer than one fitted with the
     wake-up alone (fv-opt -9.7% -> -4.5%, pv -43.0% -> -40.3% when added)."""
-    from gpuvm.calibrate import emulator
-    from gpuvm.calibrate.wake import WakeCurve
-    measured, fits, about = validation.load(EXITS_BUNDLE)
-    wake = WakeCurve.from_about(about)
-    assert wake is not None and wake.work_ns[-1] > wake.work_ns[0]
-    kept = validation.fastest(measured)
-    traces = list(fits) + [(m.mode, m.trace) for m in measured if m.vms == 1]
-    plain = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
-                    recorded_times=1.0)
-    eight = [m for m in kept if m.vms == 8]
-    errors = {}
-    for name, curve in (("wake-up", replace(wake, work_ns=())), ("and exit", wake)):
-        fitted = validation.fit_handoff(kept, curve.priced_in(plain), about["cpus"])
-        errors[name] = {p.mode: p.error_pct for p in validation.predict(eight, fitted)}
+    wake, errors = _eight_vm_errors(EXITS_BUNDLE, lambda plain, wake: {
+        "wake-up": replace(wake, work_ns=()).priced_in(plain),
+        "and exit": wake.priced_in(plain)})
+    assert wake.work_ns[-1] > wake.work_ns[0]
     assert set(errors["and exit"]) == {"fv-opt", "pv"}
     for mode in ("fv-opt", "pv"):
         assert abs(errors["and exit"][mode]) < abs(errors["wake-up"][mode]) - 2, errors
-
