@@ -19,17 +19,17 @@ A thread woken after a long sleep also works slower for a while: its core went i
 and its caches cold.  On the lent machine (2026-11-25) an fv-opt exit handled after
 0.6-1 ms asleep took 5-11 us more than one after 50-300 us (its handler and the exit
 loop, 28-32 us), and a fixed piece of Python work over 20,000 small objects 65-76 us
-after 5-150 us, 85-98 after 600 us, 108-124 after 1-2 ms.  So the curve is measured on this
-emulator's own exits where it can be (`measure_on_exits`, `ExitProbe`: one VM whose
-vCPU thread sleeps after every KVM_RUN, woken like a hand-off, then times the exit it
-handles), and the model adds both differences.
+after 5-150 us, 85-98 after 600 us, 108-124 after 1-2 ms.  So the curve is measured on
+this emulator's own exits where it can be (`measure_on_exits`, `ExitProbe`: one VM
+whose vCPU thread sleeps after every KVM_RUN, woken like a hand-off, then times the
+exit it handles), and the model adds both differences.
 
 The measurement: one process busy-waits a given time while a thread of another sleeps
 in a blocking read; it stamps the clock and writes to it; the sleeper stamps when it
 runs Python again (`measure`: this process waits, the sleeper is spawned;
 `measure_on_exits`: a spawned waker, and a VM's vCPU thread sleeps, then handles its
-exit).  The mean of the wake-ups per sleep
-(less the slowest TRIM): a second or two on a pipe alone, ~4 s on an fv-opt VM.
+exit).  The mean of the wake-ups per sleep (less the slowest TRIM): a second or two on
+a pipe alone, ~4 s on an fv-opt VM.
 """
 
 from __future__ import annotations
@@ -240,4 +240,3 @@ def measure_on_exits(benchmark: str, params: tuple[int, ...], mode: str,
     if failed:
         raise RuntimeError(f"measuring wake-ups on {mode}: {failed[0]}")
     return probe.curve()
-
