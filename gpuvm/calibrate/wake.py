@@ -37,9 +37,10 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import time
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gpuvm.experiment.costs import CostProfile
 
@@ -119,29 +120,43 @@ def measure(slept_us: Sequence[int] = SLEPT_US, samples: int = SAMPLES) -> WakeC
     clock for every process."""
     if samples < 1 or not slept_us:
         raise ValueError("measure needs at least one sleep and one sample")
-    ctx = multiprocessing.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    sleeper = ctx.Process(target=_sleeper, args=(theirs,), name="wake-sleeper", daemon=True)
-    sleeper.start()
     sleeps = sorted(slept_us)
     waits: list[list[int]] = [[] for _ in sleeps]
-    try:
-        ours.send_bytes(_WAKE)  # the sleeper is up (its imports done) once it answers
-        ours.recv_bytes()
+    with _partner(_sleeper, "wake-sleeper", _WAKE) as ours:
         for _ in range(samples):  # rounds over every sleep: a slow moment hits them all
             for us, out in zip(sleeps, waits):
-                end = time.perf_counter_ns() + us * 1000
-                while time.perf_counter_ns() < end:  # busy: the sleeper's core idles
-                    pass
+                _busy(us)  # the sleeper's core idles
                 sent = time.perf_counter_ns()
                 ours.send_bytes(_WAKE)
                 out.append(int.from_bytes(ours.recv_bytes(), "little") - sent)
+    return WakeCurve(tuple(us * 1000 for us in sleeps), tuple(_trimmed_mean(w) for w in waits))
+
+
+@contextmanager
+def _partner(target: Callable[[Connection], None], name: str, hello: bytes
+             ) -> Iterator[Connection]:
+    """A spawned process running `target` on the other end of a pipe: up (its imports
+    done) once it has answered `hello`, when this yields; told to quit ("q") after."""
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=target, args=(theirs,), name=name, daemon=True)
+    process.start()
+    theirs.close()
+    try:
+        ours.send_bytes(hello)
+        ours.recv_bytes()
+        yield ours
     finally:
         ours.send_bytes(b"q")
-        sleeper.join(timeout=10)
+        process.join(timeout=10)
         ours.close()
-        theirs.close()
-    return WakeCurve(tuple(us * 1000 for us in sleeps), tuple(_trimmed_mean(w) for w in waits))
+
+
+def _busy(us: int) -> None:
+    """Spin `us` microseconds on this core (the other side's core is left idle)."""
+    end = time.perf_counter_ns() + us * 1000
+    while time.perf_counter_ns() < end:
+        pass
 
 
 def _trimmed_mean(values: Sequence[int]) -> int:
@@ -170,24 +185,16 @@ class ExitProbe:
         self._woke_at: int | None = None
         self._slot = 0
         self._conn: Connection | None = None
-        self._waker: Any = None
+        self._waker: AbstractContextManager[Connection] | None = None
 
     def __enter__(self) -> ExitProbe:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, theirs = ctx.Pipe()
-        self._waker = ctx.Process(target=_waker, args=(theirs,), name="wake-waker",
-                                  daemon=True)
-        self._waker.start()
-        theirs.close()
-        self._conn.send_bytes((0).to_bytes(_STAMP, "little"))  # up once it answers
-        self._conn.recv_bytes()
+        self._waker = _partner(_waker, "wake-waker", (0).to_bytes(_STAMP, "little"))
+        self._conn = self._waker.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        assert self._conn is not None
-        self._conn.send_bytes(b"q")
-        self._waker.join(timeout=10)
-        self._conn.close()
+    def __exit__(self, *exc: Any) -> None:
+        assert self._waker is not None
+        self._waker.__exit__(*exc)
 
     def after_run(self, entered_ns: int) -> None:
         """KVM_RUN (entered at `entered_ns`) returned: the exit before it was handled
@@ -215,9 +222,7 @@ def _waker(conn: Connection) -> None:
     """The waking side, in a process of its own: for each request busy-wait its
     microseconds (the requester's core idles), then send the time, until told to quit."""
     while (msg := conn.recv_bytes()) != b"q":
-        end = time.perf_counter_ns() + int.from_bytes(msg, "little") * 1000
-        while time.perf_counter_ns() < end:
-            pass
+        _busy(int.from_bytes(msg, "little"))
         conn.send_bytes(time.perf_counter_ns().to_bytes(_STAMP, "little"))
 
 
