@@ -154,7 +154,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
     if options.record_events:
         session.recorder = EventRecorder(_with_channel_time(session, device),
-                                         after_run=options.after_kvm_run)
+                                         after_run=options.after_kvm_run,
+                                         count_lock_releases=options.count_lock_releases)
         session.recorder.install(session)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]

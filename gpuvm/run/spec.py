@@ -134,6 +134,12 @@ class RunOptions:
     # KVM_RUN returns, with when it was entered (time.perf_counter_ns) -- before the
     # exit is handled.  gpuvm.calibrate.wake measures how a woken thread's exits slow.
     after_kvm_run: Callable[[int], None] | None = None
+    # With record_events and the KVM backend: count where the vCPU thread lets the
+    # interpreter lock go (gpuvm.vmm.lock_releases).  Each counted release traps into
+    # the kernel -- about 1 us on this 2-core host, ~20 us on the lent machines' vCPUs,
+    # which doubled a pv trace -- so a counting run's times are not the VM's: a trace
+    # takes the counts from a run of their own (gpuvm.sim.traces).
+    count_lock_releases: bool = False
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

@@ -24,12 +24,19 @@ counters from the server, with the server's own time for this VM ("server.access
 "server.engine_ns": what the model serialises); a read is a round trip there, of which
 only what it took beyond the run's median read is counted.  Nothing is recorded
 unless a run asks for it (RunOptions.record_events).
+
+Where the recorder is asked to (`count_lock_releases`, VMs as threads of one process)
+and the host lets it (gpuvm.vmm.lock_releases: a uprobe, root), a run also carries how
+often its handlers and exit loop let the interpreter lock go beyond the one release an
+exit makes entering KVM_RUN again (LOCK_RELEASES): beside other VMs each is one more
+wait for the lock.  The count is read with the counters, once per run.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -38,9 +45,12 @@ import numpy as np
 
 from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import abi
+from gpuvm.vmm.lock_releases import ReleaseCounter
 
 # event classes: BAR n read = 2n, write = 2n + 1; port writes = PORT_BASE + port
 PORT_BASE = 1 << 16
+# a run's releases of the interpreter lock on the vCPU thread, beyond its KVM_RUNs'
+LOCK_RELEASES = "lock.releases"
 
 PORT_LABELS = {abi.PORT_CONSOLE: "console", abi.PORT_RESULT: "result", abi.PORT_WAIT: "wait",
                abi.PORT_HYPERCALL: "hypercall", abi.PORT_EXIT: "exit",
@@ -116,6 +126,15 @@ class EventTrace:
         with np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False) as a:
             return cls.from_arrays(a)
 
+    def with_counter(self, name: str, values: np.ndarray) -> EventTrace:
+        """This trace with one more counter's change per run (replacing one so named)."""
+        keep = [i for i, n in enumerate(self.names) if n != name]
+        return EventTrace(self.code, self.phase, self.events, self.handler_ns,
+                          self.gap_ns, self.guest_ns,
+                          tuple(self.names[i] for i in keep) + (name,),
+                          np.column_stack([self.deltas[:, keep],
+                                           np.asarray(values, dtype=np.int64)]))
+
     @classmethod
     def from_arrays(cls, a) -> EventTrace:
         return cls(np.asarray(a["code"], dtype=np.int64), np.asarray(a["phase"], dtype=np.int64),
@@ -135,8 +154,16 @@ class EventRecorder:
                  clock: Callable[[], int] = time.perf_counter_ns,
                  cpu_clock: Callable[[], int] = time.thread_time_ns,
                  remote_counters: bool = False,
-                 after_run: Callable[[int], None] | None = None) -> None:
+                 after_run: Callable[[int], None] | None = None,
+                 count_lock_releases: bool = False) -> None:
         self._snapshot = snapshot
+        # the vCPU thread's releases of the interpreter lock (opened at its first
+        # KVM_RUN, on that thread), the count at the last read, the KVM_RUNs since, and
+        # the releases beyond them so far
+        self._count_releases = count_lock_releases
+        self._releases: ReleaseCounter | None = None
+        self._releases_thread = 0
+        self._releases_read = self._runs_since_read = self._releases_beyond = 0
         # called after each KVM_RUN returns, with when it was entered (RunOptions
         # .after_kvm_run); its time counts as the guest's, not the exit's
         self._after_run = after_run
@@ -192,7 +219,11 @@ class EventRecorder:
             t = self._clock()
             ahead = t - self._last_end
             cpu0 = self._cpu_clock()
+            releases = self._releases_beyond_runs() if self._releases is not None else 0
             after = self._snapshot()
+            if self._releases is not None:
+                after[LOCK_RELEASES] = releases
+                self._releases_read = self._releases.read()  # the snapshot's are ours
             own = self._cpu_clock() - cpu0
             if counted_ahead is not None and after.get(counted_ahead):
                 after[counted_ahead] -= 1
@@ -212,6 +243,17 @@ class EventRecorder:
             self._guest = self.in_kvm_run_ns - self._guest_mark
             self._guest_mark = self.in_kvm_run_ns
 
+    def _releases_beyond_runs(self) -> int:
+        """The releases so far that no KVM_RUN made, nor the recorder (its reads of the
+        counter and of the counters)."""
+        assert self._releases is not None
+        now = self._releases.read()
+        own_read = 1 if threading.get_ident() == self._releases_thread else 0
+        beyond = now - self._releases_read - self._runs_since_read - own_read
+        self._releases_beyond += max(0, beyond)
+        self._releases_read, self._runs_since_read = now, 0
+        return self._releases_beyond
+
     # ------------------------------------------------------------------ wiring
     def _add(self, t0: int, t1: int) -> None:
         self._n += 1
@@ -224,6 +266,11 @@ class EventRecorder:
     def timed_run(self, ioctl: Callable, fd: int, request: int) -> None:
         """`ioctl(fd, request)` (KVM_RUN), its time added to in_kvm_run_ns: the KVM
         backend's exit loop enters the guest through this while recording."""
+        if self._count_releases and self._releases is None:
+            self._count_releases = False  # one try: where it fails, it fails every time
+            self._releases = ReleaseCounter.for_this_thread()
+            self._releases_thread = threading.get_ident()
+        self._runs_since_read += 1
         t0 = self._clock()
         try:
             ioctl(fd, request)
@@ -281,6 +328,9 @@ class EventRecorder:
 
     def trace(self) -> EventTrace:
         self._close()
+        if self._releases is not None:
+            self._releases.close()
+            self._releases = None
         names = tuple(sorted({k for d in self._deltas for k in d}))
         index = {n: i for i, n in enumerate(names)}
         deltas = np.zeros((len(self._rows), len(names)), dtype=np.int64)
