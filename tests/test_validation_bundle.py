@@ -255,13 +255,13 @@ def test_a_bundle_keeps_its_older_traces_but_the_cache_rerecords_them(tmp_path):
     """A trace of format 3 (a remote counter read's whole wait beyond the median
     counted) in a bundle: a bundle is what was measured, so it still loads; the trace
     cache, which stands for the present recorder, does not serve it."""
-    from gpuvm.sim.traces import FORMAT, read_trace, write_trace
+    from gpuvm.sim.traces import BUNDLE_FORMATS, FORMAT, read_trace, write_trace
     assert FORMAT != 3
     shutil.copytree(BUNDLE, tmp_path / "older")
     measured, _, _ = validation.load(BUNDLE)
     name = "trace001.npz"
     write_trace(tmp_path / "older" / name,
-                read_trace(BUNDLE / name) | {"format": 3})
+                read_trace(BUNDLE / name, BUNDLE_FORMATS) | {"format": 3})
     assert read_trace(tmp_path / "older" / name) is None
     assert read_trace(tmp_path / "older" / name, (3,)) is not None
     again, _, _ = validation.load(tmp_path / "older")

@@ -23,15 +23,17 @@ import numpy as np
 
 from gpuvm.experiment.config import REPO, VmConfig
 from gpuvm.mediator.modes import MODES
-from gpuvm.vmm.event_trace import EventTrace
+from gpuvm.vmm.event_trace import LOCK_RELEASES, EventTrace
 
 CACHE = REPO / "results" / "traces"
-# 4: a VM in its own process counts a counter read's wait only while the server ran its
+# 5: VMs as threads carry where their handlers let the interpreter lock go
+# (LOCK_RELEASES, counted in a run of its own); 4: a VM in its own process counts a counter read's wait only while the server ran its
 # channels (3 counted every read beyond the median); 3: runs keep the guest time before a
 # change of class (2 lost it); 1 was per-phase counts
-FORMAT = 4
-# what a saved validation bundle may hold: 3 has 4's columns, recorded by the older rule
-BUNDLE_FORMATS = (3, FORMAT)
+FORMAT = 5
+# what a saved validation bundle may hold: 3 and 4 have 5's columns, recorded by older
+# rules and without the releases (a replay takes the lock once per exit there)
+BUNDLE_FORMATS = (3, 4, FORMAT)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,39 @@ class TraceKey:
 
 
 def _record(key: TraceKey, backend: str) -> dict[str, Any]:
+    """A recorded trace, with its lock releases (`with_lock_releases`)."""
+    return with_lock_releases(_record_run(key, backend), key, backend)
+
+
+def with_lock_releases(trace: dict[str, Any], key: TraceKey, backend: str
+                       ) -> dict[str, Any]:
+    """`trace` with where its VM lets the interpreter lock go (LOCK_RELEASES), counted in
+    one more run of the VM (counting slows what it counts: RunOptions
+    .count_lock_releases).  The counting run's events are the trace's where the two runs
+    made the same runs of events (the counts are deterministic; so are most sequences);
+    else each of the trace's runs gets its class's releases per event in the counting
+    run, whole releases as they add up.  Unchanged for a VM in its own process (its
+    releases are its own process's lock) and where the host cannot count them."""
+    if key.isolated:
+        return trace
+    counted = _record_run(key, backend, count_lock_releases=True)["events"]
+    if LOCK_RELEASES not in counted.names:
+        return trace
+    events: EventTrace = trace["events"]
+    releases = counted.counter(LOCK_RELEASES)
+    if not (len(counted) == len(events) and np.array_equal(counted.code, events.code)
+            and np.array_equal(counted.events, events.events)):
+        per_event = {int(c): releases[counted.code == c].sum()
+                     / max(1, counted.events[counted.code == c].sum())
+                     for c in np.unique(counted.code)}
+        so_far = np.cumsum([per_event.get(int(c), 0.0) * n
+                            for c, n in zip(events.code, events.events)])
+        releases = np.diff(np.floor(so_far).astype(np.int64), prepend=0)
+    return trace | {"events": events.with_counter(LOCK_RELEASES, releases)}
+
+
+def _record_run(key: TraceKey, backend: str, count_lock_releases: bool = False
+                ) -> dict[str, Any]:
     from dataclasses import asdict
 
     from gpuvm.experiment.config import Experiment, Scenario
@@ -70,7 +105,8 @@ def _record(key: TraceKey, backend: str) -> dict[str, Any]:
     exp = Experiment("traces", "benchmarks", (scenario,), modes=(key.mode,))
     results = run_vms(specs_for(scenario), RunOptions(mode=key.mode, backend=backend,
                                                       record_events=True,
-                                                      isolated=key.isolated))
+                                                      isolated=key.isolated,
+                                                      count_lock_releases=count_lock_releases))
     (row,) = rows_for(exp, scenario, key.mode, "fifo", 0, results, load_costs("xen-2014"))
     if not row.passed:
         raise RuntimeError(f"recording {key.file_name}: the VM failed: {row.error}")
@@ -125,10 +161,11 @@ def record_fastest(key: TraceKey, reps: int, backend: str = "auto",
     the fastest recording is the least disturbed one); returns it."""
     best: dict[str, Any] | None = None
     for _ in range(max(1, reps)):
-        trace = _record(key, backend)
+        trace = _record_run(key, backend)
         if best is None or sum(trace["wall_ns"].values()) < sum(best["wall_ns"].values()):
             best = trace
     assert best is not None
+    best = with_lock_releases(best, key, backend)
     cache.mkdir(parents=True, exist_ok=True)
     write_trace(cache / key.file_name, best)
     data = read_trace(cache / key.file_name)
