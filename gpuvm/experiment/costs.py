@@ -113,6 +113,12 @@ class CostProfile:
     # 50-300 us -- its core went idle meanwhile, and its caches cold.  A thread that
     # waited for the lock longer pays that difference too.  Empty: not measured.
     wake_work_ns: tuple[float, ...] = ()
+    # Of the times a handler lets the interpreter lock go inside (counted in a trace:
+    # gpuvm.vmm.lock_releases), the share that cost it the lock: beside threads that
+    # want it, a release as short as a numpy loop over a few thousand entries is over
+    # before a sleeping waiter is awake, and the thread takes the lock straight back; a
+    # longer one (an ioctl) hands it over.  Fitted on the 2-VM runs' sleeps.
+    lock_release_takes: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.wake_slept_ns) != len(self.wake_latency_ns):

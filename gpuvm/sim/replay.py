@@ -50,7 +50,7 @@ from gpuvm.experiment.costs import CostProfile
 from gpuvm.sim.model import EngineModel, Kernel
 from gpuvm.sim.residency import Residency
 from gpuvm.vfio.user.protocol import SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER
-from gpuvm.vmm.event_trace import EventTrace
+from gpuvm.vmm.event_trace import LOCK_RELEASES, EventTrace
 from scheduler.config import SchedulerConfig
 
 PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
@@ -75,7 +75,9 @@ class Step:
     resource: str  # CPU | MEDIATOR | ENGINE
     ns: int
     phase: str
-    events: int = 0  # exits it stands for: each takes the interpreter lock once
+    # the interpreter lock's takes it stands for: each exit's, and each again after its
+    # handler let the lock go inside (the trace's LOCK_RELEASES)
+    events: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,11 @@ def _mmio_exits(names: Sequence[str], deltas: np.ndarray) -> np.ndarray:
     return deltas[:, cols].sum(axis=1) if cols else np.zeros(len(deltas), dtype=np.int64)
 
 
+def _share(total: int, i: int, parts: int) -> int:
+    """The i-th of `parts` integer shares of `total`: they sum to it exactly."""
+    return total * (i + 1) // parts - total * i // parts
+
+
 def _channels_on_lock(channels: int, cpu: int, sleep: int, free: int
                       ) -> tuple[int, int, int]:
     """(cpu, sleep, free) with `channels` -- the device's host time running the VM's
@@ -167,27 +174,38 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
     exits = _mmio_exits(names, events.deltas) + events.counter("exits.io")
     steps: list[Step] = []
     pending = [0, 0, 0]  # free, mediator, cpu not yet emitted
-    pending_events = 0
+    pending_events = pending_releases = 0
+    releases = 0  # the trace's releases so far
     phase = PHASES[0]
     per_event = costs.lock_handoff_ns > 0
 
     def flush() -> None:
-        nonlocal pending_events
+        nonlocal pending_events, pending_releases
         total = sum(pending)
         if not total:
             return
         pieces = max(1, pending_events if per_event else -(-total // CHUNK_NS))
         for i in range(pieces):
-            n = pending_events * (i + 1) // pieces - pending_events * i // pieces
+            n = _share(pending_events, i, pieces)
+            # each release inside the piece's handlers ends a stretch of its work under
+            # the lock, and the next takes the lock again (only where takes are priced:
+            # elsewhere it changes nothing but the replay's length)
+            takes = 1 + (_share(pending_releases, i, pieces) if per_event else 0)
             for resource, amount in zip((FREE, MEDIATOR, CPU), pending):
-                part = amount * (i + 1) // pieces - amount * i // pieces
-                if part:
+                part = _share(amount, i, pieces)
+                if not part:
+                    continue
+                if resource == FREE:
+                    steps.append(Step(resource, part, phase))
+                    continue
+                for j in range(takes if resource == CPU else 1):
                     # the piece's exits take the lock at its first step that holds it
-                    steps.append(Step(resource, part, phase, 0 if resource == FREE else n))
-                    if resource != FREE:
-                        n = 0
+                    stretch = _share(part, j, takes if resource == CPU else 1)
+                    if stretch:
+                        steps.append(Step(resource, stretch, phase, n if j == 0 else 1))
+                n = 0
         pending[:] = [0, 0, 0]
-        pending_events = 0
+        pending_events = pending_releases = 0
 
     isolated = served(events)
     for r in range(len(events)):
@@ -242,6 +260,11 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[1] += mediator
         pending[2] += cpu
         pending_events += int(events.events[r])
+        if not isolated:  # a VM in its own process lets its own lock go, not the server's
+            # the share of them that cost the lock, whole takes as they add up
+            before = int(releases * costs.lock_release_takes)
+            releases += counts.get(LOCK_RELEASES, 0)
+            pending_releases += int(releases * costs.lock_release_takes) - before
         if engine or sleep:
             flush()
             if engine:
