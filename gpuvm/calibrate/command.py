@@ -271,7 +271,8 @@ def main_emulator(args: argparse.Namespace) -> int:
     t.add_column("ns", justify="right")
     for key in ("trap_ns", "exit_free_ns", "mmio_native_ns", "io_exit_ns", "wait_ns",
                 "hypercall_ns", "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns",
-                "pt_zero_word_ns", "remap_ns", "host_cores", "lock_handoff_ns"):
+                "pt_zero_word_ns", "remap_ns", "host_cores", "lock_handoff_ns",
+                "lock_release_takes"):
         t.add_row(key, f"{getattr(profile, key):,.2f}")
     console.print(t)
     if profile_out is not None:

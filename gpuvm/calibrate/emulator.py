@@ -195,7 +195,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# runs of equal events of single-VM per-event traces, fastest of their recordings:",
         "# handler time; plus exit_free_ns, the KVM exit off the interpreter lock, in each",
         "# exit's price), a port wait's latency, and the host cores the VMs effectively got",
-        "# (fitted to 2-VM makespans), and how long a thread takes to wake by how long",
+        "# and the interpreter lock's hand-off and the share of releases inside handlers",
+        "# that hand it over (fitted to 2-VM makespans), and how long a thread takes to wake by how long",
         "# it slept (wake_*: a hand-off after a long wait costs more).  VMs are threads",
         "# of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
@@ -209,7 +210,7 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "io_exit_ns", "hypercall_ns", "hcall_entry_ns", "pt_alloc_ns", "pt_zero_word_ns",
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores",
                 "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
-                "lock_handoff_ns"):
+                "lock_handoff_ns", "lock_release_takes"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     if profile.wake_slept_ns:
         for key in ("wake_slept_ns", "wake_latency_ns") + \

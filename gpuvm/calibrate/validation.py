@@ -149,12 +149,26 @@ HANDOFF_MAX_NS = 200_000  # a wake-up slower than this is not a hand-off but a s
 HANDOFF_RESOLUTION_NS = 500  # how close to its crossing a fitted or needed hand-off is
 
 
+def releases_per_exit(trace: Mapping) -> float:
+    """How often a trace's handlers let the interpreter lock go inside, per exit
+    (gpuvm.vmm.lock_releases; 0 for a trace that did not count them)."""
+    from gpuvm.vmm.event_trace import LOCK_RELEASES
+    events = trace["events"]
+    return float(events.counter(LOCK_RELEASES).sum()) / max(1, int(events.events.sum()))
+
+
 def fit_handoff(points: Sequence[Measured], profile: CostProfile,
                 cores: int | None = None) -> CostProfile:
-    """The interpreter lock's hand-off cost (CostProfile.lock_handoff_ns) for which the
+    """The interpreter lock's hand-off cost (CostProfile.lock_handoff_ns) and the share
+    of the releases inside handlers that cost a take (lock_release_takes) for which the
     FIT_VMS-VM points come out right on average (their mean relative error is 0; it
-    grows with the cost, so bisection finds it), with the host cores set to `cores`
-    (default: the machine's).  0 where the runs show no cost at all."""
+    grows with either, so bisection finds it), with the host cores set to `cores`
+    (default: the machine's).  The cost is fitted on the modes whose handlers seldom
+    let the lock go (fewer than FEW_RELEASES per exit: there each take is an exit's),
+    the share on the others -- which releases hand the lock over is the one thing
+    their extra time says; by turns, until neither moves.  Where all modes are of one
+    kind, the cost alone on all of them, every release a take.  A cost of 0 where the
+    runs show none at all."""
     fit = [m for m in points if m.vms == FIT_VMS]
     profile = replace(profile, host_cores=float(cores or os.cpu_count() or 1))
     from gpuvm.sim.replay import served
@@ -163,11 +177,48 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
         # server's one thread, and the server's time is in the trace
         return profile
 
-    def error(handoff: float) -> float:
-        p = replace(profile, lock_handoff_ns=handoff)
+    def mean_error(p: CostProfile, of: Sequence[Measured]) -> float:
         return sum(predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
-                   for m in fit) / len(fit)
-    return replace(profile, lock_handoff_ns=_handoff_where_zero(error))
+                   for m in of) / len(of)
+    few = [m for m in fit if releases_per_exit(m.trace) < FEW_RELEASES]
+    many = [m for m in fit if m not in few]
+    if not few or not many:
+        profile = replace(profile, lock_release_takes=1.0)
+        return replace(profile, lock_handoff_ns=_handoff_where_zero(
+            lambda handoff: mean_error(replace(profile, lock_handoff_ns=handoff), fit)))
+    for _ in range(FIT_TURNS):
+        handoff = _handoff_where_zero(
+            lambda h: mean_error(replace(profile, lock_handoff_ns=h), few))
+        profile = replace(profile, lock_handoff_ns=handoff)
+        takes = _share_where_zero(
+            lambda share: mean_error(replace(profile, lock_release_takes=share), many))
+        settled = abs(takes - profile.lock_release_takes) < SHARE_RESOLUTION
+        profile = replace(profile, lock_release_takes=takes)
+        if settled:
+            break
+    return profile
+
+
+FEW_RELEASES = 0.5  # releases per exit below which a mode's runs fit the hand-off cost
+FIT_TURNS = 4  # fits of the cost and the share by turns, at most
+SHARE_RESOLUTION = 1 / 128  # how close to its crossing a fitted share is
+
+
+def _share_where_zero(error: Callable[[float], float]) -> float:
+    """The share in [0, 1] at which `error` (growing with it) crosses 0, by bisection to
+    SHARE_RESOLUTION; 0 where even none is too much, 1 where even all is too little."""
+    low, high = 0.0, 1.0
+    if error(high) <= 0:
+        return high
+    if error(low) >= 0:
+        return low
+    while high - low > SHARE_RESOLUTION:
+        middle = (low + high) / 2
+        if error(middle) < 0:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def _handoff_where_zero(error: Callable[[float], float]) -> float:
