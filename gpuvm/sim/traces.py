@@ -71,8 +71,10 @@ def with_lock_releases(trace: dict[str, Any], key: TraceKey, backend: str
     made the same runs of events (the counts are deterministic; so are most sequences);
     else each of the trace's runs gets its class's releases per event in the counting
     run, whole releases as they add up.  Unchanged for a VM in its own process (its
-    releases are its own process's lock) and where the host cannot count them."""
-    if key.isolated:
+    releases are its own process's lock), for a guest without KVM_RUN (the in-process
+    backend: there a count would mean something else) and where the host cannot count
+    them."""
+    if key.isolated or trace.get("backend") != "kvm":
         return trace
     counted = _record_run(key, backend, count_lock_releases=True)["events"]
     if LOCK_RELEASES not in counted.names:
