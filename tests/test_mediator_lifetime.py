@@ -33,6 +33,10 @@ from test_mediator_isolation import PATTERN, Vm
 from vfio_doubles import attached
 
 LONG = 200_000_000_000  # loop iterations: 200 s of device time (0.2 s wall at 1000x)
+# a kernel that outlasts the watchdog's wall floor (0.2 s below) five times over: 1,000 s
+# of device time, 1 s wall at 1000x.  With LONG the kernel's end and the floor came at
+# the same wall time, and a loaded 2-core host let the kernel end first (no kill).
+HUNG = 1_000_000_000_000
 
 
 @pytest.fixture
@@ -53,9 +57,10 @@ def wait_for(pred, timeout: float = 10.0) -> bool:
     return pred()
 
 
-def kernel_then_copy(vm: Vm, code_va: int, cb_va: int, out_va: int, src: int, dst: int) -> int:
+def kernel_then_copy(vm: Vm, code_va: int, cb_va: int, out_va: int, src: int, dst: int,
+                     iterations: int = LONG) -> int:
     """One GPFIFO entry: a long loop kernel, then a copy the channel runs after it."""
-    p = [out_va & 0xFFFFFFFF, out_va >> 32, LONG & 0xFFFFFFFF, LONG >> 32]
+    p = [out_va & 0xFFFFFFFF, out_va >> 32, iterations & 0xFFFFFFFF, iterations >> 32]
     return vm.rig.run(HostDriver.bind(SUB_COPY, regs.CLASS_COPY, regs.ENGINE_PCOPY0)
                       + HostDriver.bind(SUB_COMPUTE, regs.CLASS_COMPUTE, regs.ENGINE_PGRAPH)
                       + HostDriver.launch(SUB_COMPUTE, code_va, cb_va, p)
@@ -253,7 +258,7 @@ def test_watchdog_kills_a_hung_channel_and_hands_the_gpu_on():
         hung, good = Vm(m, "hung"), Vm(m, "good")
         hung.drv.vram_write(hung.rig.code, kernel_object(regs.KERNEL_LOOP))
         kernel_then_copy(hung, hung.rig.va(3), hung.rig.va(3) + 0x1000, hung.rig.va(2),
-                         hung.rig.va(0), hung.rig.sys_va(0))
+                         hung.rig.va(0), hung.rig.sys_va(0), HUNG)
         assert wait_for(lambda: engine_busy_for(m, hung))
         good.drv.vram_wr32(good.rig.a, PATTERN)
         assert good.copy(good.rig.va(0), good.rig.sys_va(0), 4)  # queued behind, then runs
