@@ -183,11 +183,8 @@ def _without_releases(bundle: Path, into: Path) -> Path:
     shutil.copytree(bundle, into)
     for path in into.glob("trace*.npz"):
         trace = traces.read_trace(path, traces.BUNDLE_FORMATS)
-        events = trace["events"]
-        keep = [i for i, n in enumerate(events.names) if n != LOCK_RELEASES]
-        traces.write_trace(path, trace | {"events": EventTrace(
-            events.code, events.phase, events.events, events.handler_ns, events.gap_ns,
-            events.guest_ns, tuple(events.names[i] for i in keep), events.deltas[:, keep])})
+        traces.write_trace(path, trace | {"events":
+                                          trace["events"].without_counter(LOCK_RELEASES)})
     return into
 
 

@@ -117,7 +117,8 @@ class CostProfile:
     # gpuvm.vmm.lock_releases), the share that cost it the lock: beside threads that
     # want it, a release as short as a numpy loop over a few thousand entries is over
     # before a sleeping waiter is awake, and the thread takes the lock straight back; a
-    # longer one (an ioctl) hands it over.  Fitted on the 2-VM runs' sleeps.
+    # longer one (an ioctl) hands it over.  Fitted on the 2-VM makespans of the modes
+    # whose handlers let the lock go often (gpuvm.calibrate.validation.fit_handoff).
     lock_release_takes: float = 1.0
 
     def __post_init__(self) -> None:

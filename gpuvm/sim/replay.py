@@ -260,11 +260,11 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[1] += mediator
         pending[2] += cpu
         pending_events += int(events.events[r])
-        if not isolated:  # a VM in its own process lets its own lock go, not the server's
-            # the share of them that cost the lock, whole takes as they add up
-            before = int(releases * costs.lock_release_takes)
-            releases += counts.get(LOCK_RELEASES, 0)
-            pending_releases += int(releases * costs.lock_release_takes) - before
+        # the share of the handlers' releases that cost the lock, whole takes as they
+        # add up (a VM in its own process carries none: its lock is not the server's)
+        before = int(releases * costs.lock_release_takes)
+        releases += counts.get(LOCK_RELEASES, 0)
+        pending_releases += int(releases * costs.lock_release_takes) - before
         if engine or sleep:
             flush()
             if engine:

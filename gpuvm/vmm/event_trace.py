@@ -126,14 +126,19 @@ class EventTrace:
         with np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False) as a:
             return cls.from_arrays(a)
 
-    def with_counter(self, name: str, values: np.ndarray) -> EventTrace:
-        """This trace with one more counter's change per run (replacing one so named)."""
+    def without_counter(self, name: str) -> EventTrace:
+        """This trace without one counter (unchanged where it has none)."""
         keep = [i for i, n in enumerate(self.names) if n != name]
         return EventTrace(self.code, self.phase, self.events, self.handler_ns,
-                          self.gap_ns, self.guest_ns,
-                          tuple(self.names[i] for i in keep) + (name,),
-                          np.column_stack([self.deltas[:, keep],
-                                           np.asarray(values, dtype=np.int64)]))
+                          self.gap_ns, self.guest_ns, tuple(self.names[i] for i in keep),
+                          self.deltas[:, keep])
+
+    def with_counter(self, name: str, values: np.ndarray) -> EventTrace:
+        """This trace with one more counter's change per run (replacing one so named)."""
+        rest = self.without_counter(name)
+        return EventTrace(rest.code, rest.phase, rest.events, rest.handler_ns,
+                          rest.gap_ns, rest.guest_ns, rest.names + (name,),
+                          np.column_stack([rest.deltas, np.asarray(values, dtype=np.int64)]))
 
     @classmethod
     def from_arrays(cls, a) -> EventTrace:
