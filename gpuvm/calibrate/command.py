@@ -277,9 +277,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     console.print(t)
     if profile_out is not None:
         print(f"profile written to {profile_out}")
-    print("a thread woken after sleeping (us) runs Python again after (us)"
-          + (" + then handles its exit in (us)" if wake is not None and wake.work_ns else "")
-          + ": " + (wake.text() if wake is not None else "not measured (every hand-off alike)"))
+    print_wake(wake, about)
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -307,7 +305,7 @@ def main_emulator(args: argparse.Namespace) -> int:
 def _measure_emulator(args: argparse.Namespace, reps: int
                       ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts."""
-    from gpuvm.calibrate import validation
+    from gpuvm.calibrate import lock_turns, validation
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -320,7 +318,11 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     progress(f"measuring how long a woken thread takes to run again, and its next exit "
              f"({WAKE_MODE})")
     # on a VM's own exits; a backend without KVM_RUN: on a pipe alone (no exit's work)
-    wake = measure_on_exits(bench.benchmark, bench.params, WAKE_MODE) or measure()
+    on_exits = measure_on_exits(bench.benchmark, bench.params, WAKE_MODE) or measure()
+    progress("measuring how long the interpreter lock sits free between threads taking "
+             "turns at it, by how long they waited")
+    turns = lock_turns.measure()
+    wake = lock_turns.through_lock(on_exits, turns)
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
     unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
     if unknown:
@@ -345,8 +347,28 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
+             "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
+
+
+def print_wake(wake, about: dict) -> None:
+    """The wake curve the model priced long waits with, as it was measured: through the
+    interpreter lock by threads taking turns (gpuvm.calibrate.lock_turns), or, in
+    bundles from before that, across a pipe."""
+    from gpuvm.calibrate import lock_turns
+
+    work = " + then handles its exit in (us)" if wake is not None and wake.work_ns else ""
+    if wake is None:
+        print("a thread woken after sleeping: not measured (every hand-off alike)")
+    elif about.get("lock_turns"):
+        turns = [lock_turns.Turns.from_about(t) for t in about["lock_turns"]]
+        print(f"the interpreter lock, passed to a thread that waited (us), sat free (us)"
+              f"{work}: {wake.text()}")
+        print(f"  threads taking turns, waited -> sat free (us): {lock_turns.text(turns)}")
+    else:
+        print(f"a thread woken after sleeping (us) runs Python again after (us){work}: "
+              f"{wake.text()}")
 
 
 def print_validation(console, points, spread, title: str) -> None:

@@ -30,6 +30,10 @@ runs Python again (`measure`: this process waits, the sleeper is spawned;
 `measure_on_exits`: a spawned waker, and a VM's vCPU thread sleeps, then handles its
 exit).  The mean of the wake-ups per sleep (less the slowest TRIM): a second or two on
 a pipe alone, ~4 s on an fv-opt VM.
+
+`gpuvm calibrate --emulator` keeps this curve's exit times, and takes the latency from
+threads passing the interpreter lock itself (gpuvm.calibrate.lock_turns): a pipe
+between processes did not show the knee the emulator's own hand-offs have.
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class WakeCurve:
         """One line, microseconds asleep: microseconds to wake, and where measured the
         exit's work then ('5 us: 7.7, ...' or '5 us: 7.7 + 31.0, ...')."""
         work = self.work_ns or (None,) * len(self.slept_ns)
-        return ", ".join(f"{s / 1e3:g} us: {w / 1e3:.1f}"
+        return ", ".join(f"{s / 1e3:.0f} us: {w / 1e3:.1f}"
                          + (f" + {x / 1e3:.1f}" if x is not None else "")
                          for s, w, x in zip(self.slept_ns, self.latency_ns, work))
 

@@ -98,7 +98,9 @@ class CostProfile:
     # nobody runs Python.  Fitted with the host cores on the 2-VM runs.
     lock_handoff_ns: float = 0.0
     # How long a thread takes to run again once woken, by how long it slept (measured
-    # by `gpuvm calibrate --emulator`, gpuvm/calibrate/wake.py): on a virtual machine an
+    # by `gpuvm calibrate --emulator` as the time the interpreter lock sits free when
+    # threads taking turns at it pass it on, gpuvm/calibrate/lock_turns.py; in bundles
+    # from before that, through a pipe, gpuvm/calibrate/wake.py): on a virtual machine an
     # idle vCPU polls for a while before it halts (Linux cpuidle-haltpoll,
     # guest_halt_poll_ns, 200 us by default), so a thread woken within that window runs
     # again in a few microseconds and one woken after it waits for the halted vCPU to
