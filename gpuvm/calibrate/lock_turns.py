@@ -8,12 +8,14 @@ the second part comes from a curve of wake-up latency by time asleep.  Measured
 across two processes through a pipe (gpuvm.calibrate.wake.measure_on_exits), that
 curve did not show what the emulator's own threads do.  Timed inside N-VM runs on the
 lent 16-core machine (2026-11-26; each thread's KVM_RUN wall and CPU time, and its CPU
-outside it), the lock sat free 7-8 us per hand-off with four fv VMs, whose threads
-waited ~100 us each time, and 22-23 us with eight, waiting ~400 us -- while the pipe's
-curve on such a machine rose by 4 us between those sleeps.  Threads that take turns at
-the lock the way vCPU threads do show the same rise (10-13 us up to ~180 us, 20-28 us
-from ~260 us): a thread blocked on the lock past its core's idle poll window is woken
-late, however the waker reaches it.
+outside it), the lock sat free about 8 us per hand-off with four fv VMs, whose threads
+waited ~100 us each time, and 22-24 us with eight, waiting ~400 us -- while the pipe's
+curve rose by 2-11 us between those sleeps on seven such machines.  Threads that take
+turns at the lock the way vCPU threads do show the same rise (10-13 us up to ~180 us,
+16-28 us from ~260 us; on one machine 9.6 and 16.1 us after 103 and 388 us, where the
+emulator's own hand-offs in the same lease left the lock free 9.3-10.8 us at 4 VMs and
+16.6-17.8 us at 8): a thread blocked on the lock past its core's idle poll window is
+woken late, however the waker reaches it.
 
 So `measure` runs N threads shaped like vCPU threads -- each lets the lock go for a
 stretch of CPU work (hashing a buffer: hashlib releases the lock for it, as KVM_RUN
