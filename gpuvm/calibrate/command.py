@@ -319,9 +319,11 @@ def _measure_emulator(args: argparse.Namespace, reps: int
              f"({WAKE_MODE})")
     # on a VM's own exits; a backend without KVM_RUN: on a pipe alone (no exit's work)
     on_exits = measure_on_exits(bench.benchmark, bench.params, WAKE_MODE) or measure()
-    progress("measuring how long the interpreter lock sits free between threads taking "
-             "turns at it, by how long they waited")
-    turns = lock_turns.measure()
+    turns: list[lock_turns.Turns] = []
+    if not args.emulator_isolated:  # VMs in processes of their own pass no such lock
+        progress("measuring how long the interpreter lock sits free between threads "
+                 "taking turns at it, by how long they waited")
+        turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
     unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
@@ -358,10 +360,11 @@ def print_wake(wake, about: dict) -> None:
     bundles from before that, across a pipe."""
     from gpuvm.calibrate import lock_turns
 
-    work = " + then handles its exit in (us)" if wake is not None and wake.work_ns else ""
     if wake is None:
         print("a thread woken after sleeping: not measured (every hand-off alike)")
-    elif about.get("lock_turns"):
+        return
+    work = " + then handles its exit in (us)" if wake.work_ns else ""
+    if about.get("lock_turns"):
         turns = [lock_turns.Turns.from_about(t) for t in about["lock_turns"]]
         print(f"the interpreter lock, passed to a thread that waited (us), sat free (us)"
               f"{work}: {wake.text()}")
