@@ -41,11 +41,11 @@ import numpy as np
 
 from gpuvm.calibrate.wake import WakeCurve
 
-THREADS = (2, 3, 4, 6, 8, 12)  # threads taking turns: their waits ~30 us .. ~1 ms
+THREADS = (2, 3, 4, 6, 8, 12)  # threads taking turns: their waits ~30-600 us
 TAKES = 1500  # takes of the lock per thread, per count
 ROUNDS = 3  # rounds over every count: the median round of each is kept
 FREE_BYTES = 16384  # hashed without the lock: 12-20 us on the lent machines
-HELD_OBJECTS = 400  # walked under the lock: 25-45 us there, an fv exit's handler
+HELD_OBJECTS = 400  # walked under the lock: 27-55 us there, an fv exit's handler
 # a count whose takes slept less often than this did not always find the lock held: its
 # idle time is partly nobody wanting it, not a hand-off
 MIN_SLEEPS_PER_TAKE = 0.9
