@@ -61,6 +61,12 @@ class Turns:
     idle_ns: int
     sleeps_per_take: float
 
+    @property
+    def handed_over(self) -> bool:
+        """Whether nearly every take slept: the lock's idle time is then its hand-offs'
+        (MIN_SLEEPS_PER_TAKE)."""
+        return self.sleeps_per_take >= MIN_SLEEPS_PER_TAKE
+
     @classmethod
     def from_about(cls, about: Mapping[str, Any]) -> Turns:
         return cls(int(about["threads"]), int(about["waited_ns"]), int(about["idle_ns"]),
@@ -143,8 +149,7 @@ def through_lock(on_exits: WakeCurve, turns: Sequence[Turns]) -> WakeCurve:
     it (counts whose takes did not nearly all sleep left out), with the work of the
     exit after such a wait read off `on_exits` at those waits (linear between its
     sleeps, flat beyond).  `on_exits` alone where no count qualifies."""
-    kept = [t for t in sorted(turns, key=lambda t: t.waited_ns)
-            if t.sleeps_per_take >= MIN_SLEEPS_PER_TAKE]
+    kept = [t for t in sorted(turns, key=lambda t: t.waited_ns) if t.handed_over]
     if not kept:
         return on_exits
     slept = tuple(t.waited_ns for t in kept)
@@ -162,6 +167,5 @@ def to_about(turns: Sequence[Turns]) -> list[dict[str, Any]]:
 def text(turns: Sequence[Turns]) -> str:
     """One line: per count, the wait (us) -> the lock's idle time per take (us)."""
     return ", ".join(f"{t.threads} threads: {t.waited_ns / 1e3:.0f} -> {t.idle_ns / 1e3:.1f}"
-                     + ("" if t.sleeps_per_take >= MIN_SLEEPS_PER_TAKE else " (not kept)")
+                     + ("" if t.handed_over else " (not kept)")
                      for t in turns)
-

@@ -198,9 +198,10 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
                 if resource == FREE:
                     steps.append(Step(resource, part, phase))
                     continue
-                for j in range(takes if resource == CPU else 1):
+                stretches = takes if resource == CPU else 1
+                for j in range(stretches):
                     # the piece's exits take the lock at its first step that holds it
-                    stretch = _share(part, j, takes if resource == CPU else 1)
+                    stretch = _share(part, j, stretches)
                     if stretch:
                         steps.append(Step(resource, stretch, phase, n if j == 0 else 1))
                 n = 0

@@ -28,8 +28,9 @@ from gpuvm.vmm.event_trace import LOCK_RELEASES, EventTrace
 CACHE = REPO / "results" / "traces"
 # 5: VMs as threads carry where their handlers let the interpreter lock go
 # (LOCK_RELEASES, counted in a run of its own); 4: a VM in its own process counts a
-# counter read's wait only while the server ran its channels (3 counted every read beyond the median); 3: runs keep the guest time before a
-# change of class (2 lost it); 1 was per-phase counts
+# counter read's wait only while the server ran its channels (3 counted every read
+# beyond the median); 3: runs keep the guest time before a change of class (2 lost
+# it); 1 was per-phase counts
 FORMAT = 5
 # what a saved validation bundle may hold: 3 and 4 have 5's columns, recorded by older
 # rules and without the releases (a replay takes the lock once per exit there)
