@@ -1,5 +1,6 @@
 """`gpuvm calibrate`: --gpu measures a real GPU; --pt-footprint computes page-table VRAM;
---emulator measures this emulator's per-event costs and validates the model against it.
+--emulator measures this emulator's per-event costs and validates the model against it;
+--lock-use times threaded VMs' work under the interpreter lock by VM count.
 
 The GPU part needs an NVIDIA GPU and CuPy or PyTorch; without them it says so in one line
 and exits non-zero.  The footprint part runs anywhere.
@@ -66,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--emulator", action="store_true",
                       help="measure this emulator's per-event wall costs into a cost profile "
                            "and validate the model's makespans against it")
+    what.add_argument("--lock-use", action="store_true",
+                      help="time each vCPU thread of 1..8 threaded VMs inside and outside "
+                           "KVM_RUN: work under the interpreter lock, and the lock's free "
+                           "time, per exit")
     what.add_argument("--show", type=Path, metavar="PROFILE",
                       help="print a profile written by --gpu (no GPU needed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -84,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="repetitions of each trace and each validation run (default 2; "
                         "the fastest is kept)")
     e.add_argument("--modes", dest="emulator_modes", default=None,
-                   help="validate these modes only (default: experiments/scaling.toml's)")
+                   help="validate (--lock-use: time) these modes only (default: "
+                        "experiments/scaling.toml's)")
     e.add_argument("--profile-out", type=Path, default=None,
                    help="profile to write (default when measuring: "
                         "experiments/costs/emulator.toml; with --from: none)")
@@ -94,9 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--from", dest="emulator_from", type=Path, default=None, metavar="DIR",
                    help="analyse the measurements saved in DIR (results/validation/<time>) "
                         "instead of running guests")
+    u = parser.add_argument_group("--lock-use")
+    u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
+                   help="runs of each mode and VM count (default 2)")
     f = parser.add_argument_group("--pt-footprint")
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
-    f.add_argument("--vms", default="1,8", help="VM/process counts (default 1,8)")
+    f.add_argument("--vms", default=None,
+                   help="VM/process counts (default --pt-footprint: 1,8; --lock-use: "
+                        "experiments/scaling.toml's)")
     f.add_argument("--no-cross-check", action="store_true",
                    help="arithmetic only: skip building the tables in emulated VRAM")
 
@@ -108,6 +119,8 @@ def main(args: argparse.Namespace) -> int:
         return main_emulator(args)
     if args.show:
         return main_show(args)
+    if args.lock_use:
+        return main_lock_use(args)
     return main_footprint(args)
 
 
@@ -354,6 +367,58 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     return measured, fit_traces, about
 
 
+def main_lock_use(args: argparse.Namespace) -> int:
+    """Each vCPU thread of the scaling file's VM counts timed inside and outside
+    KVM_RUN (gpuvm.calibrate.lock_use): which part of an exit grows with the VMs."""
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.calibrate import lock_use
+    from gpuvm.experiment.config import REPO, load
+    from gpuvm.vmm.kvm import kvm_usable
+
+    if args.lock_reps < 1:
+        raise UserError(f"--repeat must be >= 1, got {args.lock_reps}")
+    scaling = load(REPO / "experiments" / "scaling.toml")
+    bench = scaling.scenarios[0].vms[0]
+    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
+    unknown = [m for m in modes if m not in scaling.modes]
+    if unknown:
+        raise UserError(f"--modes: unknown mode {unknown[0]!r} (have "
+                        f"{', '.join(scaling.modes)})")
+    counts = parse_counts(args.vms) if args.vms else \
+        sorted({len(s.vms) for s in scaling.scenarios})
+    usable, why = kvm_usable()
+    if not usable:
+        raise UserError(f"--lock-use times KVM_RUN and needs KVM: {why}")
+    load_before = round(os.getloadavg()[0], 2)
+    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        uses = lock_use.measure(bench.benchmark, bench.params, modes, counts,
+                                args.lock_reps, progress)
+    except RuntimeError as exc:
+        raise UserError(f"--lock-use: {exc}") from None
+    if args.json:
+        print(json.dumps([asdict(u) | {"held_ns": u.held_ns} for u in uses], indent=1))
+        return 0
+    t = Table(title=f"threaded VMs of {bench.benchmark} {list(bench.params)}, per exit "
+                    f"(us), {os.cpu_count()} cores at load {load_before}")
+    for col in ("mode", "VMs", "run", "makespan ms", "held", "in KVM_RUN CPU",
+                "waited per sleep", "sleeps per exit", "lock held %", "lock free"):
+        t.add_column(col, justify="right")
+    for u in sorted(uses, key=lambda u: (modes.index(u.mode), u.vms, u.rep)):
+        t.add_row(u.mode, str(u.vms), str(u.rep), f"{u.makespan_ns / 1e6:,.1f}",
+                  f"{u.per_exit_us(u.held_ns):.1f}", f"{u.per_exit_us(u.in_run_cpu_ns):.1f}",
+                  f"{u.waited_us:.1f}", f"{u.sleeps / max(1, u.exits):.2f}",
+                  f"{100 * u.lock_share:.0f}", f"{u.free_per_exit_us:.1f}")
+    Console(width=120).print(t)
+    print("held: a vCPU thread's CPU outside KVM_RUN (its work under the interpreter "
+          "lock); lock free: the makespan less all held time, per exit")
+    return 0
+
+
 def print_wake(wake, about: dict) -> None:
     """The wake curve the model priced long waits with, as it was measured: through the
     interpreter lock by threads taking turns (gpuvm.calibrate.lock_turns), or, in
@@ -456,7 +521,7 @@ def print_vcpu_usage(spread) -> None:
 def main_footprint(args: argparse.Namespace) -> int:
     from gpuvm.calibrate.footprint import build_and_count, footprint_table
 
-    nbytes, counts = parse_size(args.map_size), parse_counts(args.vms)
+    nbytes, counts = parse_size(args.map_size), parse_counts(args.vms or "1,8")
     try:
         rows = footprint_table(nbytes, counts)
     except ValueError as exc:

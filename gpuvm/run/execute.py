@@ -28,7 +28,7 @@ from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.event_trace import EventRecorder
-from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
+from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, KvmRunTime, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
 from scheduler.metrics import VmMetrics
@@ -157,6 +157,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                                          after_run=options.after_kvm_run,
                                          count_lock_releases=options.count_lock_releases)
         session.recorder.install(session)
+    if options.time_kvm_run:
+        session.kvm_run_time = KvmRunTime()
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,

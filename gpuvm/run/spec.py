@@ -140,6 +140,10 @@ class RunOptions:
     # which doubled a pv trace -- so a counting run's times are not the VM's: a trace
     # takes the counts from a run of their own (gpuvm.sim.traces).
     count_lock_releases: bool = False
+    # The KVM backend: sum each vCPU thread's wall and CPU time inside KVM_RUN
+    # (session.kvm_run_time): its CPU outside is its work under the interpreter lock
+    # (gpuvm.calibrate.lock_use).  Two thread-clock reads per exit.
+    time_kvm_run: bool = False
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

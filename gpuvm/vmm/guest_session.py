@@ -82,6 +82,8 @@ class GuestSession:
         self.clock: Any = None
         self.clock_party: Any = None
         self.recorder = None  # an event_trace.EventRecorder when the run records events
+        # the vCPU thread's time inside KVM_RUN, where the run asks (RunOptions.time_kvm_run)
+        self.kvm_run_time: KvmRunTime | None = None
 
     def use_clock(self, clock: Any, party: Any) -> None:
         """Run on a virtual device clock: every exit the backends report through `tick`
@@ -289,6 +291,33 @@ class ThreadUsage:
         return ThreadUsage(self.cpu_ns - before.cpu_ns,
                            self.voluntary_switches - before.voluntary_switches,
                            self.involuntary_switches - before.involuntary_switches)
+
+
+@dataclass
+class KvmRunTime:
+    """The vCPU thread's wall and CPU time inside KVM_RUN, summed over its runs.
+
+    Of VMs run as threads, KVM_RUN is where a vCPU thread lets the interpreter lock go:
+    the guest runs, KVM handles the exit, and the thread waits to take the lock back.
+    Its CPU time outside is then its Python work under the lock (the thread's CPU, from
+    ThreadUsage, less `cpu_ns`), and the wall time inside that is not CPU time is
+    mostly that wait (gpuvm.calibrate.lock_use).  Two thread-clock reads per exit: only
+    where a run asks for it."""
+
+    runs: int = 0
+    wall_ns: int = 0
+    cpu_ns: int = 0
+
+    def timed(self, ioctl: Callable, fd: int, request: int) -> None:
+        """`ioctl(fd, request)` (KVM_RUN) with its wall and CPU time added."""
+        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+        t0, c0 = clock(), cpu_clock()
+        try:
+            ioctl(fd, request)
+        finally:
+            self.cpu_ns += cpu_clock() - c0
+            self.wall_ns += clock() - t0
+            self.runs += 1
 
 
 @dataclass

@@ -117,9 +117,12 @@ class ExitLoop:
         port_out = self.session.port_out
         port_in = self.session.port_in
         tick = self.session.tick  # the vCPU's time on a virtual device clock
+        timer = self.session.kvm_run_time
+        if timer is not None:  # the thread's time inside KVM_RUN (RunOptions.time_kvm_run)
+            ioctl = functools.partial(timer.timed, ioctl)
         recorder = self.session.recorder
         if recorder is not None:  # a recorded run times each KVM_RUN (event_trace)
-            ioctl = functools.partial(recorder.timed_run, fcntl.ioctl)
+            ioctl = functools.partial(recorder.timed_run, ioctl)
         while True:
             ioctl(fd, KVM_RUN)
             tick()

@@ -1,0 +1,96 @@
+"""Where N threaded VMs' time goes: each vCPU thread's work under the interpreter lock,
+its time inside KVM_RUN, and how long the lock sat free -- per exit, at each VM count.
+
+The model (gpuvm.sim.replay) prices an exit of VMs run as threads as the work its trace
+recorded with one VM alone, held under the lock, plus a hand-off when the thread had to
+wait for it.  Where its makespans fall short at 8 VMs, these are the numbers that say
+which part grew: timed in the runs themselves, each vCPU thread's CPU time inside
+KVM_RUN (guest, KVM, and taking the lock back) and outside it (its Python: the exit's
+handler and the exit loop, all under the lock).  The lock's free time per exit is the
+makespan less the vCPU threads' held time, over their exits -- a hand-off's cost where
+nearly every exit waited (sleeps per exit near 1), and where the lock is the
+bottleneck; it also holds the engine thread's time on the VMs' channels.
+
+The two thread-clock reads per exit (RunOptions.time_kvm_run) cost ~1 us of the
+20-40 us an exit takes on the lent machines, so these runs are not validation runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class LockUse:
+    """One run of `vms` VMs of one mode, its vCPU threads' times summed."""
+
+    mode: str
+    vms: int
+    rep: int
+    makespan_ns: int
+    exits: int  # KVM_RUN calls of every vCPU thread
+    cpu_ns: int  # the vCPU threads' CPU time
+    in_run_cpu_ns: int  # of which inside KVM_RUN
+    in_run_wall_ns: int  # their wall time inside KVM_RUN
+    sleeps: int  # their voluntary context switches
+
+    @property
+    def held_ns(self) -> int:
+        """The vCPU threads' CPU time outside KVM_RUN: their work under the lock."""
+        return self.cpu_ns - self.in_run_cpu_ns
+
+    def per_exit_us(self, ns: float) -> float:
+        return ns / max(1, self.exits) / 1e3
+
+    @property
+    def waited_us(self) -> float:
+        """Mean wall time inside KVM_RUN that was not the thread's CPU, per sleep: the
+        wait for the lock back where nearly every exit slept for it."""
+        return (self.in_run_wall_ns - self.in_run_cpu_ns) / max(1, self.sleeps) / 1e3
+
+    @property
+    def lock_share(self) -> float:
+        """The share of the makespan some vCPU thread held the lock."""
+        return self.held_ns / max(1, self.makespan_ns)
+
+    @property
+    def free_per_exit_us(self) -> float:
+        """The makespan less the held time, per exit (see the module)."""
+        return self.per_exit_us(max(0, self.makespan_ns - self.held_ns))
+
+
+def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
+            counts: Sequence[int], reps: int,
+            progress: Callable[[str], None] = lambda line: None) -> list[LockUse]:
+    """Per repetition, mode and VM count, one run of that many VMs as threads on KVM,
+    each vCPU thread's KVM_RUN timed.  RuntimeError where a VM fails or the backend is
+    not KVM (no KVM_RUN to time)."""
+    from gpuvm.experiment.config import Scenario, VmConfig
+    from gpuvm.experiment.execute import specs_for
+    from gpuvm.run import run_vms
+    from gpuvm.run.spec import RunOptions
+
+    out: list[LockUse] = []
+    for rep in range(reps):
+        for mode in modes:
+            for n in counts:
+                scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
+                                                    for i in range(n)))
+                results = run_vms(specs_for(scenario),
+                                  RunOptions(mode=mode, backend="kvm", time_kvm_run=True))
+                failed = [r.error() for r in results if not r.passed]
+                if failed:
+                    raise RuntimeError(f"{mode} x{n}: {failed[0]}")
+                timers = [r.session.kvm_run_time for r in results]
+                vcpus = [r.outcome.vcpu for r in results]
+                if any(t is None or not t.runs for t in timers) or None in vcpus:
+                    raise RuntimeError(f"{mode} x{n}: no KVM_RUN was timed")
+                use = LockUse(mode, n, rep,
+                              max(sum(p.wall_ns for p in r.session.phases) for r in results),
+                              sum(t.runs for t in timers), sum(u.cpu_ns for u in vcpus),
+                              sum(t.cpu_ns for t in timers), sum(t.wall_ns for t in timers),
+                              sum(u.voluntary_switches for u in vcpus))
+                out.append(use)
+                progress(f"rep {rep} {mode} x{n}: {use.makespan_ns / 1e6:,.1f} ms")
+    return out
