@@ -235,7 +235,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuvm.calibrate import emulator, validation
+    from gpuvm.calibrate import emulator, lock_use, validation
     from gpuvm.calibrate.wake import WakeCurve
     from gpuvm.experiment.config import REPO
 
@@ -260,7 +260,8 @@ def main_emulator(args: argparse.Namespace) -> int:
         wake = WakeCurve.from_about(about)
     except ValueError as exc:
         raise UserError(f"{args.emulator_from}: {exc}") from None
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake)
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake,
+                                  lock_use.from_about(about))
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -291,6 +292,10 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
+    if profile.lock_work_vms:
+        print(f"the work under the lock, beside {validation.FIT_VMS} VMs' "
+              f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}, timed apart): "
+              f"{lock_use.text(profile.lock_work_vms, profile.lock_work_scale)}")
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -318,7 +323,7 @@ def main_emulator(args: argparse.Namespace) -> int:
 def _measure_emulator(args: argparse.Namespace, reps: int
                       ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts."""
-    from gpuvm.calibrate import lock_turns, validation
+    from gpuvm.calibrate import lock_turns, lock_use, validation
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -338,6 +343,15 @@ def _measure_emulator(args: argparse.Namespace, reps: int
                  "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
+    counts = sorted({len(s.vms) for s in scaling.scenarios})
+    uses: list[lock_use.LockUse] = []
+    if not args.emulator_isolated and usable_kvm():  # the lock of VMs as threads
+        grown = [n for n in counts if n >= validation.FIT_VMS]
+        progress(f"timing how the work under the lock grows with the VMs "
+                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
+                 f"{', '.join(map(str, grown))})")
+        uses = lock_use.measure(lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE],
+                                grown, lock_use.GROWTH_REPS)
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
     unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
     if unknown:
@@ -353,7 +367,6 @@ def _measure_emulator(args: argparse.Namespace, reps: int
             progress(f"tracing {key.file_name}")
             fit_traces.append((mode, record_fastest(key, reps)))
     # 2. the scaling runs, each VM count right after a trace of one VM
-    counts = sorted({len(s.vms) for s in scaling.scenarios})
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=progress, isolated=args.emulator_isolated)
     command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
@@ -363,6 +376,7 @@ def _measure_emulator(args: argparse.Namespace, reps: int
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
+             "lock_use": lock_use.to_about(uses),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
 
@@ -417,6 +431,11 @@ def main_lock_use(args: argparse.Namespace) -> int:
     print("held: a vCPU thread's CPU outside KVM_RUN (its work under the interpreter "
           "lock); lock free: the makespan less all held time, per exit")
     return 0
+
+
+def usable_kvm() -> bool:
+    from gpuvm.vmm.kvm import kvm_usable
+    return kvm_usable()[0]
 
 
 def print_wake(wake, about: dict) -> None:

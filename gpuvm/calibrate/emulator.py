@@ -197,7 +197,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# exit's price), a port wait's latency, the host cores the VMs effectively got,",
         "# the interpreter lock's hand-off and the share of releases inside handlers that",
         "# hand it over (fitted to 2-VM makespans), and how long a thread takes to wake by",
-        "# how long it slept (wake_*: a hand-off after a long wait costs more).",
+        "# how long it slept (wake_*: a hand-off after a long wait costs more), and how",
+        "# much longer the work under the lock takes with more VMs (lock_work_*).",
         "# VMs are threads of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
         "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
@@ -212,10 +213,11 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
                 "lock_handoff_ns", "lock_release_takes"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
-    if profile.wake_slept_ns:
-        for key in ("wake_slept_ns", "wake_latency_ns") + \
-                (("wake_work_ns",) if profile.wake_work_ns else ()):
-            lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
+    curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
+        (("wake_work_ns",) if profile.wake_work_ns else ()) + \
+        (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ())
+    for key in curves:
+        lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"
 
 
@@ -306,7 +308,8 @@ def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostPro
     return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
                   interpreter_lock=bool(profile.interpreter_lock),
                   lock_handoff_ns=int(profile.lock_handoff_ns),
-                  wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None)
+                  wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None,
+                  lock_work_factor=profile.lock_work_factor(count))
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

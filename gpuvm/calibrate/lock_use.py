@@ -13,12 +13,23 @@ bottleneck; it also holds the engine thread's time on the VMs' channels.
 
 The two thread-clock reads per exit (RunOptions.time_kvm_run) cost ~1 us of the
 20-40 us an exit takes on the lent machines, so these runs are not validation runs.
+
+`gpuvm calibrate --emulator` measures with it how much slower that work gets with the
+VMs beside it (`growth`): on the lent machines fv's grew a fifth from 2 VMs to 8, which
+a model pricing every exit at one VM's work leaves out (CostProfile.lock_work_scale).
+It times fv VMs (one take of the lock per exit, and the most exits: their held time
+per exit is the work per take) of the `idle` benchmark (the driver's init and close
+alone: no kernel or copy among the exits; not the benchmark the validation runs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+GROWTH_BENCHMARK = "idle"  # the VMs `growth` is measured on (see the module)
+GROWTH_MODE = "fv"
+GROWTH_REPS = 2  # runs of each count, pooled
 
 
 @dataclass(frozen=True)
@@ -94,3 +105,34 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 out.append(use)
                 progress(f"rep {rep} {mode} x{n}: {use.makespan_ns / 1e6:,.1f} ms")
     return out
+
+
+def growth(uses: Sequence[LockUse], base_vms: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The VM counts from `base_vms` up and how much longer the work under the lock per
+    exit took at each than at `base_vms` (the runs of a count pooled: their held time
+    over their exits).  Empty where `base_vms` was not measured."""
+    pooled: dict[int, list[int]] = {}
+    for u in uses:
+        held, exits = pooled.setdefault(u.vms, [0, 0])
+        pooled[u.vms] = [held + u.held_ns, exits + u.exits]
+    if base_vms not in pooled:
+        return (), ()
+    base = pooled[base_vms][0] / max(1, pooled[base_vms][1])
+    counts = sorted(n for n in pooled if n >= base_vms)
+    return (tuple(float(n) for n in counts),
+            tuple(pooled[n][0] / max(1, pooled[n][1]) / base for n in counts))
+
+
+def to_about(uses: Sequence[LockUse]) -> list[dict[str, Any]]:
+    """As kept in a validation bundle's "about"."""
+    return [asdict(u) for u in uses]
+
+
+def from_about(about: Mapping[str, Any]) -> list[LockUse]:
+    """The runs a bundle kept under "lock_use" (none in bundles from before)."""
+    return [LockUse(**row) for row in about.get("lock_use", ())]
+
+
+def text(vms: Sequence[float], scale: Sequence[float]) -> str:
+    """'4 VMs 1.04x, 8 VMs 1.22x' (the base count left out)."""
+    return ", ".join(f"{n:.0f} VMs {x:.2f}x" for n, x in zip(vms[1:], scale[1:]))

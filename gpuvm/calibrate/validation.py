@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
+from gpuvm.calibrate.lock_use import LockUse, growth
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import CostProfile
 
@@ -402,19 +403,24 @@ class Analysis:
 
 def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
-            cores: int | None = None, wake: WakeCurve | None = None) -> Analysis:
+            cores: int | None = None, wake: WakeCurve | None = None,
+            lock_use: Sequence[LockUse] = ()) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
     repetition from its own (`spreads`).  With the host's `wake` curve (measured with
     the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
-    top of the fitted one."""
+    top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
+    the work under the lock grows with the VM count beyond FIT_VMS as it did there."""
     from gpuvm.calibrate import emulator
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
     if wake is not None:
         profile = wake.priced_in(profile)
+    vms, scale = growth(lock_use, FIT_VMS)
+    if vms:  # the timed work holds the exits' slowing after longer waits: not twice
+        profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     return Analysis(profile, kept, predict(kept, profile), spreads(measured, profile))

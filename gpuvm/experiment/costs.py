@@ -9,6 +9,7 @@ profile says what it assumes.
 from __future__ import annotations
 
 import bisect
+import math
 import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -122,8 +123,21 @@ class CostProfile:
     # longer one (an ioctl) hands it over.  Fitted on the 2-VM makespans of the modes
     # whose handlers let the lock go often (gpuvm.calibrate.validation.fit_handoff).
     lock_release_takes: float = 1.0
+    # How much longer the work under the interpreter lock takes with this many VMs run
+    # as threads than with as many as lock_handoff_ns was fitted on (2): timed in runs
+    # of their own (gpuvm.calibrate.lock_use: each vCPU thread's CPU outside KVM_RUN,
+    # per exit, fv VMs of the `idle` benchmark), on the lent machines a fifth more at 8
+    # VMs than at 2.  Linear in log2 of the VM count between the measured counts, flat
+    # beyond them, 1 below the first.  Both empty: the work is one VM's at any count.
+    lock_work_vms: tuple[float, ...] = ()
+    lock_work_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.lock_work_vms) != len(self.lock_work_scale):
+            raise ValueError("lock_work_vms and lock_work_scale differ in length")
+        if list(self.lock_work_vms) != sorted(self.lock_work_vms) or \
+                any(v < 1 for v in self.lock_work_vms):
+            raise ValueError("lock_work_vms must ascend from 1 VM or more")
         if len(self.wake_slept_ns) != len(self.wake_latency_ns):
             raise ValueError("wake_slept_ns and wake_latency_ns differ in length")
         if self.wake_work_ns and len(self.wake_work_ns) != len(self.wake_slept_ns):
@@ -141,6 +155,19 @@ class CostProfile:
         if self.wake_work_ns:
             extra += _beyond_first(xs, self.wake_work_ns, slept_ns)
         return max(0.0, extra)
+
+    def lock_work_factor(self, vms: int) -> float:
+        """How much longer the work under the interpreter lock takes with `vms` VMs as
+        threads (lock_work_vms, lock_work_scale; 1 where not measured)."""
+        xs = tuple(math.log2(v) for v in self.lock_work_vms)
+        ys = self.lock_work_scale
+        x = math.log2(max(1, vms))
+        i = bisect.bisect_right(xs, x)
+        if i == 0:
+            return 1.0
+        if i == len(xs):
+            return ys[-1]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

@@ -288,13 +288,15 @@ class _System:
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
                  residency: Residency | None, interpreter_lock: bool = False,
                  lock_handoff_ns: int = 0,
-                 wake_extra_ns: Callable[[float], float] | None = None) -> None:
+                 wake_extra_ns: Callable[[float], float] | None = None,
+                 lock_work_factor: float = 1.0) -> None:
         self.env = env
         self.cores = simpy.Resource(env, capacity=cores)
         self.mediator = simpy.Resource(env, capacity=1)
         self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
         self.lock_handoff_ns = lock_handoff_ns
         self.wake_extra_ns = wake_extra_ns
+        self.lock_work_factor = lock_work_factor
         self.lock_sleeps = 0
         self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
@@ -314,7 +316,9 @@ class _System:
         while holding it: it slept, and waking it takes that long -- longer the longer it
         slept, where the profile measured how waking depends on that
         (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late, and
-        a thread whose core idled that long works cold for a while)."""
+        a thread whose core idled that long works cold for a while).  The work itself
+        takes lock_work_factor times what the trace says (CostProfile.lock_work_factor:
+        Python under the lock runs slower with more threads taking turns at it)."""
         if self.gil is None:
             yield from self.on_core(step.ns)
             return
@@ -327,7 +331,7 @@ class _System:
                 self.lock_sleeps += step.events
                 late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
                 handoff = step.events * (self.lock_handoff_ns + int(late))
-            yield from self.on_core(step.ns + handoff)
+            yield from self.on_core(int(step.ns * self.lock_work_factor) + handoff)
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -366,7 +370,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
            policy: str | SchedulerConfig = "fifo",
            residency: Residency | None = None,
            interpreter_lock: bool = False, lock_handoff_ns: int = 0,
-           wake_extra_ns: Callable[[float], float] | None = None) -> ReplayResult:
+           wake_extra_ns: Callable[[float], float] | None = None,
+           lock_work_factor: float = 1.0) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
@@ -375,7 +380,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     a trace whose working set alone does not fit raises ResidencyError.
     `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM;
     `lock_handoff_ns`: what each exit pays to take it from another thread;
-    `wake_extra_ns`: what it pays beyond that, by how long it waited (ns -> ns)."""
+    `wake_extra_ns`: what it pays beyond that, by how long it waited (ns -> ns);
+    `lock_work_factor`: how much longer the work under the lock takes than traced."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -384,7 +390,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
     system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns,
-                     wake_extra_ns)
+                     wake_extra_ns, lock_work_factor)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
