@@ -1,19 +1,25 @@
 """Threaded VMs' vCPU threads timed inside and outside KVM_RUN
-(gpuvm.calibrate.lock_use, RunOptions.time_kvm_run)."""
+(gpuvm.calibrate.lock_use, RunOptions.time_kvm_run), and the growth of the work under
+the lock the model takes from such runs (CostProfile.lock_work_factor)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from gpuvm import cli
-from gpuvm.calibrate import lock_use
+from gpuvm.calibrate import emulator, lock_use, validation
 from gpuvm.calibrate.lock_use import LockUse
+from gpuvm.calibrate.wake import WakeCurve
+from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.config import Scenario, VmConfig
 from gpuvm.experiment.execute import specs_for
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions
+from gpuvm.sim.replay import CPU, Step, VmTrace, replay
 from gpuvm.vmm.kvm import kvm_usable
 
 USABLE, WHY = kvm_usable()
@@ -86,3 +92,75 @@ def test_the_command_prints_the_table_and_json(capsys):
     rc = cli.main(["calibrate", "--lock-use", "--modes", "pv", "--vms", "1,2", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0 and "in KVM_RUN CPU" in out and "lock free" in out
+
+
+# ------------------------------------------------------------------ the work's growth
+def _run(vms: int, rep: int, held_us: float, exits: int = 1000) -> LockUse:
+    return LockUse("fv", vms, rep, 1, exits, int(held_us * 1000 * exits), 0, 0, 0)
+
+
+def test_growth_pools_a_counts_runs_against_the_base_count():
+    uses = [_run(2, 0, 20), _run(2, 1, 30), _run(4, 0, 26), _run(8, 0, 30), _run(8, 1, 30),
+            _run(1, 0, 10)]
+    vms, scale = lock_use.growth(uses, base_vms=2)
+    assert vms == (2.0, 4.0, 8.0)  # 1 VM is below the base: not a growth
+    assert scale == pytest.approx((1.0, 26 / 25, 30 / 25))
+    assert lock_use.growth(uses[2:5], base_vms=2) == ((), ())
+    assert lock_use.from_about({"lock_use": lock_use.to_about(uses)}) == uses
+    assert lock_use.from_about({}) == []
+    assert lock_use.text(vms, scale) == "4 VMs 1.04x, 8 VMs 1.20x"
+
+
+def test_the_factor_is_linear_in_log2_of_the_vms_and_flat_beyond():
+    costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 4.0, 8.0),
+                    lock_work_scale=(1.0, 1.1, 1.3))
+    assert [costs.lock_work_factor(n) for n in (1, 2, 4, 8, 1024)] == \
+        pytest.approx([1.0, 1.0, 1.1, 1.3, 1.3])
+    assert costs.lock_work_factor(6) == pytest.approx(1.1 + 0.2 * (2.585 - 2), abs=1e-3)
+    assert replace(costs, lock_work_vms=(), lock_work_scale=()).lock_work_factor(8) == 1.0
+    with pytest.raises(ValueError, match="differ in length"):
+        replace(costs, lock_work_scale=(1.0,))
+    with pytest.raises(ValueError, match="ascend"):
+        replace(costs, lock_work_vms=(8.0, 4.0, 2.0))
+
+
+def test_the_profile_keeps_the_growth_through_toml(tmp_path):
+    costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 8.0),
+                    lock_work_scale=(1.0, 1.25))
+    path = tmp_path / "grown.toml"
+    path.write_text(emulator.to_toml(costs, "test"))
+    back = load_costs(str(path))
+    assert (back.lock_work_vms, back.lock_work_scale) == ((2.0, 8.0), (1.0, 1.25))
+
+
+def test_the_replay_stretches_only_the_work_under_the_lock():
+    """Two VMs of pure lock-held work take turns: stretched 1.5x, the makespan is too;
+    without the lock modelled the factor means nothing."""
+    traces = [VmTrace(f"vm{i}", (Step(CPU, 1_000_000, "Init", 1),)) for i in range(2)]
+    one = replay(traces, cores=4, interpreter_lock=True).makespan_ns
+    grown = replay(traces, cores=4, interpreter_lock=True, lock_work_factor=1.5).makespan_ns
+    assert (one, grown) == (2_000_000, 3_000_000)
+    assert replay(traces, cores=4, lock_work_factor=1.5).makespan_ns == 1_000_000
+
+
+LOCK_BUNDLE = Path(__file__).parent / "data" / "validation-h100-lock"
+
+
+def test_timed_growth_lengthens_the_bundles_points_past_two_vms_only():
+    """tests/data/validation-h100-lock analysed with runs timed apart that say the work
+    is 1.2x at 8 VMs: the 8-VM points come out longer, the 1- and 2-VM ones (where
+    the hand-off is fitted) as before, and the wake curve's work part is dropped (the
+    timed growth holds it)."""
+    measured, fits, about = validation.load(LOCK_BUNDLE)
+    wake = WakeCurve.from_about(about)
+    plain = validation.analyse(measured, fits, about["cpus"], wake)
+    grown = validation.analyse(measured, fits, about["cpus"], wake,
+                               [_run(2, 0, 25), _run(8, 0, 30)])
+    assert grown.profile.lock_work_scale == pytest.approx((1.0, 1.2))
+    assert grown.profile.wake_work_ns == () and plain.profile.wake_work_ns
+    before = {(p.mode, p.vms): p.predicted_ms for p in plain.points}
+    for p in grown.points:
+        if p.vms <= validation.FIT_VMS:
+            assert p.predicted_ms == pytest.approx(before[(p.mode, p.vms)], rel=0.02), p
+        if p.vms == 8:
+            assert p.predicted_ms > 1.05 * before[(p.mode, p.vms)], p
