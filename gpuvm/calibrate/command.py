@@ -327,6 +327,7 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
+    from gpuvm.vmm.kvm import kvm_usable
 
     progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
     load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
@@ -343,19 +344,19 @@ def _measure_emulator(args: argparse.Namespace, reps: int
                  "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
+    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
+    unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
+    if unknown:
+        raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     counts = sorted({len(s.vms) for s in scaling.scenarios})
     uses: list[lock_use.LockUse] = []
-    if not args.emulator_isolated and usable_kvm():  # the lock of VMs as threads
+    if not args.emulator_isolated and kvm_usable()[0]:  # the lock of VMs as threads
         grown = [n for n in counts if n >= validation.FIT_VMS]
         progress(f"timing how the work under the lock grows with the VMs "
                  f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
                  f"{', '.join(map(str, grown))})")
         uses = lock_use.measure(lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE],
                                 grown, lock_use.GROWTH_REPS)
-    modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
-    unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
-    if unknown:
-        raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -431,11 +432,6 @@ def main_lock_use(args: argparse.Namespace) -> int:
     print("held: a vCPU thread's CPU outside KVM_RUN (its work under the interpreter "
           "lock); lock free: the makespan less all held time, per exit")
     return 0
-
-
-def usable_kvm() -> bool:
-    from gpuvm.vmm.kvm import kvm_usable
-    return kvm_usable()[0]
 
 
 def print_wake(wake, about: dict) -> None:

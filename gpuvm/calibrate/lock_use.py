@@ -107,14 +107,15 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     return out
 
 
-def growth(uses: Sequence[LockUse], base_vms: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def growth(uses: Sequence[LockUse], base_vms: int
+           ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The VM counts from `base_vms` up and how much longer the work under the lock per
     exit took at each than at `base_vms` (the runs of a count pooled: their held time
     over their exits).  Empty where `base_vms` was not measured."""
-    pooled: dict[int, list[int]] = {}
+    pooled: dict[int, tuple[int, int]] = {}
     for u in uses:
-        held, exits = pooled.setdefault(u.vms, [0, 0])
-        pooled[u.vms] = [held + u.held_ns, exits + u.exits]
+        held, exits = pooled.get(u.vms, (0, 0))
+        pooled[u.vms] = (held + u.held_ns, exits + u.exits)
     if base_vms not in pooled:
         return (), ()
     base = pooled[base_vms][0] / max(1, pooled[base_vms][1])
