@@ -351,7 +351,8 @@ def _measure_emulator(args: argparse.Namespace, reps: int
     counts = sorted({len(s.vms) for s in scaling.scenarios})
     uses: list[lock_use.LockUse] = []
     if not args.emulator_isolated and kvm_usable()[0]:  # the lock of VMs as threads
-        grown = [n for n in counts if n >= validation.FIT_VMS]
+        grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
+            [n for n in counts if n >= validation.FIT_VMS]
         progress(f"timing how the work under the lock grows with the VMs "
                  f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
                  f"{', '.join(map(str, grown))})")

@@ -29,7 +29,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 GROWTH_BENCHMARK = "idle"  # the VMs `growth` is measured on (see the module)
 GROWTH_MODE = "fv"
-GROWTH_REPS = 2  # runs of each count, pooled
+GROWTH_REPS = 2  # rounds over the counts; each count's runs pooled
+# runs of the base count (2 VMs) a round: every other count's time per exit is divided by
+# its, and it is the noisiest -- on one lent machine 2-VM fv runs of one lease took 34.5
+# and 44.0 us per exit, and one round's growth at 8 VMs was 1.14x in one round and 1.39x
+# in the next (2026-11-26)
+BASE_RUNS = 2
 
 
 @dataclass(frozen=True)
