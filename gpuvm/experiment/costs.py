@@ -160,14 +160,10 @@ class CostProfile:
         """How much longer the work under the interpreter lock takes with `vms` VMs as
         threads (lock_work_vms, lock_work_scale; 1 where not measured)."""
         xs = tuple(math.log2(v) for v in self.lock_work_vms)
-        ys = self.lock_work_scale
         x = math.log2(max(1, vms))
-        i = bisect.bisect_right(xs, x)
-        if i == 0:
+        if not xs or x < xs[0]:
             return 1.0
-        if i == len(xs):
-            return ys[-1]
-        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return self.lock_work_scale[0] + _beyond_first(xs, self.lock_work_scale, x)
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
