@@ -10,6 +10,7 @@ import pytest
 
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.device import regs
+from gpuvm.errors import UserError
 from gpuvm.experiment.config import ConfigError, parse
 from gpuvm.experiment.costs import COSTS_DIR, load_hostmem_costs
 from gpuvm.run import RunOptions, VmSpec, run_vms
@@ -40,6 +41,50 @@ def test_guest_ram_backings_and_smaps():
         ram.close()
     with pytest.raises(ValueError, match="backing"):
         GuestRam(4 * MiB, backing="1g")
+
+
+def _rss_kib(ram: GuestRam) -> int:
+    from pathlib import Path
+
+    from gpuvm.calibrate.hostmem import smaps_kib
+    return smaps_kib(Path("/proc/self/smaps").read_text(), ram.host_address,
+                     ram.host_address + ram.size)["Rss"]
+
+
+def test_guest_ram_is_allocated_up_front_unless_asked_on_demand():
+    """Up front (the default) every page is mapped before the guest runs, so no first
+    touch faults inside KVM_RUN; on demand only what the guest touched."""
+    eager = GuestRam(8 * MiB)
+    lazy = GuestRam(8 * MiB, prealloc=False)
+    try:
+        assert _rss_kib(eager) == 8 * 1024
+        assert _rss_kib(lazy) == 0
+        lazy.array[:MiB:4096] = 1
+        assert _rss_kib(lazy) == 1024
+        assert not eager.array.any()  # allocated, and still zero
+    finally:
+        eager.close()
+        lazy.close()
+
+
+def test_guest_ram_the_host_cannot_give_is_one_line(monkeypatch):
+    """madvise(MADV_POPULATE_WRITE) failing as it does when the host is out of memory."""
+    import ctypes
+    import errno
+
+    from gpuvm.vmm import guest_ram
+
+    class OutOfMemory:
+        @staticmethod
+        def madvise(address, length, advice):
+            ctypes.set_errno(errno.ENOMEM)
+            return -1
+    monkeypatch.setattr(guest_ram, "_libc", OutOfMemory)
+    with pytest.raises(guest_ram.GuestRamAllocError) as info:
+        GuestRam(8 * MiB)
+    message = str(info.value)
+    assert "cannot allocate 8 MiB up front (ENOMEM" in message and "\n" not in message
+    assert isinstance(info.value, UserError)  # the CLI prints it as one line
 
 
 def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
@@ -160,6 +205,11 @@ ram_backing = "%s"
     assert parse(text % "thp").scenarios[0].vms[0].ram_backing == "thp"
     with pytest.raises(ConfigError, match=r"vm\[0\]\.ram_backing: must be one of"):
         parse(text % "2m")
+    assert parse(text % "4k").scenarios[0].vms[0].ram_alloc == "immediate"
+    ondemand = (text % "4k") + 'ram_alloc = "ondemand"\n'
+    assert parse(ondemand).scenarios[0].vms[0].ram_alloc == "ondemand"
+    with pytest.raises(ConfigError, match=r"vm\[0\]\.ram_alloc: must be one of immediate"):
+        parse(ondemand.replace("ondemand", "lazy"))
     bad_profile = text.replace('kind = "hostmem"', 'kind = "hostmem"\nhostmem_profiles = ["nope"]')
     with pytest.raises(ConfigError, match=r"hostmem_profiles: host-memory profile 'nope' not found"):
         parse(bad_profile % "thp")
@@ -174,6 +224,11 @@ pin_hot_from = "s/v"
     with pytest.raises(ConfigError, match="pin_hot_from 's/v' is not a reporting VM"):
         parse(later)
     assert parse(later.replace('ram_backing = "thp"', 'ram_backing = "thp"\nhostmem_report = true'))
+
+
+def test_spec_rejects_an_unknown_allocation():
+    with pytest.raises(RunError, match="vm0: unknown guest RAM allocation 'lazy'"):
+        VmSpec("vm0", "memcpy", ram_alloc="lazy").flags()
 
 
 def test_spec_rejects_a_bad_chunk():

@@ -81,6 +81,9 @@ BAD_DOMAINS = [
      r":14: <gpuvm:vgpu>: expects a gpuvm-Q6000-1Q vGPU but mdev .* is a gpuvm-Q6000-8Q"),
     ("two vCPUs", domain_text("vm", UUID, "madd", "16").replace("<vcpu>1", "<vcpu>2"),
      r":4: <vcpu>: gpuvm's guests run on one vCPU"),
+    ("allocation", domain_text("vm", UUID, "madd", "16").replace(
+        "<vcpu>", "<memoryBacking><allocation mode='lazy'/></memoryBacking>\n  <vcpu>"),
+     r":4: <allocation>: allocation mode 'lazy' is not one of immediate, ondemand"),
     ("schema", domain_text("vm", UUID, "madd", "16", extra_devices="\n    <gpu/>"),
      r": libvirt refused the domain: .*Extra element devices"),
 ]
@@ -128,3 +131,13 @@ def test_experiment_domains_that_do_not_fit_name_the_file_and_hostdev(state):
     with pytest.raises(ConfigError, match=r"big0\.xml:7: <hostdev>: names mdev .* no "
                                           r"<gpuvm:vgpu"):
         parse(EXPERIMENT.format(files=files[0]), source)
+
+
+def test_a_domain_says_when_its_ram_is_allocated():
+    """libvirt's <memoryBacking><allocation mode>; absent, gpuvm allocates up front."""
+    from gpuvm.libvirt.domain_xml import parse as parse_domain
+    text = domain_text("vm", UUID, "madd", "16")
+    assert parse_domain(text, "d.xml").memory_alloc == "immediate"
+    ondemand = text.replace("<vcpu>", "<memoryBacking><allocation mode='ondemand'/>"
+                                      "</memoryBacking>\n  <vcpu>")
+    assert parse_domain(ondemand, "d.xml").memory_alloc == "ondemand"

@@ -41,6 +41,7 @@ the field, before anything runs.
                               # type = "gpuvm-Q6000-4Q" (default: the GPU's default type)
     working_set_mib = 96      # oversubscription: VRAM the model keeps resident for it
                               # (default: its partition's or type's framebuffer)
+    ram_alloc = "immediate"   # or "ondemand": guest RAM allocated as it is touched
     ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
                               # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
                               # hot_threshold (experiments/hostmem.toml uses them)
@@ -61,6 +62,7 @@ from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm import abi, guest_programs
+from gpuvm.vmm.guest_ram import ALLOCATIONS
 from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
@@ -86,6 +88,7 @@ class VmConfig:
     inject: str | None = None
     # host memory (issue 16; gpuvm/run/spec.py VmSpec says what each does)
     ram_backing: str = "anon"
+    ram_alloc: str = "immediate"  # or "ondemand" (VmSpec.ram_alloc)
     hostmem_report: bool = False
     pin_chunks: bool = False
     pin_chunk_kib: int = 4096
@@ -206,6 +209,8 @@ def _vm(t: _Table) -> list[VmConfig]:
     extra = dict(  # host memory (issue 16), oversubscription (issue 17)
         ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
                           if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
+        ram_alloc=t.get("ram_alloc", str, "immediate", check=lambda a: None
+                        if a in ALLOCATIONS else f"must be one of {', '.join(ALLOCATIONS)}"),
         hostmem_report=t.get("hostmem_report", bool, False),
         pin_chunks=t.get("pin_chunks", bool, False),
         pin_chunk_kib=t.get("pin_chunk_kib", int, 4096, check=lambda k: None
@@ -244,6 +249,7 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
         raise ConfigError(f"{source}: {where}: {exc}") from None
     return [VmConfig(spec.name, spec.workload.benchmark, spec.workload.params,
                      share=vgpu.weight, ram_mib=spec.memory // regs.MiB,
+                     ram_alloc=spec.memory_alloc,
                      partition=asdict(vgpu.partition), inject=spec.workload.inject)
             for spec, vgpu in vms]
 

@@ -82,6 +82,7 @@ def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> li
                             start_delay=vm.start_s, partition=dict(vm.partition),
                             mdev_type=None if vm.partition else vm.mdev_type or DEFAULT_TYPE,
                             ram_size=vm.ram_mib * regs.MiB, ram_backing=vm.ram_backing,
+                            ram_alloc=vm.ram_alloc,
                             hostmem_report=vm.hostmem_report, pin_chunks=vm.pin_chunks,
                             pin_chunk_bytes=vm.pin_chunk_kib * 1024,
                             nohugepage_pinned=vm.nohugepage_pinned))

@@ -1,6 +1,7 @@
 """A gpuvm VM written as a libvirt domain: what gpuvm reads from the XML and writes back.
 
-gpuvm takes from a domain its name, `<memory>`, `<vcpu>`, the one mediated-device hostdev
+gpuvm takes from a domain its name, `<memory>` (and `<memoryBacking><allocation mode>`:
+"immediate", gpuvm's default, or "ondemand"), `<vcpu>`, the one mediated-device hostdev
 (`<hostdev mode='subsystem' type='mdev' model='vfio-pci'>` naming a vGPU's UUID) and the
 workload, which lives in `<metadata>` under gpuvm's own namespace (libvirt keeps
 application data there untouched):
@@ -33,6 +34,7 @@ from pathlib import Path
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.vmm import abi, guest_programs
+from gpuvm.vmm.guest_ram import ALLOCATIONS
 
 NS = "https://gpuvm.example/xmlns/domain/1.0"  # stable: domain files in the wild name it
 PREFIX = "gpuvm"
@@ -89,6 +91,9 @@ class DomainSpec:
     workload: Workload
     result: RunResult | None
     xml: str  # the whole document, as read (errors found later re-read it for lines)
+    # when the host allocates the RAM (gpuvm.vmm.guest_ram): libvirt leaves an absent
+    # <allocation> to the hypervisor, and gpuvm's allocates up front, as Xen does
+    memory_alloc: str = "immediate"
 
 
 def _tag(name: str) -> str:
@@ -248,6 +253,13 @@ def parse(text: str, source: str) -> DomainSpec:
     if memory_el is None:
         raise doc.fail(root, "needs a <memory> (the guest's RAM)")
     memory = parse_memory(memory_el, doc)
+    memory_alloc = "immediate"
+    alloc_el = root.find("memoryBacking/allocation")
+    if alloc_el is not None:
+        memory_alloc = alloc_el.get("mode", "immediate")
+        if memory_alloc not in ALLOCATIONS:
+            raise doc.fail(alloc_el, f"allocation mode {memory_alloc!r} is not one of "
+                                     f"{', '.join(ALLOCATIONS)}")
     vcpu_el = root.find("vcpu")
     vcpus = 1
     if vcpu_el is not None:
@@ -264,7 +276,8 @@ def parse(text: str, source: str) -> DomainSpec:
         raise doc.fail(where, f"needs one <{PREFIX}:{ROOT} xmlns:{PREFIX}='{NS}'> in "
                               f"<metadata> saying what the guest runs, found {len(vms)}")
     workload, result = _workload(vms[0], doc)
-    return DomainSpec(source, name, memory, vcpus, mdev_uuid, workload, result, text)
+    return DomainSpec(source, name, memory, vcpus, mdev_uuid, workload, result, text,
+                      memory_alloc)
 
 
 def load(path: str | Path) -> DomainSpec:

@@ -232,7 +232,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             while pending and (arrived is not None and arrived >= start_ns(pending[0])
                                if virtual else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
-                ram = GuestRam(spec.ram_size, backing=spec.ram_backing)
+                ram = GuestRam(spec.ram_size, backing=spec.ram_backing,
+                               prealloc=spec.ram_alloc == "immediate")
                 rams.append(ram)
                 attached, runner, session = _start(machine, spec, params, flags, ram,
                                                    programs, backend, options)

@@ -84,6 +84,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
         server.start()
     job = {"fd": theirs.fileno(), "name": spec.name, "benchmark": spec.benchmark,
            "params": params, "flags": flags, "ram_size": spec.ram_size,
+           "ram_backing": spec.ram_backing, "ram_alloc": spec.ram_alloc,
            "flat": str(program.flat) if program.flat else None,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,

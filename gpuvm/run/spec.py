@@ -13,6 +13,7 @@ from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
 from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
 from gpuvm.vmm import abi, guest_programs
+from gpuvm.vmm.guest_ram import ALLOCATIONS
 
 
 class RunError(Exception):
@@ -42,6 +43,9 @@ class VmSpec:
     # reports its host-memory events, whether pageable copies pin chunk by chunk (and the
     # chunk size), and whether the VMM advises MADV_NOHUGEPAGE on the ranges it pins
     ram_backing: str = "anon"
+    # when the host allocates guest RAM: "immediate" as the VM is built, "ondemand" as
+    # the guest first touches it (gpuvm.vmm.guest_ram says why immediate is the default)
+    ram_alloc: str = "immediate"
     hostmem_report: bool = False
     pin_chunks: bool = False
     pin_chunk_bytes: int = 4 * 1024 * 1024
@@ -65,6 +69,9 @@ class VmSpec:
         if self.ram_backing not in ("anon", "4k", "thp"):
             raise RunError(f"{self.name}: unknown guest RAM backing {self.ram_backing!r} "
                            f"(have anon, 4k, thp)")
+        if self.ram_alloc not in ALLOCATIONS:
+            raise RunError(f"{self.name}: unknown guest RAM allocation {self.ram_alloc!r} "
+                           f"(have {', '.join(ALLOCATIONS)})")
         if self.inject is not None:
             if self.inject not in abi.FI_NAMES:
                 raise RunError(f"{self.name}: unknown fault injection {self.inject!r} "

@@ -50,7 +50,8 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     """Attach `device` to a fresh guest and run the job's benchmark to the end (a held
     job's guest starts at the word "go" on `go`)."""
     name = job["name"]
-    ram = GuestRam(job["ram_size"])
+    ram = GuestRam(job["ram_size"], backing=job.get("ram_backing", "anon"),
+                   prealloc=job.get("ram_alloc", "immediate") == "immediate")
     device.share(ram.host_address, ram.size, ram.fd)
     attached = attach(device, device, ram, name)
     try:
