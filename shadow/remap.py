@@ -39,6 +39,12 @@ class RemapState:
 
     pages: np.ndarray
     changes: int = field(default=0)
+    # pages mapped now, kept as they change: a recorded VM reads it with every counter
+    # snapshot, and comparing a 64k-page BAR each time was a fifth of the snapshot
+    mapped: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mapped = int((self.pages != NOT_VRAM).sum())
 
     @classmethod
     def empty(cls, n: int) -> "RemapState":
@@ -63,6 +69,7 @@ class RemapState:
                     continue
             maps.append((p, 1, int(want[p])))
         self.pages = want.copy()
+        self.mapped = int((want != NOT_VRAM).sum())
         self.changes += len(unmaps) + len(maps)
         return unmaps, maps
 

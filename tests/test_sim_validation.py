@@ -30,3 +30,18 @@ def test_model_predicts_four_vms_from_one_and_two():
         kept, replace(emulator.trace_profile(costs), recorded_times=1.0))
     (point,) = [p for p in validation.predict(kept, profile) if p.vms == 4]
     assert abs(point.error_pct) <= LOOSE_BOUND_PCT, point
+
+
+def test_short_modes_get_more_repetitions():
+    """Every mode gets the repetitions asked for; one whose repetitions were short gets
+    more, up to MAX_REPS_FACTOR times as many."""
+    short, cap = validation.SHORT_MODE_S, 2 * validation.MAX_REPS_FACTOR
+
+    def taken(seconds_each: float) -> int:
+        rep, spent = 0, 0.0
+        while validation.repeats(rep, 2, spent, short):
+            rep, spent = rep + 1, spent + seconds_each
+        return rep
+    assert taken(40.0) == 2  # fv: as asked
+    assert taken(short / 3 + 0.1) == 3  # fv-opt: until the mode took SHORT_MODE_S
+    assert taken(0.5) == cap  # pv: up to the cap

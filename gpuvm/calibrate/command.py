@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuvm.calibrate.stats import MIN_REPS
+from gpuvm.calibrate.validation import MAX_REPS_FACTOR, SHORT_MODE_S
 from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -87,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("--emulator")
     e.add_argument("--trace-reps", dest="emulator_reps", type=int, default=2, metavar="N",
                    help="repetitions of each trace and each validation run (default 2; "
-                        "the fastest is kept)")
+                        f"the fastest is kept; a mode whose repetitions take under "
+                        f"{SHORT_MODE_S:g} s gets more, up to {MAX_REPS_FACTOR}x)")
     e.add_argument("--modes", dest="emulator_modes", default=None,
                    help="validate (--lock-use: time) these modes only (default: "
                         "experiments/scaling.toml's)")
@@ -225,6 +227,18 @@ def print_profile(profile) -> None:
 
 
 # ------------------------------------------------------------------ --emulator
+def _reps_per_mode(measured) -> str:
+    """'2' where every mode had as many repetitions, else 'fv 2, pv 8'
+    (validation.measure gives short modes more)."""
+    reps: dict[str, set[int]] = {}
+    for m in measured:
+        reps.setdefault(m.mode, set()).add(m.rep)
+    counts = {mode: len(r) for mode, r in reps.items()}
+    if len(set(counts.values())) == 1:
+        return str(next(iter(counts.values())))
+    return ", ".join(f"{mode} {n}" for mode, n in counts.items())
+
+
 def main_emulator(args: argparse.Namespace) -> int:
     """Fit this emulator's per-event costs from per-event traces, then validate the model
     on 1/2/4/8-VM runs each predicted from a trace recorded just before it
@@ -255,7 +269,7 @@ def main_emulator(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
                                  fit_traces, about)
-        title = f"{about['benchmark']} (fastest of {reps})"
+        title = f"{about['benchmark']} (fastest of {_reps_per_mode(measured)})"
     try:
         wake = WakeCurve.from_about(about)
     except ValueError as exc:

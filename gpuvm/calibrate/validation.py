@@ -72,12 +72,24 @@ class Measured:
     vcpu_cpu_ns: int = 0
 
 
+SHORT_MODE_S = 20.0  # a mode whose repetitions took less than this gets more of them
+MAX_REPS_FACTOR = 4  # ... up to this many times the repetitions asked for
+
+
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             counts: Sequence[int], reps: int, backend: str = "auto",
             progress: Callable[[str], None] = lambda line: None,
-            isolated: bool = False) -> list[Measured]:
+            isolated: bool = False, short_mode_s: float = SHORT_MODE_S) -> list[Measured]:
     """Per repetition and mode: record one VM's trace, then run each VM count at once
-    (`isolated`: every VM in its own VMM process, the trace too)."""
+    (`isolated`: every VM in its own VMM process, the trace too).
+
+    A mode gets `reps` repetitions, and more while they took under `short_mode_s`
+    together (at most MAX_REPS_FACTOR x `reps`): the fastest of a few is what is kept
+    (`fastest`), and a short run is noisier than a long one -- one pv VM ran in 22-24 ms
+    or 29-34 ms by turns on the lent machine (ten runs, 2026-11-26), so with two
+    repetitions the fastest trace came from the slow kind and the fastest run from the
+    fast one at 1.57x (run 20261126-113502).  A repetition of pv is a few seconds, of
+    fv half a minute: the short modes get the samples at little cost."""
     from gpuvm.experiment.config import Scenario, VmConfig
     from gpuvm.experiment.execute import specs_for
     from gpuvm.run import run_vms
@@ -101,8 +113,14 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 sum(u.voluntary_switches for u in vcpus), sum(u.cpu_ns for u in vcpus))
 
     out: list[Measured] = []
-    for rep in range(reps):
+    spent = dict.fromkeys(modes, 0.0)
+    for rep in range(reps * MAX_REPS_FACTOR):
+        if not any(repeats(rep, reps, spent[m], short_mode_s) for m in modes):
+            break
         for mode in modes:
+            if not repeats(rep, reps, spent[mode], short_mode_s):
+                continue
+            started = time.monotonic()
             # a first run of a mode after another is slower (measured: a pv trace
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
@@ -114,7 +132,13 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          f"({time.monotonic() - t0:.1f} s)")
+            spent[mode] += time.monotonic() - started
     return out
+
+
+def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float) -> bool:
+    """Whether a mode whose repetitions so far took `spent_s` gets repetition `rep`."""
+    return rep < reps or (spent_s < short_mode_s and rep < reps * MAX_REPS_FACTOR)
 
 
 def trace_ns(trace: Mapping) -> int:

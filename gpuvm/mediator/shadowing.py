@@ -252,7 +252,7 @@ class Shadowing:
                 self._remapped[bar] = RemapState.empty(state.pages.size)
 
     def remapped_pages(self) -> int:
-        return sum(int((s.pages != NOT_VRAM).sum()) for s in self._remapped.values())
+        return sum(s.mapped for s in self._remapped.values())
 
     def teardown(self) -> None:
         """After the channels are off the device: empty the BAR windows (and make the

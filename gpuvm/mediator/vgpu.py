@@ -268,11 +268,14 @@ class VGpu:
 
     def _device_channel_counts(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
-        per_chan = self.med.gpu.counts.per_channel
+        first, end = self.part.chid_base, self.part.chid_base + self.part.channels
         with self.med.gpu.lock:
-            for c in range(self.part.chid_base, self.part.chid_base + self.part.channels):
-                for name, value in per_chan.get(c, {}).items():
-                    out[name] += value
+            # the channels that counted anything, not every channel of the partition:
+            # a recorded VM reads this with every counter snapshot
+            for c, counts in self.med.gpu.counts.per_channel.items():
+                if first <= c < end:
+                    for name, value in counts.items():
+                        out[name] += value
         return out
 
     def counters(self) -> dict[str, int]:
