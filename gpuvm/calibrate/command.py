@@ -306,6 +306,11 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
+    own = lock_use.handoff_curve(lock_use.from_about(about))
+    if own is not None:
+        print(f"  priced instead as the lock sat free per exit of the lock's own timed runs "
+              f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}), by the wait "
+              f"per sleep (us): {own.text()}")
     if profile.lock_work_vms:
         print(f"the work under the lock, beside {validation.FIT_VMS} VMs' "
               f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}, timed apart): "

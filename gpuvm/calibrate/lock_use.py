@@ -27,6 +27,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from gpuvm.calibrate.lock_turns import MIN_SLEEPS_PER_TAKE
+from gpuvm.calibrate.wake import WakeCurve
+
 GROWTH_BENCHMARK = "idle"  # the VMs `growth` is measured on (see the module)
 GROWTH_MODE = "fv"
 GROWTH_REPS = 2  # rounds over the counts; each count's runs pooled
@@ -127,6 +130,32 @@ def growth(uses: Sequence[LockUse], base_vms: int
     counts = sorted(n for n in pooled if n >= base_vms)
     return (tuple(float(n) for n in counts),
             tuple(pooled[n][0] / max(1, pooled[n][1]) / base for n in counts))
+
+
+def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:
+    """The lock's free time per exit by the wait per sleep before it, one point per VM
+    count (its runs pooled) whose exits nearly all slept (lock_turns.MIN_SLEEPS_PER_TAKE:
+    the free time is then the hand-offs'), in ascending waits; None with fewer than two.
+
+    This is the hand-off's rise with the wait as this emulator's own exits have it.  The
+    curve from threads taking turns at the lock apart from any VM
+    (gpuvm.calibrate.lock_turns) rose half as much on the lent machine: 12.0 -> 17.6 us
+    from 58 to 341 us waits, where eight of these VMs' exits left the lock free 20.2 us
+    after 370 us against 8.0 after 23 (two VMs) -- and fv at 8 VMs came out 17% short
+    with it, 10% with this (run 20261126-115242)."""
+    pooled: dict[int, list[int]] = {}
+    for u in uses:
+        p = pooled.setdefault(u.vms, [0, 0, 0, 0])
+        p[0] += u.in_run_wall_ns - u.in_run_cpu_ns  # waited
+        p[1] += u.sleeps
+        p[2] += max(0, u.makespan_ns - u.held_ns)  # the lock free
+        p[3] += u.exits
+    points = sorted((waited / sleeps, free / exits)
+                    for waited, sleeps, free, exits in pooled.values()
+                    if sleeps and exits and sleeps / exits >= MIN_SLEEPS_PER_TAKE)
+    if len(points) < 2:
+        return None
+    return WakeCurve(tuple(round(w) for w, _ in points), tuple(round(f) for _, f in points))
 
 
 def to_about(uses: Sequence[LockUse]) -> list[dict[str, Any]]:

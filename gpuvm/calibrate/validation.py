@@ -435,11 +435,15 @@ def analyse(measured: Sequence[Measured],
     repetition from its own (`spreads`).  With the host's `wake` curve (measured with
     the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
     top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
-    the work under the lock grows with the VM count beyond FIT_VMS as it did there."""
+    the work under the lock grows with the VM count beyond FIT_VMS as it did there, and
+    the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
+    `wake`'s latency, whose exits' work the timed growth holds already)."""
     from gpuvm.calibrate import emulator
+    from gpuvm.calibrate.lock_use import handoff_curve
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
                       recorded_times=1.0)
+    wake = handoff_curve(lock_use) or wake
     if wake is not None:
         profile = wake.priced_in(profile)
     vms, scale = growth(lock_use, FIT_VMS)
