@@ -388,3 +388,15 @@ def test_hostmem_experiment_rows_histories_and_report(tmp_path):
                  or line.startswith("| d2h ")]
     assert len(bandwidth) == 4 and all(line.endswith("| yes |") for line in bandwidth)
     assert "| 4k | 1 | no | 262144 | 8 | 8 | 2097216 | 2097152 |" in md
+
+
+def test_bench_ram_alloc_runs_both_ways_side_by_side(capsys):
+    from gpuvm import cli
+
+    assert cli.main(["bench", "ram-alloc", "--modes", "native", "--vms", "1",
+                     "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "guest RAM up front vs on demand" in out and "ondemand / immediate" in out
+    assert cli.main(["bench", "ram-alloc", "--modes", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench ram-alloc: modes from native" in err

@@ -1,4 +1,4 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz}`: each prints what it measures
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc}`: each prints what it measures
 side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
@@ -24,6 +24,8 @@ BENCHES = {
                   "vfio-user socket vs in-process, no KVM (--baseline: two checkouts)"),
     "fuzz": ("gpuvm.bench.fuzz", "main_fuzz", "hostile guest operations against two vGPUs, "
                                               "the reference monitor on"),
+    "ram-alloc": ("gpuvm.bench.ram_alloc", "main_ram_alloc", "guest RAM allocated as the VM "
+                  "is built vs as the guest first touches it"),
 }
 
 

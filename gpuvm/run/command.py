@@ -26,6 +26,7 @@ from gpuvm.run.tables import SUMMARY_WIDTH, TABLE_WIDTH, render, render_comparis
     render_summary, render_vms
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.guest_ram import ALLOCATIONS
 from scheduler import POLICIES
 
 PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] = pinned
@@ -200,6 +201,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pv", action="store_true", help="run the paravirtual driver")
     parser.add_argument("--pv-batch", type=_size, default=0,
                         help="PV: entries per hypercall (1 = pv-naive, 0 = the maximum)")
+    parser.add_argument("--ram-alloc", default="immediate", choices=ALLOCATIONS,
+                        help="when the host allocates each guest's RAM: as the VM is built "
+                             "(default), or as the guest first touches it")
     parser.add_argument("--timeout", type=_seconds, default=600.0,
                         help="wall seconds each VM may run (more than 0)")
     parser.add_argument("--time-scale", type=_scale, default=1.0,
@@ -323,7 +327,8 @@ def specs_from_args(args: argparse.Namespace) -> list[VmSpec]:
         if bench == "probe":
             params = _probe_params(req, params, _type_vram(str(vgpu["mdev_type"]), vram))
         specs.append(VmSpec(f"vm{i}", bench, params, req.inject or args.inject, args.pv,
-                            args.pv_batch, share=req.share, **vgpu))
+                            args.pv_batch, share=req.share, ram_alloc=args.ram_alloc,
+                            **vgpu))
     return specs
 
 
@@ -337,7 +342,7 @@ def parse_modes(text: str) -> list[str]:
 
 
 RUN_ONLY = ("policy", "benchmark", "vm", "size", "pinned", "inject", "vms", "pv", "pv_batch",
-            "timeout", "time_scale", "clock", "vram_mib", "mdev_type", "mdev", "detail", "json",
+            "ram_alloc", "timeout", "time_scale", "clock", "vram_mib", "mdev_type", "mdev", "detail", "json",
             "out", "trace")
 
 
@@ -347,7 +352,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
 
 
 _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
-             "vms": None, "pv": False, "pv_batch": 0, "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
+             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": "immediate", "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
 
