@@ -54,7 +54,7 @@ def _rss_kib(ram: GuestRam) -> int:
 def test_guest_ram_is_allocated_up_front_unless_asked_on_demand():
     """Up front (the default) every page is mapped before the guest runs, so no first
     touch faults inside KVM_RUN; on demand only what the guest touched."""
-    eager = GuestRam(8 * MiB)
+    eager = GuestRam(8 * MiB, prealloc=True)
     lazy = GuestRam(8 * MiB, prealloc=False)
     try:
         assert _rss_kib(eager) == 8 * 1024
@@ -81,10 +81,30 @@ def test_guest_ram_the_host_cannot_give_is_one_line(monkeypatch):
             return -1
     monkeypatch.setattr(guest_ram, "_libc", OutOfMemory)
     with pytest.raises(guest_ram.GuestRamAllocError) as info:
-        GuestRam(8 * MiB)
+        GuestRam(8 * MiB, prealloc=True)
     message = str(info.value)
     assert "cannot allocate 8 MiB up front (ENOMEM" in message and "\n" not in message
     assert isinstance(info.value, UserError)  # the CLI prints it as one line
+
+
+def test_the_default_allocation_is_immediate_unless_the_environment_says(monkeypatch):
+    """$GPUVM_RAM_ALLOC names the default (this suite runs with "ondemand": conftest.py);
+    unset, RAM is allocated up front; a bad value is one line naming the variable."""
+    from gpuvm.vmm import guest_ram
+
+    monkeypatch.delenv(guest_ram.ALLOC_ENV, raising=False)
+    assert guest_ram.default_allocation() == "immediate"
+    assert VmSpec("vm0", "memcpy").ram_alloc == "immediate"
+    ram = GuestRam(4 * MiB)
+    try:
+        assert ram.prealloc and _rss_kib(ram) == 4 * 1024
+    finally:
+        ram.close()
+    monkeypatch.setenv(guest_ram.ALLOC_ENV, "ondemand")
+    assert VmSpec("vm0", "memcpy").ram_alloc == "ondemand"
+    monkeypatch.setenv(guest_ram.ALLOC_ENV, "eager")
+    with pytest.raises(UserError, match=r"^GPUVM_RAM_ALLOC='eager' is not one of immediate"):
+        VmSpec("vm0", "memcpy")
 
 
 def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
@@ -190,7 +210,8 @@ def test_vm_pt_footprint_exact_counts():
     assert vm_pt_footprint(0)["4k"]["ptes"] == 0
 
 
-def test_config_checks_hostmem_keys():
+def test_config_checks_hostmem_keys(monkeypatch):
+    monkeypatch.delenv("GPUVM_RAM_ALLOC", raising=False)
     text = """
 [experiment]
 name = "x"

@@ -133,9 +133,10 @@ def test_experiment_domains_that_do_not_fit_name_the_file_and_hostdev(state):
         parse(EXPERIMENT.format(files=files[0]), source)
 
 
-def test_a_domain_says_when_its_ram_is_allocated():
+def test_a_domain_says_when_its_ram_is_allocated(monkeypatch):
     """libvirt's <memoryBacking><allocation mode>; absent, gpuvm allocates up front."""
     from gpuvm.libvirt.domain_xml import parse as parse_domain
+    monkeypatch.delenv("GPUVM_RAM_ALLOC", raising=False)
     text = domain_text("vm", UUID, "madd", "16")
     assert parse_domain(text, "d.xml").memory_alloc == "immediate"
     ondemand = text.replace("<vcpu>", "<memoryBacking><allocation mode='ondemand'/>"

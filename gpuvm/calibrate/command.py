@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from gpuvm.calibrate.stats import MIN_REPS
-from gpuvm.calibrate.validation import MAX_REPS_FACTOR, SHORT_MODE_S
+from gpuvm.calibrate.stats import MAX_REPS_FACTOR, MIN_REPS, SHORT_MODE_S
 from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

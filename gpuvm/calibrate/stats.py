@@ -1,4 +1,6 @@
-"""Median and spread of repeated measurements."""
+"""Median and spread of repeated measurements, and how many repetitions to take.
+
+Kept free of the VMM and the model: `calibrate --gpu` imports it on a host without them."""
 
 from __future__ import annotations
 
@@ -6,6 +8,16 @@ import statistics
 from dataclasses import dataclass
 
 MIN_REPS = 5  # fewer gives a spread that says little
+# `calibrate --emulator`: a mode whose repetitions took less than this together gets more
+# of them, up to MAX_REPS_FACTOR times the repetitions asked for (validation.measure)
+SHORT_MODE_S = 20.0
+MAX_REPS_FACTOR = 4
+
+
+def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float = SHORT_MODE_S) -> bool:
+    """Whether a mode whose repetitions so far took `spent_s` gets repetition `rep`
+    (0-based) when `reps` were asked for."""
+    return rep < reps or (spent_s < short_mode_s and rep < reps * MAX_REPS_FACTOR)
 
 
 @dataclass(frozen=True)

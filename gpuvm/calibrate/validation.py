@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.lock_use import LockUse, growth
+from gpuvm.calibrate.stats import MAX_REPS_FACTOR, SHORT_MODE_S, repeats
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import CostProfile
 
@@ -70,10 +71,6 @@ class Measured:
     # measured
     vcpu_sleeps: int = 0
     vcpu_cpu_ns: int = 0
-
-
-SHORT_MODE_S = 20.0  # a mode whose repetitions took less than this gets more of them
-MAX_REPS_FACTOR = 4  # ... up to this many times the repetitions asked for
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -134,11 +131,6 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                          f"({time.monotonic() - t0:.1f} s)")
             spent[mode] += time.monotonic() - started
     return out
-
-
-def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float) -> bool:
-    """Whether a mode whose repetitions so far took `spent_s` gets repetition `rep`."""
-    return rep < reps or (spent_s < short_mode_s and rep < reps * MAX_REPS_FACTOR)
 
 
 def trace_ns(trace: Mapping) -> int:

@@ -42,6 +42,7 @@ the field, before anything runs.
     working_set_mib = 96      # oversubscription: VRAM the model keeps resident for it
                               # (default: its partition's or type's framebuffer)
     ram_alloc = "immediate"   # or "ondemand": guest RAM allocated as it is touched
+                              # (default: $GPUVM_RAM_ALLOC, else immediate)
     ram_backing = "anon"      # or "4k", "thp"; and hostmem_report, pin_chunks,
                               # pin_chunk_kib, nohugepage_pinned, pin_hot_from,
                               # hot_threshold (experiments/hostmem.toml uses them)
@@ -62,7 +63,7 @@ from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from gpuvm.vmm.backends import BACKENDS
 from scheduler import POLICIES, SchedulerParams
 
@@ -88,7 +89,7 @@ class VmConfig:
     inject: str | None = None
     # host memory (issue 16; gpuvm/run/spec.py VmSpec says what each does)
     ram_backing: str = "anon"
-    ram_alloc: str = "immediate"  # or "ondemand" (VmSpec.ram_alloc)
+    ram_alloc: str = field(default_factory=default_allocation)  # VmSpec.ram_alloc
     hostmem_report: bool = False
     pin_chunks: bool = False
     pin_chunk_kib: int = 4096
@@ -209,7 +210,7 @@ def _vm(t: _Table) -> list[VmConfig]:
     extra = dict(  # host memory (issue 16), oversubscription (issue 17)
         ram_backing=t.get("ram_backing", str, "anon", check=lambda b: None
                           if b in ("anon", "4k", "thp") else "must be one of anon, 4k, thp"),
-        ram_alloc=t.get("ram_alloc", str, "immediate", check=lambda a: None
+        ram_alloc=t.get("ram_alloc", str, default_allocation(), check=lambda a: None
                         if a in ALLOCATIONS else f"must be one of {', '.join(ALLOCATIONS)}"),
         hostmem_report=t.get("hostmem_report", bool, False),
         pin_chunks=t.get("pin_chunks", bool, False),

@@ -34,7 +34,7 @@ from pathlib import Path
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 
 NS = "https://gpuvm.example/xmlns/domain/1.0"  # stable: domain files in the wild name it
 PREFIX = "gpuvm"
@@ -93,6 +93,7 @@ class DomainSpec:
     xml: str  # the whole document, as read (errors found later re-read it for lines)
     # when the host allocates the RAM (gpuvm.vmm.guest_ram): libvirt leaves an absent
     # <allocation> to the hypervisor, and gpuvm's allocates up front, as Xen does
+    # (guest_ram.default_allocation)
     memory_alloc: str = "immediate"
 
 
@@ -253,10 +254,10 @@ def parse(text: str, source: str) -> DomainSpec:
     if memory_el is None:
         raise doc.fail(root, "needs a <memory> (the guest's RAM)")
     memory = parse_memory(memory_el, doc)
-    memory_alloc = "immediate"
+    memory_alloc = default_allocation()
     alloc_el = root.find("memoryBacking/allocation")
     if alloc_el is not None:
-        memory_alloc = alloc_el.get("mode", "immediate")
+        memory_alloc = alloc_el.get("mode", memory_alloc)
         if memory_alloc not in ALLOCATIONS:
             raise doc.fail(alloc_el, f"allocation mode {memory_alloc!r} is not one of "
                                      f"{', '.join(ALLOCATIONS)}")

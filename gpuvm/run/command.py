@@ -26,7 +26,7 @@ from gpuvm.run.tables import SUMMARY_WIDTH, TABLE_WIDTH, render, render_comparis
     render_summary, render_vms
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from scheduler import POLICIES
 
 PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] = pinned
@@ -201,9 +201,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pv", action="store_true", help="run the paravirtual driver")
     parser.add_argument("--pv-batch", type=_size, default=0,
                         help="PV: entries per hypercall (1 = pv-naive, 0 = the maximum)")
-    parser.add_argument("--ram-alloc", default="immediate", choices=ALLOCATIONS,
+    parser.add_argument("--ram-alloc", default=None, choices=ALLOCATIONS,
                         help="when the host allocates each guest's RAM: as the VM is built "
-                             "(default), or as the guest first touches it")
+                             "(default: $GPUVM_RAM_ALLOC, else immediate), or as the guest "
+                             "first touches it")
     parser.add_argument("--timeout", type=_seconds, default=600.0,
                         help="wall seconds each VM may run (more than 0)")
     parser.add_argument("--time-scale", type=_scale, default=1.0,
@@ -327,8 +328,8 @@ def specs_from_args(args: argparse.Namespace) -> list[VmSpec]:
         if bench == "probe":
             params = _probe_params(req, params, _type_vram(str(vgpu["mdev_type"]), vram))
         specs.append(VmSpec(f"vm{i}", bench, params, req.inject or args.inject, args.pv,
-                            args.pv_batch, share=req.share, ram_alloc=args.ram_alloc,
-                            **vgpu))
+                            args.pv_batch, share=req.share,
+                            ram_alloc=args.ram_alloc or default_allocation(), **vgpu))
     return specs
 
 
@@ -352,7 +353,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
 
 
 _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
-             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": "immediate", "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
+             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": None, "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
 

@@ -13,7 +13,7 @@ from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
 from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 
 
 class RunError(Exception):
@@ -45,7 +45,7 @@ class VmSpec:
     ram_backing: str = "anon"
     # when the host allocates guest RAM: "immediate" as the VM is built, "ondemand" as
     # the guest first touches it (gpuvm.vmm.guest_ram says why immediate is the default)
-    ram_alloc: str = "immediate"
+    ram_alloc: str = field(default_factory=default_allocation)
     hostmem_report: bool = False
     pin_chunks: bool = False
     pin_chunk_bytes: int = 4 * 1024 * 1024

@@ -15,7 +15,7 @@ shmem_enabled knob may refuse them.
 mode="immediate"/>, QEMU's -mem-prealloc; a Xen domain, the paper's platform, gets all its
 memory when it is built, and a VFIO-attached guest's RAM is pinned, so populated, before
 it runs), or as the guest first touches each page ("ondemand").  Up front is the
-default: on demand, every first touch is a host page fault taken inside KVM_RUN (a 10 ms
+default ($GPUVM_RAM_ALLOC names another): on demand, every first touch is a host page fault taken inside KVM_RUN (a 10 ms
 stretch of a 40 ms pv run, measured 2026-11-26), and VMs that are threads of one VMM
 process take those faults on one address space -- four pv VMs took 3.3x one VM's time
 with faults on demand, 2.5x without (on 2 cores) -- a cost that belongs to neither the
@@ -46,9 +46,21 @@ class GuestRamAllocError(UserError):
 
 BACKINGS = ("anon", "4k", "thp")
 ALLOCATIONS = ("immediate", "ondemand")  # libvirt's <allocation mode=...> names
+# the allocation a VM gets where none is named (unset: "immediate"); the test suite sets
+# "ondemand" (tests/conftest.py): populating 256 MiB per VM cost it minutes on 2 cores
+ALLOC_ENV = "GPUVM_RAM_ALLOC"
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+
+def default_allocation() -> str:
+    """The allocation where a VM names none: $GPUVM_RAM_ALLOC, else "immediate"."""
+    value = os.environ.get(ALLOC_ENV, ALLOCATIONS[0])
+    if value not in ALLOCATIONS:
+        raise GuestRamAllocError(f"{ALLOC_ENV}={value!r} is not one of "
+                                 f"{', '.join(ALLOCATIONS)}")
+    return value
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -58,7 +70,8 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 class GuestRam:
     size: int
     backing: str = "anon"
-    prealloc: bool = True  # every page allocated and mapped now (see the module)
+    # every page allocated and mapped now (see the module); None: default_allocation()
+    prealloc: bool | None = None
     _map: mmap.mmap = field(init=False, repr=False)
     fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
@@ -78,6 +91,8 @@ class GuestRam:
         elif self.backing == "4k":
             self._map.madvise(MADV_NOHUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
+        if self.prealloc is None:
+            self.prealloc = default_allocation() == "immediate"
         if self.prealloc:
             self._populate()
 
