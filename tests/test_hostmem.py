@@ -420,4 +420,6 @@ def test_bench_ram_alloc_runs_both_ways_side_by_side(capsys):
     assert "guest RAM up front vs on demand" in out and "ondemand / immediate" in out
     assert cli.main(["bench", "ram-alloc", "--modes", "nope"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "bench ram-alloc: modes from native" in err
+    assert err.count("\n") == 1 and "bench ram-alloc: no mode 'nope' (have native" in err
+    assert cli.main(["bench", "ram-alloc", "--vms", "0"]) == 2
+    assert "VM counts >= 1" in capsys.readouterr().err

@@ -101,19 +101,19 @@ def main_ram_alloc(args: argparse.Namespace) -> int:
     import os
 
     from gpuvm.errors import UserError
-    from gpuvm.mediator.modes import MODES
     from gpuvm.run import RunError
+    from gpuvm.run.command import parse_modes
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
     try:
+        modes = parse_modes(args.modes)
         counts = [int(c) for c in args.vms.split(",")]
+    except RunError as exc:
+        raise UserError(f"bench ram-alloc: {exc}") from None
     except ValueError:
         counts = []
-    if unknown or not modes or not counts or min(counts) < 1 or args.repeat < 1:
-        raise UserError(f"bench ram-alloc: modes from {', '.join(MODES)}, VM counts >= 1 and "
-                        f"--repeat >= 1 (got --modes {args.modes} --vms {args.vms} "
-                        f"--repeat {args.repeat})")
+    if not counts or min(counts) < 1 or args.repeat < 1:
+        raise UserError(f"bench ram-alloc: VM counts >= 1 and --repeat >= 1 (got --vms "
+                        f"{args.vms} --repeat {args.repeat})")
     load = os.getloadavg()[0]
     try:
         runs = measure(args.benchmark, tuple(args.size), modes, counts, args.repeat,
