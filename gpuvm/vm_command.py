@@ -60,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
     except VfioError as exc:
         raise UserError(f"{exc} (is `gpuvm serve` running?)") from None
     job = {"name": spec.name, "benchmark": spec.benchmark, "params": params, "flags": flags,
-           "ram_size": spec.ram_size, "ram_alloc": spec.ram_alloc, "flat": str(program.flat) if program.flat else None,
+           "ram_size": spec.ram_size, "ram_alloc": spec.ram_alloc,
+           "flat": str(program.flat) if program.flat else None,
            "shared": str(program.shared) if program.shared else None, "backend": backend,
            "timeout": args.timeout, "wait_timeout": min(30.0, args.timeout)}
     try:

@@ -77,8 +77,9 @@ def run_on_vgpu(spec: DomainSpec, mdev: MdevDefinition, mdev_type: MdevType,
     # the machine has GPUs up to the mdev's parent, and the vGPU goes on that one
     vm = VmSpec(name=spec.name, benchmark=spec.workload.benchmark,
                 params=list(spec.workload.params), inject=spec.workload.inject,
-                ram_size=spec.memory, ram_alloc=spec.memory_alloc, mdev_type=mdev_type.type_id, mode=mdev.mode,
-                mdev_uuid=mdev.uuid, gpu=parent.index)
+                ram_size=spec.memory, ram_alloc=spec.memory_alloc,
+                mdev_type=mdev_type.type_id, mode=mdev.mode, mdev_uuid=mdev.uuid,
+                gpu=parent.index)
     options = RunOptions(mode=mdev.mode, backend=settings.backend, timeout=settings.timeout,
                          time_scale=settings.time_scale, vram_size=parent.profile.vram_size,
                          gpus=parent.index + 1)

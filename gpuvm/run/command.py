@@ -343,8 +343,8 @@ def parse_modes(text: str) -> list[str]:
 
 
 RUN_ONLY = ("policy", "benchmark", "vm", "size", "pinned", "inject", "vms", "pv", "pv_batch",
-            "ram_alloc", "timeout", "time_scale", "clock", "vram_mib", "mdev_type", "mdev", "detail", "json",
-            "out", "trace")
+            "ram_alloc", "timeout", "time_scale", "clock", "vram_mib", "mdev_type", "mdev",
+            "detail", "json", "out", "trace")
 
 
 def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, object]) -> list[str]:

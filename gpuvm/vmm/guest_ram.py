@@ -15,11 +15,12 @@ shmem_enabled knob may refuse them.
 mode="immediate"/>, QEMU's -mem-prealloc; a Xen domain, the paper's platform, gets all its
 memory when it is built, and a VFIO-attached guest's RAM is pinned, so populated, before
 it runs), or as the guest first touches each page ("ondemand").  Up front is the
-default ($GPUVM_RAM_ALLOC names another): on demand, every first touch is a host page fault taken inside KVM_RUN (a 10 ms
-stretch of a 40 ms pv run, measured 2026-11-26), and VMs that are threads of one VMM
-process take those faults on one address space -- four pv VMs took 3.3x one VM's time
-with faults on demand, 2.5x without (on 2 cores) -- a cost that belongs to neither the
-guest nor the mediator and that no trace of one VM shows.
+default ($GPUVM_RAM_ALLOC names another): on demand, every first touch is a host page
+fault taken inside KVM_RUN (a 10 ms stretch of a 40 ms pv run, measured 2026-11-26),
+and VMs that are threads of one VMM process take those faults on one address space --
+four pv VMs took 3.3x one VM's time with faults on demand, 2.5x without (on 2 cores) --
+a cost that belongs to neither the guest nor the mediator and that no trace of one VM
+shows.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ ALLOC_ENV = "GPUVM_RAM_ALLOC"
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+
 
 def default_allocation() -> str:
     """The allocation where a VM names none: $GPUVM_RAM_ALLOC, else "immediate"."""

@@ -50,8 +50,9 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     """Attach `device` to a fresh guest and run the job's benchmark to the end (a held
     job's guest starts at the word "go" on `go`)."""
     name = job["name"]
+    alloc = job.get("ram_alloc")  # absent (a job written by hand): the default's
     ram = GuestRam(job["ram_size"], backing=job.get("ram_backing", "anon"),
-                   prealloc=job.get("ram_alloc", "immediate") == "immediate")
+                   prealloc=None if alloc is None else alloc == "immediate")
     device.share(ram.host_address, ram.size, ram.fd)
     attached = attach(device, device, ram, name)
     try:
