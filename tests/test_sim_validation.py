@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuvm.calibrate import emulator, validation
+from gpuvm.calibrate import emulator, stats, validation
 
 LOOSE_BOUND_PCT = 60.0
 
@@ -45,3 +45,28 @@ def test_short_modes_get_more_repetitions():
     assert taken(40.0) == 2  # fv: as asked
     assert taken(short / 3 + 0.1) == 3  # fv-opt: until the mode took SHORT_MODE_S
     assert taken(0.5) == cap  # pv: up to the cap
+
+
+def test_short_single_vm_runs_are_taken_several_times_per_repetition():
+    """A repetition's trace and 1-VM run are each the fastest of as many runs as fit the
+    budget: a pv VM (a quarter second with its set-up) gets the most, fv (seconds) one."""
+    budget, most = stats.ONE_VM_SAMPLES_S, stats.MAX_ONE_VM_SAMPLES
+    assert stats.one_vm_samples(0.25, budget) == most
+    assert stats.one_vm_samples(budget / 3 + 0.01, budget) == 2
+    assert stats.one_vm_samples(budget / 2, budget) == 2
+    assert stats.one_vm_samples(budget * 0.6, budget) == 1
+    assert stats.one_vm_samples(30.0, budget) == 1
+    assert stats.one_vm_samples(0.0, budget) == most  # a clock that did not move
+
+
+def test_a_short_single_vm_run_is_the_fastest_of_its_samples(tmp_path):
+    """Each repetition keeps one 1-VM point, the fastest of its samples, and says how
+    many it took; larger VM counts run once."""
+    measured = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
+                                  one_vm_samples_s=60.0, trace_cache=tmp_path)
+    one, two = sorted(measured, key=lambda m: m.vms)
+    assert one.samples == stats.MAX_ONE_VM_SAMPLES and two.samples == 1
+    assert one.trace is two.trace
+    again = validation.measure("mmul", (16,), ["pv"], (1,), reps=1, short_mode_s=0,
+                               one_vm_samples_s=0, trace_cache=tmp_path)
+    assert [m.samples for m in again] == [1]

@@ -228,14 +228,19 @@ def print_profile(profile) -> None:
 # ------------------------------------------------------------------ --emulator
 def _reps_per_mode(measured) -> str:
     """'2' where every mode had as many repetitions, else 'fv 2, pv 8'
-    (validation.measure gives short modes more)."""
+    (validation.measure gives short modes more); then the 1-VM runs where a repetition
+    took more than one ('; 1 VM: pv 24 runs')."""
     reps: dict[str, set[int]] = {}
+    one_vm: dict[str, int] = {}
     for m in measured:
         reps.setdefault(m.mode, set()).add(m.rep)
+        if m.vms == 1:
+            one_vm[m.mode] = one_vm.get(m.mode, 0) + m.samples
     counts = {mode: len(r) for mode, r in reps.items()}
-    if len(set(counts.values())) == 1:
-        return str(next(iter(counts.values())))
-    return ", ".join(f"{mode} {n}" for mode, n in counts.items())
+    text = str(next(iter(counts.values()))) if len(set(counts.values())) == 1 else \
+        ", ".join(f"{mode} {n}" for mode, n in counts.items())
+    more = [f"{mode} {n}" for mode, n in one_vm.items() if n > counts[mode]]
+    return text + (f"; 1 VM: of {', '.join(more)} runs" if more else "")
 
 
 def main_emulator(args: argparse.Namespace) -> int:

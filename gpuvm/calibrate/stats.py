@@ -12,12 +12,24 @@ MIN_REPS = 5  # fewer gives a spread that says little
 # of them, up to MAX_REPS_FACTOR times the repetitions asked for (validation.measure)
 SHORT_MODE_S = 20.0
 MAX_REPS_FACTOR = 4
+# and within each repetition, where one VM's run is short, its trace and its run are each
+# the fastest of a few: as many as fit ONE_VM_SAMPLES_S, at most MAX_ONE_VM_SAMPLES
+ONE_VM_SAMPLES_S = 2.0
+MAX_ONE_VM_SAMPLES = 6
 
 
 def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float = SHORT_MODE_S) -> bool:
     """Whether a mode whose repetitions so far took `spent_s` gets repetition `rep`
     (0-based) when `reps` were asked for."""
     return rep < reps or (spent_s < short_mode_s and rep < reps * MAX_REPS_FACTOR)
+
+
+def one_vm_samples(one_run_s: float, budget_s: float = ONE_VM_SAMPLES_S) -> int:
+    """How many runs of one VM (the trace's recordings, and the plain runs) a repetition
+    takes when one such run, set-up included, took `one_run_s`: at least one."""
+    if one_run_s <= 0:
+        return MAX_ONE_VM_SAMPLES
+    return max(1, min(MAX_ONE_VM_SAMPLES, int(budget_s / one_run_s)))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ runs are predictions.  How much later a thread wakes after a longer wait, and ho
 slower it then handles its exit, is not fitted but measured with the runs
 (gpuvm.calibrate.wake, kept in the bundle's "about").  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
-only ever adds time), predicted from the fastest of the mode's traces.
+only ever adds time), predicted from the fastest of the mode's traces; where one VM's
+run is short, a repetition's trace and 1-VM run are each the fastest of a few (`measure`).
 
 With `isolated` every VM runs in its own VMM process over vfio-user: nothing shares an
 interpreter lock there (no hand-off is fitted), and the model serialises the server's
@@ -49,7 +50,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.lock_use import LockUse, growth
-from gpuvm.calibrate.stats import MAX_REPS_FACTOR, SHORT_MODE_S, repeats
+from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, ONE_VM_SAMPLES_S, SHORT_MODE_S,
+                                  one_vm_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import CostProfile
 
@@ -71,12 +73,16 @@ class Measured:
     # measured
     vcpu_sleeps: int = 0
     vcpu_cpu_ns: int = 0
+    # of how many runs of the repetition this is the fastest (1 VM: stats.one_vm_samples)
+    samples: int = 1
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             counts: Sequence[int], reps: int, backend: str = "auto",
             progress: Callable[[str], None] = lambda line: None,
-            isolated: bool = False, short_mode_s: float = SHORT_MODE_S) -> list[Measured]:
+            isolated: bool = False, short_mode_s: float = SHORT_MODE_S,
+            one_vm_samples_s: float = ONE_VM_SAMPLES_S,
+            trace_cache: Path | None = None) -> list[Measured]:
     """Per repetition and mode: record one VM's trace, then run each VM count at once
     (`isolated`: every VM in its own VMM process, the trace too).
 
@@ -86,12 +92,25 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     or 29-34 ms by turns on the lent machine (ten runs, 2026-11-26), so with two
     repetitions the fastest trace came from the slow kind and the fastest run from the
     fast one at 1.57x (run 20261126-113502).  A repetition of pv is a few seconds, of
-    fv half a minute: the short modes get the samples at little cost."""
+    fv half a minute: the short modes get the samples at little cost.
+
+    Within a repetition, where one VM's run is short (its unmeasured run took under
+    half of `one_vm_samples_s`), the trace is the fastest of a few recordings and the
+    1-VM run the fastest of as many plain runs (stats.one_vm_samples; 0: one each).
+    Why: the lent machine's own cores run at one of two speeds, by turns, each for a
+    second or so -- a fixed Python loop took 9.5-10 ms or 15-17 ms, one right after the
+    other, whatever the VMs did, and one pv VM's vCPU thread used 16.6-18 or 23-26 ms
+    of CPU for the same work (sixty runs, 2026-11-26; pinned to one core too).  A run
+    of 25 ms lands on one speed whole, so six plain runs can all come out slow while the
+    traces beside them were fast (run 20261126-122547: -24%); a run of seconds, or of
+    eight VMs on eight cores, averages the two.
+
+    The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE)."""
     from gpuvm.experiment.config import Scenario, VmConfig
     from gpuvm.experiment.execute import specs_for
     from gpuvm.run import run_vms
     from gpuvm.run.spec import RunOptions
-    from gpuvm.sim.traces import TraceKey, record_fastest
+    from gpuvm.sim.traces import CACHE, TraceKey, record_fastest
 
     def makespan(mode: str, n: int) -> tuple[int, int, int, int]:
         """The run's makespan, the server's time on its VMs (isolated; else 0), and the
@@ -122,13 +141,18 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
             makespan(mode, 1)
-            trace = record_fastest(TraceKey(benchmark, params, mode, isolated), 1, backend)
+            samples = one_vm_samples(time.monotonic() - started, one_vm_samples_s) \
+                if one_vm_samples_s > 0 else 1
+            trace = record_fastest(TraceKey(benchmark, params, mode, isolated), samples,
+                                   backend, trace_cache or CACHE)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0 = time.monotonic()
-                span, served, sleeps, cpu = makespan(mode, n)
-                out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu))
+                taken = samples if n == 1 else 1
+                span, served, sleeps, cpu = min(makespan(mode, n) for _ in range(taken))
+                out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu, taken))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
-                         f"({time.monotonic() - t0:.1f} s)")
+                         + (f"(fastest of {taken}, " if taken > 1 else "(")
+                         + f"{time.monotonic() - t0:.1f} s)")
             spent[mode] += time.monotonic() - started
     return out
 
@@ -468,6 +492,7 @@ def save(directory: Path, measured: Sequence[Measured],
              "trace": stored(m.trace)} | ({"served_ns": m.served_ns} if m.served_ns else {})
             | ({"vcpu_sleeps": m.vcpu_sleeps} if m.vcpu_sleeps else {})
             | ({"vcpu_cpu_ns": m.vcpu_cpu_ns} if m.vcpu_cpu_ns else {})
+            | ({"samples": m.samples} if m.samples > 1 else {})
             for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
@@ -499,7 +524,7 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
         measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
                              int(r["makespan_ns"]), trace(str(r["trace"])),
                              int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)),
-                             int(r.get("vcpu_cpu_ns", 0)))
+                             int(r.get("vcpu_cpu_ns", 0)), int(r.get("samples", 1)))
                     for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:
