@@ -61,9 +61,12 @@ def test_short_single_vm_runs_are_taken_several_times_per_repetition():
 
 def test_a_short_single_vm_run_is_the_fastest_of_its_samples(tmp_path):
     """Each repetition keeps one 1-VM point, the fastest of its samples, and says how
-    many it took; larger VM counts run once."""
+    many it took; larger VM counts run once.  The hook before each repetition runs."""
+    before: list[int] = []  # what else is measured beside the runs goes before each rep
     measured = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
-                                  one_vm_samples_s=60.0, trace_cache=tmp_path)
+                                  one_vm_samples_s=60.0, trace_cache=tmp_path,
+                                  before_rep=before.append)
+    assert before == [0]
     one, two = sorted(measured, key=lambda m: m.vms)
     assert one.samples == stats.MAX_ONE_VM_SAMPLES and two.samples == 1
     assert one.trace is two.trace

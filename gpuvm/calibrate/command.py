@@ -345,7 +345,10 @@ def main_emulator(args: argparse.Namespace) -> int:
 
 def _measure_emulator(args: argparse.Namespace, reps: int
                       ) -> tuple[list, list[tuple[str, dict]], dict]:
-    """Trace the calibration file's single VMs, then run the scaling file's VM counts."""
+    """Trace the calibration file's single VMs, then run the scaling file's VM counts,
+    the lock's timed rounds among them."""
+    from dataclasses import replace
+
     from gpuvm.calibrate import lock_turns, lock_use, validation
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
@@ -373,14 +376,24 @@ def _measure_emulator(args: argparse.Namespace, reps: int
         raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     counts = sorted({len(s.vms) for s in scaling.scenarios})
     uses: list[lock_use.LockUse] = []
-    if not args.emulator_isolated and kvm_usable()[0]:  # the lock of VMs as threads
-        grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
-            [n for n in counts if n >= validation.FIT_VMS]
+    grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
+        [n for n in counts if n >= validation.FIT_VMS]
+    time_the_lock = not args.emulator_isolated and kvm_usable()[0]  # VMs as threads
+
+    def lock_round(rep: int) -> None:
+        """One round of the lock's timed runs before each of the first GROWTH_REPS
+        repetitions: beside the runs they predict, not minutes before them -- the lent
+        machine's speed drifts (one VM of fv took 2.4 s, then 2.0 s ten minutes later),
+        and two rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one
+        run and 0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short
+        (runs 20261126-142007, -142902)."""
+        if not time_the_lock or rep >= lock_use.GROWTH_REPS:
+            return
         progress(f"timing how the work under the lock grows with the VMs "
                  f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
                  f"{', '.join(map(str, grown))})")
-        uses = lock_use.measure(lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE],
-                                grown, lock_use.GROWTH_REPS)
+        uses.extend(replace(u, rep=rep) for u in lock_use.measure(
+            lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE], grown, 1))
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -393,7 +406,8 @@ def _measure_emulator(args: argparse.Namespace, reps: int
             fit_traces.append((mode, record_fastest(key, reps)))
     # 2. the scaling runs, each VM count right after a trace of one VM
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
-                                  progress=progress, isolated=args.emulator_isolated)
+                                  progress=progress, isolated=args.emulator_isolated,
+                                  before_rep=lock_round)
     command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
         + (" --isolated" if args.emulator_isolated else "")

@@ -82,7 +82,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             progress: Callable[[str], None] = lambda line: None,
             isolated: bool = False, short_mode_s: float = SHORT_MODE_S,
             one_vm_samples_s: float = ONE_VM_SAMPLES_S,
-            trace_cache: Path | None = None) -> list[Measured]:
+            trace_cache: Path | None = None,
+            before_rep: Callable[[int], None] = lambda rep: None) -> list[Measured]:
     """Per repetition and mode: record one VM's trace, then run each VM count at once
     (`isolated`: every VM in its own VMM process, the trace too).
 
@@ -105,7 +106,9 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     traces beside them were fast (run 20261126-122547: -24%); a run of seconds, or of
     eight VMs on eight cores, averages the two.
 
-    The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE)."""
+    The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
+    `before_rep(rep)` runs before each repetition (what else the model needs measured
+    beside these runs: gpuvm.calibrate.command runs the lock's timed rounds there)."""
     from gpuvm.experiment.config import Scenario, VmConfig
     from gpuvm.experiment.execute import specs_for
     from gpuvm.run import run_vms
@@ -133,6 +136,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     for rep in range(reps * MAX_REPS_FACTOR):
         if not any(repeats(rep, reps, spent[m], short_mode_s) for m in modes):
             break
+        before_rep(rep)
         for mode in modes:
             if not repeats(rep, reps, spent[mode], short_mode_s):
                 continue
