@@ -175,7 +175,8 @@ def test_each_release_that_costs_a_take_is_one_more_wait_beside_another_vm():
 
 def _bundle_fit(bundle: Path):
     measured, fits, about = validation.load(bundle)
-    return validation.analyse(measured, fits, about["cpus"], WakeCurve.from_about(about))
+    return validation.analyse(measured, fits, about["cpus"], WakeCurve.from_about(about),
+                              with_spread=False)
 
 
 def _without_releases(bundle: Path, into: Path) -> Path:

@@ -153,9 +153,10 @@ def test_timed_growth_lengthens_the_bundles_points_past_two_vms_only():
     timed growth holds it)."""
     measured, fits, about = validation.load(LOCK_BUNDLE)
     wake = WakeCurve.from_about(about)
-    plain = validation.analyse(measured, fits, about["cpus"], wake)
+    plain = validation.analyse(measured, fits, about["cpus"], wake,
+                               with_spread=False)
     grown = validation.analyse(measured, fits, about["cpus"], wake,
-                               [_run(2, 0, 25), _run(8, 0, 30)])
+                               [_run(2, 0, 25), _run(8, 0, 30)], with_spread=False)
     assert grown.profile.lock_work_scale == pytest.approx((1.0, 1.2))
     assert grown.profile.wake_work_ns == () and plain.profile.wake_work_ns
     before = {(p.mode, p.vms): p.predicted_ms for p in plain.points}
@@ -206,7 +207,8 @@ def test_the_emulators_own_handoff_prices_eight_vms_closer_than_the_turns(monkey
 
     def errors() -> dict[tuple[str, int], float]:
         return {(p.mode, p.vms): p.error_pct for p in
-                validation.analyse(measured, fits, about["cpus"], wake, uses).points}
+                validation.analyse(measured, fits, about["cpus"], wake, uses,
+                                                   with_spread=False).points}
     own = errors()
     monkeypatch.setattr(lock_use, "handoff_curve", lambda uses: None)
     turns = errors()

@@ -442,13 +442,13 @@ class Analysis:
     profile: CostProfile  # fitted prices, host cores fitted on FIT_VMS
     kept: list[Measured]  # the fastest repetition of each (mode, VMs)
     points: list[ValidationPoint]
-    spread: list[Spread]  # per point, over every repetition
+    spread: list[Spread]  # per point, over every repetition (empty: not asked for)
 
 
 def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
             cores: int | None = None, wake: WakeCurve | None = None,
-            lock_use: Sequence[LockUse] = ()) -> Analysis:
+            lock_use: Sequence[LockUse] = (), with_spread: bool = True) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
@@ -457,7 +457,9 @@ def analyse(measured: Sequence[Measured],
     top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
     the work under the lock grows with the VM count beyond FIT_VMS as it did there, and
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
-    `wake`'s latency, whose exits' work the timed growth holds already)."""
+    `wake`'s latency, whose exits' work the timed growth holds already).  Without
+    `with_spread` the repetitions are not replayed one by one: a third to a half of the
+    replays, for a caller that wants the kept points alone."""
     from gpuvm.calibrate import emulator
     from gpuvm.calibrate.lock_use import handoff_curve
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
@@ -471,7 +473,8 @@ def analyse(measured: Sequence[Measured],
         profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
-    return Analysis(profile, kept, predict(kept, profile), spreads(measured, profile))
+    return Analysis(profile, kept, predict(kept, profile),
+                    spreads(measured, profile) if with_spread else [])
 
 
 # ------------------------------------------------------------------ bundles
