@@ -3,9 +3,9 @@ timed back to back.
 
 Everything else this lab times (a trap, a VM's makespan, a model's error against the
 emulator) rides on the host's cores running at one speed.  On the lent 16-core machines
-(themselves virtual machines) they did not: one fixed Python loop took 9.5-10 ms or
-15-17 ms by turns, each for a second or so, pinned to one core as well, and a 25 ms pv
-run landed on one speed whole (gpuvm.calibrate.validation.measure takes the fastest of
+(themselves virtual machines) they did not: this loop took ~9 ms or 15-22 ms by turns,
+for a second or so at a time, pinned to any one of the 16 cores as well (README, "What
+it measures"), and a 25 ms pv run landed on one speed whole (gpuvm.calibrate.validation.measure takes the fastest of
 several short runs for that reason).  This bench says whether a host does that before
 its numbers are trusted: each run is the same loop; a run counts as slow where it took
 over SLOW_FACTOR times the fastest; with `--cpus` the thread is pinned to each listed

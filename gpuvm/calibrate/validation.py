@@ -99,12 +99,11 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     half of `one_vm_samples_s`), the trace is the fastest of a few recordings and the
     1-VM run the fastest of as many plain runs (stats.one_vm_samples; 0: one each).
     Why: the lent machine's own cores run at one of two speeds, by turns, each for a
-    second or so -- a fixed Python loop took 9.5-10 ms or 15-17 ms, one right after the
-    other, whatever the VMs did, and one pv VM's vCPU thread used 16.6-18 or 23-26 ms
-    of CPU for the same work (sixty runs, 2026-11-26; pinned to one core too).  A run
-    of 25 ms lands on one speed whole, so six plain runs can all come out slow while the
-    traces beside them were fast (run 20261126-122547: -24%); a run of seconds, or of
-    eight VMs on eight cores, averages the two.
+    second or so -- one fixed loop in ~9 ms or 15-22 ms, pinned to any of its 16 cores
+    (`gpuvm bench host`, 2026-11-26) -- and one pv VM's vCPU thread used CPU time to
+    match for the same work.  A run of 25 ms lands on one speed whole, so six plain runs
+    can all come out slow while the traces beside them were fast (run 20261126-122547:
+    -24%); a run of seconds, or of eight VMs on eight cores, averages the two.
 
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
