@@ -87,6 +87,14 @@ def test_guest_ram_the_host_cannot_give_is_one_line(monkeypatch):
     assert isinstance(info.value, UserError)  # the CLI prints it as one line
 
 
+def test_an_allocation_name_says_whether_to_populate_up_front():
+    from gpuvm.vmm.guest_ram import GuestRamAllocError, prealloc_for
+    assert (prealloc_for("immediate"), prealloc_for("ondemand"), prealloc_for(None)) == \
+        (True, False, None)
+    with pytest.raises(GuestRamAllocError, match="'eager' is not one of"):
+        prealloc_for("eager")
+
+
 def test_the_default_allocation_is_immediate_unless_the_environment_says(monkeypatch):
     """$GPUVM_RAM_ALLOC names the default (this suite runs with "ondemand": conftest.py);
     unset, RAM is allocated up front; a bad value is one line naming the variable."""

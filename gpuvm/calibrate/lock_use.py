@@ -85,22 +85,15 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     """Per repetition, mode and VM count, one run of that many VMs as threads on KVM,
     each vCPU thread's KVM_RUN timed.  RuntimeError where a VM fails or the backend is
     not KVM (no KVM_RUN to time)."""
-    from gpuvm.experiment.config import Scenario, VmConfig
-    from gpuvm.experiment.execute import specs_for
-    from gpuvm.run import run_vms
+    from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
 
     out: list[LockUse] = []
     for rep in range(reps):
         for mode in modes:
             for n in counts:
-                scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
-                                                    for i in range(n)))
-                results = run_vms(specs_for(scenario),
-                                  RunOptions(mode=mode, backend="kvm", time_kvm_run=True))
-                failed = [r.error() for r in results if not r.passed]
-                if failed:
-                    raise RuntimeError(f"{mode} x{n}: {failed[0]}")
+                results = run_alike(benchmark, params, n, RunOptions(
+                    mode=mode, backend="kvm", time_kvm_run=True), f"{mode} x{n}")
                 timers = [r.session.kvm_run_time for r in results]
                 vcpus = [r.outcome.vcpu for r in results]
                 if any(t is None or not t.runs for t in timers) or None in vcpus:

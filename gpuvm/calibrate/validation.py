@@ -108,22 +108,15 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
     beside these runs: gpuvm.calibrate.command runs the lock's timed rounds there)."""
-    from gpuvm.experiment.config import Scenario, VmConfig
-    from gpuvm.experiment.execute import specs_for
-    from gpuvm.run import run_vms
+    from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import CACHE, TraceKey, record_fastest
 
     def makespan(mode: str, n: int) -> tuple[int, int, int, int]:
         """The run's makespan, the server's time on its VMs (isolated; else 0), and the
         times its vCPU threads slept and the CPU time they used (threads; else 0)."""
-        scenario = Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
-                                            for i in range(n)))
-        results = run_vms(specs_for(scenario), RunOptions(mode=mode, backend=backend,
-                                                          isolated=isolated))
-        failed = [r.error() for r in results if not r.passed]
-        if failed:
-            raise RuntimeError(f"{mode} x{n}: {failed[0]}")
+        results = run_alike(benchmark, params, n, RunOptions(
+            mode=mode, backend=backend, isolated=isolated), f"{mode} x{n}")
         vcpus = [r.outcome.vcpu for r in results
                  if r.outcome.vcpu is not None and not isolated]
         return (max(sum(p.wall_ns for p in r.session.phases) for r in results),

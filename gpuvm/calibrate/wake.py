@@ -236,16 +236,11 @@ def measure_on_exits(benchmark: str, params: tuple[int, ...], mode: str,
     """The curve measured on one VM of this emulator (ExitProbe): how long its vCPU
     thread takes to wake after each sleep, and how long the exit it then handles
     takes.  None where the VM does not run on KVM (no KVM_RUN to sleep after)."""
-    from gpuvm.experiment.config import Scenario, VmConfig
-    from gpuvm.experiment.execute import specs_for
-    from gpuvm.run import run_vms
+    from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
 
-    scenario = Scenario("wake", (VmConfig("vm", benchmark, params),))
     with ExitProbe(slept_us) as probe:
-        results = run_vms(specs_for(scenario), RunOptions(
-            mode=mode, backend=backend, record_events=True, after_kvm_run=probe.after_run))
-    failed = [r.error() for r in results if not r.passed]
-    if failed:
-        raise RuntimeError(f"measuring wake-ups on {mode}: {failed[0]}")
+        run_alike(benchmark, params, 1, RunOptions(
+            mode=mode, backend=backend, record_events=True, after_kvm_run=probe.after_run),
+            f"measuring wake-ups on {mode}")
     return probe.curve()

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from gpuvm.experiment.config import Experiment, Scenario
+from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
 from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
@@ -87,6 +87,20 @@ def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> li
                             pin_chunk_bytes=vm.pin_chunk_kib * 1024,
                             nohugepage_pinned=vm.nohugepage_pinned))
     return specs
+
+
+def run_alike(benchmark: str, params: tuple[int, ...], vms: int, options: RunOptions,
+              what: str) -> list[VmResult]:
+    """`vms` VMs of one benchmark run at once (calibration's runs: no experiment file
+    behind them); RuntimeError "`what`: <the first failure>" where any VM failed -- a
+    measurement of a failed run would mean nothing."""
+    scenario = Scenario(f"{vms}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
+                                          for i in range(vms)))
+    results = run_vms(specs_for(scenario), options)
+    failed = [r.error() for r in results if not r.passed]
+    if failed:
+        raise RuntimeError(f"{what}: {failed[0]}")
+    return results
 
 
 def hot_masks_for(scenario: Scenario, key: RunKey, rows: list[dict[str, Any]]

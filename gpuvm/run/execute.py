@@ -26,7 +26,7 @@ from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
-from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.event_trace import EventRecorder
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, KvmRunTime, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
@@ -233,7 +233,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                                if virtual else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 ram = GuestRam(spec.ram_size, backing=spec.ram_backing,
-                               prealloc=spec.ram_alloc == "immediate")
+                               prealloc=prealloc_for(spec.ram_alloc))
                 rams.append(ram)
                 attached, runner, session = _start(machine, spec, params, flags, ram,
                                                    programs, backend, options)

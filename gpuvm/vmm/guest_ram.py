@@ -64,6 +64,17 @@ def default_allocation() -> str:
     return value
 
 
+def prealloc_for(allocation: str | None) -> bool | None:
+    """GuestRam's `prealloc` for an allocation's name (libvirt's mode; None: the
+    default's, decided when the RAM is made)."""
+    if allocation is None:
+        return None
+    if allocation not in ALLOCATIONS:
+        raise GuestRamAllocError(f"guest RAM allocation {allocation!r} is not one of "
+                                 f"{', '.join(ALLOCATIONS)}")
+    return allocation == "immediate"
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 

@@ -30,7 +30,7 @@ from typing import Any, TextIO
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vmm.backends import make_runner
-from gpuvm.vmm.guest_ram import GuestRam
+from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
 from gpuvm.vmm.event_trace import EventRecorder, EventTrace
 from gpuvm.vmm.vfio_attach import BAR_BASES, attach
@@ -50,9 +50,9 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     """Attach `device` to a fresh guest and run the job's benchmark to the end (a held
     job's guest starts at the word "go" on `go`)."""
     name = job["name"]
-    alloc = job.get("ram_alloc")  # absent (a job written by hand): the default's
+    # ram_alloc absent (a job written by hand): the default's
     ram = GuestRam(job["ram_size"], backing=job.get("ram_backing", "anon"),
-                   prealloc=None if alloc is None else alloc == "immediate")
+                   prealloc=prealloc_for(job.get("ram_alloc")))
     device.share(ram.host_address, ram.size, ram.fd)
     attached = attach(device, device, ram, name)
     try:
