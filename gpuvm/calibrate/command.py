@@ -229,7 +229,7 @@ def print_profile(profile) -> None:
 def _reps_per_mode(measured) -> str:
     """'2' where every mode had as many repetitions, else 'fv 2, pv 8'
     (validation.measure gives short modes more); then the 1-VM runs where a repetition
-    took more than one ('; 1 VM: pv 24 runs')."""
+    took more than one ('; 1 VM: of pv 24 runs')."""
     reps: dict[str, set[int]] = {}
     one_vm: dict[str, int] = {}
     for m in measured:
