@@ -336,3 +336,18 @@ def test_the_exits_slowing_after_a_long_sleep_brings_eight_vms_closer():
     assert set(errors["and exit"]) == {"fv-opt", "pv"}
     for mode in ("fv-opt", "pv"):
         assert abs(errors["and exit"][mode]) < abs(errors["wake-up"][mode]) - 2, errors
+
+
+def test_the_reports_replays_come_out_the_same_in_worker_processes():
+    """Every repetition's replay and each point's needed hand-off, in forked workers
+    (min_cores=1 forces them on any host) and here: the same to the last bit."""
+    measured, fits, about = validation.load(BUNDLE)
+    pv = [m for m in measured if m.mode == "pv"]
+    profile = validation.analyse(pv, [f for f in fits if f[0] == "pv"], about["cpus"],
+                                 with_spread=False).profile
+    here = validation.spreads(pv, profile, min_cores=10**6)
+    assert validation.spreads(pv, profile, min_cores=1) == here
+    kept = validation.fastest(pv)
+    assert validation.needed_handoffs(kept, profile, min_cores=1) == \
+        validation.needed_handoffs(kept, profile, min_cores=10**6)
+    assert validation.in_parallel(abs, [-1, 2, -3], min_cores=1) == [1, 2, 3]

@@ -45,6 +45,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -303,25 +304,57 @@ def _handoff_where_zero(error: Callable[[float], float]) -> float:
     return round((low + high) / 2)
 
 
-def needed_handoffs(points: Sequence[Measured], profile: CostProfile
-                    ) -> dict[tuple[str, int], float]:
+PARALLEL_MIN_CORES = 4  # a host with fewer replays the report's points in this process
+
+
+def in_parallel(fn: Callable[[Any], Any], items: Sequence[Any],
+                min_cores: int = PARALLEL_MIN_CORES) -> list[Any]:
+    """[fn(x) for x in items], in worker processes where the host has `min_cores` or
+    more: the replays behind the report (every repetition's, and each point's needed
+    hand-off) are independent and deterministic, so the results are the same either
+    way -- on the lent 16-core machine they took 200 of `calibrate --emulator`'s 500-560
+    s one after another, against its 600 s per-call limit.  Workers are forked (a
+    spawned one would import the caller's __main__, which a script read from stdin
+    has not got), and only while this process runs no other thread: one that held a
+    lock at the fork would leave it held in the worker -- the VMs' threads have all
+    ended by the time their runs are analysed.  `fn` must pickle (a top-level
+    function, or a functools.partial of one)."""
+    import threading
+    cores = os.cpu_count() or 1
+    workers = min(len(items), cores)
+    if workers < 2 or cores < min_cores or threading.active_count() > 1:
+        return [fn(x) for x in items]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(fn, items))
+
+
+def _replayed(m: Measured, profile: CostProfile):
+    from gpuvm.calibrate.emulator import replayed_from_traces
+    return replayed_from_traces(m.mode, m.vms, m.trace, profile)
+
+
+def _needed_handoff(m: Measured, profile: CostProfile) -> float:
+    def error(handoff: float) -> float:
+        p = replace(profile, lock_handoff_ns=handoff)
+        return predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
+    return _handoff_where_zero(error)
+
+
+def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
+                    min_cores: int = PARALLEL_MIN_CORES) -> dict[tuple[str, int], float]:
     """Per kept point of VMs as threads with more than one VM, the hand-off for which
     that point alone would come out right.  One cost is fitted for every mode and
     count (`fit_handoff`); where these differ -- by mode, or growing with the VM
     count -- the lock's cost depends on more than the exits the model charges it for
     (README, "The model against the emulator").  Replays each point about six times
-    (`_handoff_where_zero`): half a minute for fv's eight VMs."""
+    (`_handoff_where_zero`): half a minute for fv's eight VMs, so the points go to
+    worker processes where the host has the cores (`in_parallel`)."""
     from gpuvm.sim.replay import served
-    out = {}
-    for m in points:
-        if m.vms < 2 or served(m.trace["events"]):
-            continue
-
-        def error(handoff: float, m: Measured = m) -> float:
-            p = replace(profile, lock_handoff_ns=handoff)
-            return predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
-        out[(m.mode, m.vms)] = _handoff_where_zero(error)
-    return out
+    threaded = [m for m in points if m.vms >= 2 and not served(m.trace["events"])]
+    needed = in_parallel(partial(_needed_handoff, profile=profile), threaded, min_cores)
+    return {(m.mode, m.vms): ns for m, ns in zip(threaded, needed)}
 
 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
@@ -384,17 +417,21 @@ class Spread:
         return statistics.median(self.rep_errors_pct)
 
 
-def spreads(measured: Sequence[Measured], profile: CostProfile) -> list[Spread]:
-    from gpuvm.calibrate.emulator import replayed_from_traces
+def spreads(measured: Sequence[Measured], profile: CostProfile,
+            min_cores: int = PARALLEL_MIN_CORES) -> list[Spread]:
     from gpuvm.sim.replay import server_ns
     runs: dict[tuple[str, int], list[Measured]] = {}
     for m in measured:
         runs.setdefault((m.mode, m.vms), []).append(m)
+    for reps in runs.values():
+        reps.sort(key=lambda m: m.rep)
+    ordered = [m for key in sorted(runs) for m in runs[key]]
+    replays = dict(zip(map(id, ordered),
+                       in_parallel(partial(_replayed, profile=profile), ordered, min_cores)))
     out = []
     for (mode, vms), reps in sorted(runs.items()):
-        reps.sort(key=lambda m: m.rep)
         spans = [m.makespan_ns for m in reps]
-        models = [replayed_from_traces(m.mode, m.vms, m.trace, profile) for m in reps]
+        models = [replays[id(m)] for m in reps]
         traced = [(m.served_ns, server_ns(m.trace["events"])) for m in reps]
         ratios = [served / vms / alone for served, alone in traced if served and alone]
         sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
