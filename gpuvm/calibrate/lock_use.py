@@ -99,7 +99,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 if any(t is None or not t.runs for t in timers) or None in vcpus:
                     raise RuntimeError(f"{mode} x{n}: no KVM_RUN was timed")
                 use = LockUse(mode, n, rep,
-                              max(sum(p.wall_ns for p in r.session.phases) for r in results),
+                              max(r.wall_ns for r in results),
                               sum(t.runs for t in timers), sum(u.cpu_ns for u in vcpus),
                               sum(t.cpu_ns for t in timers), sum(t.wall_ns for t in timers),
                               sum(u.voluntary_switches for u in vcpus))

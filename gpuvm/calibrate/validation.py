@@ -120,7 +120,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             mode=mode, backend=backend, isolated=isolated), f"{mode} x{n}")
         vcpus = [r.outcome.vcpu for r in results
                  if r.outcome.vcpu is not None and not isolated]
-        return (max(sum(p.wall_ns for p in r.session.phases) for r in results),
+        return (max(r.wall_ns for r in results),
                 sum(r.served.total_ns for r in results if r.served is not None),
                 sum(u.voluntary_switches for u in vcpus), sum(u.cpu_ns for u in vcpus))
 

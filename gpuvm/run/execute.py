@@ -59,6 +59,12 @@ class VmResult:
         return self.outcome.passed
 
     @property
+    def wall_ns(self) -> int:
+        """The guest's phases' wall time, summed: the VM's own run, without its set-up
+        (a run's makespan is the most of its VMs')."""
+        return sum(p.wall_ns for p in self.session.phases)
+
+    @property
     def record(self) -> dict[str, str]:
         """The guest's last result record ({} when it reported none)."""
         return self.session.results[-1] if self.session.results else {}
