@@ -9,7 +9,8 @@ it measures"), and a 25 ms pv run landed on one speed whole (gpuvm.calibrate.val
 several short runs for that reason).  This bench says whether a host does that before
 its numbers are trusted: each run is the same loop; a run counts as slow where it took
 over SLOW_FACTOR times the fastest; with `--cpus` the thread is pinned to each listed
-core in turn, and each core gets its row.
+core in turn, and each core gets its row.  `gpuvm calibrate --emulator` samples every
+core with the same loop while it measures (gpuvm.calibrate.core_speed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-SLOW_FACTOR = 1.25  # a run this much slower than the fastest counts as slow
+from gpuvm.calibrate.core_speed import SLOW_FACTOR, spin
+
 DEFAULT_RUNS = 300  # ~4 s: the lent machines changed speed every second or so
 DEFAULT_WORK = 200_000  # loop iterations a run: ~10 ms of CPython on the lent machine
 
@@ -31,15 +33,6 @@ class HostRun:
     cpu: int | None  # the core the thread was pinned to (None: not pinned)
     at_s: float  # when it started, from the first run's start
     ms: float
-
-
-def spin(work: int) -> int:
-    """The fixed work: integer arithmetic in the interpreter (no memory beyond a few
-    objects, no system calls), so only the core's speed moves its time."""
-    x = 0
-    for i in range(work):
-        x += i * i
-    return x
 
 
 def measure(runs: int, work: int, cpus: Sequence[int] = ()) -> list[HostRun]:

@@ -268,11 +268,15 @@ def main_emulator(args: argparse.Namespace) -> int:
         bundle = None
         title = f"{about.get('benchmark', '?')} measured by `{about.get('command', '?')}` " \
                 f"on {about.get('cpus', '?')} cores at load {about.get('load', '?')}"
+        try:
+            cores = validation.load_cores(args.emulator_from)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     else:
-        measured, fit_traces, about = _measure_emulator(args, reps)
+        measured, fit_traces, about, cores = _measure_emulator(args, reps)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
-                                 fit_traces, about)
+                                 fit_traces, about, cores)
         title = f"{about['benchmark']} (fastest of {_reps_per_mode(measured)})"
     try:
         wake = WakeCurve.from_about(about)
@@ -288,8 +292,12 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         profile_out.parent.mkdir(parents=True, exist_ok=True)
         profile_out.write_text(emulator.to_toml(profile, about.get("command", "?")))
+    speeds = validation.core_speeds(kept, cores)
     report = json.dumps({"about": about, "profile": asdict(profile),
-                         "points": [asdict(p) | {"error_pct": p.error_pct} for p in points],
+                         "points": [asdict(p) | {"error_pct": p.error_pct}
+                                    | ({"cores": asdict(speeds[(p.mode, p.vms)])}
+                                       if (p.mode, p.vms) in speeds else {})
+                                    for p in points],
                          "spread": [asdict(s) for s in analysis.spread]},
                         indent=1) + "\n"
     if bundle is not None:
@@ -332,7 +340,9 @@ def main_emulator(args: argparse.Namespace) -> int:
                       f"{100 * (mod - rec) / rec:+.1f}" if rec else "-")
     console.print(t)
     print_validation(console, points, analysis.spread, f"model vs emulator makespan, {title} "
-                     f"(cores fitted on {validation.FIT_VMS} VMs)")
+                     f"(cores fitted on {validation.FIT_VMS} VMs)", speeds)
+    if cores is not None and len(cores.ms):
+        print(validation.core_summary(cores, speeds, points))
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
         print_needed_handoffs(validation.needed_handoffs(kept, profile),
                               profile.lock_handoff_ns, validation.FIT_VMS)
@@ -344,7 +354,19 @@ def main_emulator(args: argparse.Namespace) -> int:
 
 
 def _measure_emulator(args: argparse.Namespace, reps: int
-                      ) -> tuple[list, list[tuple[str, dict]], dict]:
+                      ) -> tuple[list, list[tuple[str, dict]], dict, object]:
+    """Everything `_measure_emulator_runs` measures, with the host's cores sampled
+    throughout (gpuvm.calibrate.core_speed): the probes are forked first, while this
+    process has one thread."""
+    from gpuvm.calibrate.core_speed import CoreProbe
+
+    with CoreProbe() as probe:
+        measured, fit_traces, about = _measure_emulator_runs(args, reps)
+    return measured, fit_traces, about, probe.samples
+
+
+def _measure_emulator_runs(args: argparse.Namespace, reps: int
+                           ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts,
     the lock's timed rounds among them."""
     from dataclasses import replace
@@ -492,28 +514,33 @@ def print_wake(wake, about: dict) -> None:
               f"{wake.text()}")
 
 
-def print_validation(console, points, spread, title: str) -> None:
+def print_validation(console, points, spread, title: str, speeds=None) -> None:
     """The kept points beside their spread: a point's error means little where its
-    repetitions' own errors range wider than it."""
+    repetitions' own errors range wider than it.  With `speeds` (validation.core_speeds),
+    the share of the host's sampled cores that ran slow during each kept run."""
     from rich.table import Table
 
     from gpuvm.calibrate import emulator, validation
 
     by_point = {(s.mode, s.vms): s for s in spread}
     server = any(s.server_per_vm is not None for s in spread)
+    speeds = speeds or {}
     t = Table(title=title)
     for col in ("mode", "VMs", "emulator ms", "model ms", "error %", "each rep's error %",
-                "their median %", "reps' spread %") + (("server per VM",) if server else ()):
+                "their median %", "reps' spread %") + (("server per VM",) if server else ()) \
+            + (("cores slow %",) if speeds else ()):
         t.add_column(col, justify="right")
     for p in points:
         s = by_point.get((p.mode, p.vms))
         ratio = s.server_per_vm if s else None
+        speed = speeds.get((p.mode, p.vms))
         t.add_row(p.mode, str(p.vms), f"{p.measured_ms:,.1f}", f"{p.predicted_ms:,.1f}",
                   f"{p.error_pct:+.1f}",
                   " ".join(f"{e:+.0f}" for e in s.rep_errors_pct) if s else "-",
                   f"{s.median_error_pct:+.1f}" if s else "-",
                   f"{s.measured_spread_pct:.0f}" if s else "-",
-                  *((f"{ratio:.2f}x" if ratio is not None else "-",) if server else ()))
+                  *((f"{ratio:.2f}x" if ratio is not None else "-",) if server else ()),
+                  *((f"{100 * speed.slow_share:.0f}" if speed else "-",) if speeds else ()))
     console.print(t)
     print(emulator.summary(points))
     print(validation.spread_summary(spread))

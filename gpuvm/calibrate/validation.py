@@ -49,6 +49,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
+from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples, CoreSpeed
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.lock_use import LockUse, growth
 from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, ONE_VM_SAMPLES_S, SHORT_MODE_S,
@@ -76,6 +79,11 @@ class Measured:
     vcpu_cpu_ns: int = 0
     # of how many runs of the repetition this is the fastest (1 VM: stats.one_vm_samples)
     samples: int = 1
+    # when its runs started (time.time()) and how long they took together, s: where the
+    # host's cores were sampled meanwhile (gpuvm.calibrate.core_speed), how fast they ran
+    # then (0: not kept)
+    at_s: float = 0.0
+    took_s: float = 0.0
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -143,13 +151,15 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), samples,
                                    backend, trace_cache or CACHE)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
-                t0 = time.monotonic()
+                t0, at = time.monotonic(), time.time()
                 taken = samples if n == 1 else 1
                 span, served, sleeps, cpu = min(makespan(mode, n) for _ in range(taken))
-                out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu, taken))
+                took = time.monotonic() - t0
+                out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu, taken,
+                                    at, took))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          + (f"(fastest of {taken}, " if taken > 1 else "(")
-                         + f"{time.monotonic() - t0:.1f} s)")
+                         + f"{took:.1f} s)")
             spent[mode] += time.monotonic() - started
     return out
 
@@ -508,13 +518,15 @@ def analyse(measured: Sequence[Measured],
 
 # ------------------------------------------------------------------ bundles
 BUNDLE_RUNS = "runs.json"
+BUNDLE_CORES = "cores.npz"  # gpuvm.calibrate.core_speed.CoreSamples
 
 
 def save(directory: Path, measured: Sequence[Measured],
          fit_traces: Sequence[tuple[str, Mapping]] = (),
-         about: Mapping[str, Any] | None = None) -> Path:
-    """Write what was measured to `directory` (a new one): runs.json and one .npz per
-    distinct trace."""
+         about: Mapping[str, Any] | None = None,
+         cores: CoreSamples | None = None) -> Path:
+    """Write what was measured to `directory` (a new one): runs.json, one .npz per
+    distinct trace, and the host's cores sampled meanwhile (BUNDLE_CORES)."""
     from gpuvm.sim.traces import write_trace
     directory.mkdir(parents=True, exist_ok=False)
     names: dict[int, str] = {}
@@ -529,11 +541,55 @@ def save(directory: Path, measured: Sequence[Measured],
             | ({"vcpu_sleeps": m.vcpu_sleeps} if m.vcpu_sleeps else {})
             | ({"vcpu_cpu_ns": m.vcpu_cpu_ns} if m.vcpu_cpu_ns else {})
             | ({"samples": m.samples} if m.samples > 1 else {})
+            | ({"at_s": m.at_s, "took_s": m.took_s} if m.at_s else {})
             for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
         {"about": dict(about or {}), "runs": runs, "fit_traces": fits}, indent=1) + "\n")
+    if cores is not None:
+        cores.save(directory / BUNDLE_CORES)
     return directory
+
+
+def load_cores(directory: Path) -> CoreSamples | None:
+    """The host's cores as sampled while a bundle was measured (None: not sampled)."""
+    try:
+        return CoreSamples.load(directory / BUNDLE_CORES)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{directory / BUNDLE_CORES}: unreadable ({exc})") from None
+
+
+def core_speeds(kept: Sequence[Measured], cores: CoreSamples | None
+                ) -> dict[tuple[str, int], CoreSpeed]:
+    """Per kept point, how fast the host's cores ran during its runs (none where the
+    cores were not sampled or the run's time was not kept)."""
+    if cores is None:
+        return {}
+    out = {}
+    for m in kept:
+        speed = cores.during(m.at_s, m.at_s + m.took_s) if m.at_s else None
+        if speed is not None:
+            out[(m.mode, m.vms)] = speed
+    return out
+
+
+def core_summary(cores: CoreSamples, speeds: Mapping[tuple[str, int], CoreSpeed],
+                 points: Sequence[ValidationPoint]) -> str:
+    """One line: the host's cores over the whole measurement, during the runs the model
+    was fitted on, and during the points it missed by more than the goal."""
+    whole = cores.during(float(cores.at_s.min()), float(cores.at_s.max()))
+    assert whole is not None
+
+    def pct(keys) -> str:
+        shares = [speeds[k].slow_share for k in keys if k in speeds]
+        return f"{100 * statistics.mean(shares):.0f}%" if shares else "-"
+    missed = [(p.mode, p.vms) for p in points if abs(p.error_pct) > GOAL_ERROR_PCT]
+    return (f"the host's cores while measured ({len(np.unique(cores.cpu))} probes, every "
+            f"{PROBE_PERIOD_S:g} s; gpuvm.calibrate.core_speed): {100 * whole.slow_share:.0f}% "
+            f"of samples slow (over {SLOW_FACTOR}x their core's fastest), "
+            f"{whole.slowdown:.2f}x on average; during the kept {FIT_VMS}-VM runs "
+            f"the model was fitted on {pct(k for k in speeds if k[1] == FIT_VMS)}, "
+            f"the points off by more than {GOAL_ERROR_PCT:g}% {pct(missed)}")
 
 
 def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], dict]:
@@ -560,7 +616,8 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
         measured = [Measured(str(r["mode"]), int(r["vms"]), int(r["rep"]),
                              int(r["makespan_ns"]), trace(str(r["trace"])),
                              int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)),
-                             int(r.get("vcpu_cpu_ns", 0)), int(r.get("samples", 1)))
+                             int(r.get("vcpu_cpu_ns", 0)), int(r.get("samples", 1)),
+                             float(r.get("at_s", 0.0)), float(r.get("took_s", 0.0)))
                     for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:
