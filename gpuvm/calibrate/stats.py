@@ -13,8 +13,12 @@ MIN_REPS = 5  # fewer gives a spread that says little
 SHORT_MODE_S = 20.0
 MAX_REPS_FACTOR = 4
 # and within each repetition, where one VM's run is short, its trace and its run are each
-# the fastest of a few: as many as fit ONE_VM_SAMPLES_S, at most MAX_ONE_VM_SAMPLES
-ONE_VM_SAMPLES_S = 2.0
+# the fastest of a few: as many as fit ONE_VM_SAMPLES_S, at most MAX_ONE_VM_SAMPLES.
+# 6 s gives fv (~2.5 s a run with its set-up) two of each: with 2 s it got one, and one run
+# on the lent machine (20261126-173135) recorded both repetitions' fv traces 1.26-1.35x
+# slower than the plain run after them -- the guest's own time in KVM_RUN too, so the
+# core, not the recorder (the cores sampled meanwhile ran slow as often either way)
+ONE_VM_SAMPLES_S = 6.0
 MAX_ONE_VM_SAMPLES = 6
 
 
