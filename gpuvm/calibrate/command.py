@@ -16,10 +16,13 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpuvm.calibrate.stats import MAX_REPS_FACTOR, MIN_REPS, SHORT_MODE_S
 from gpuvm.errors import UserError
+
+if TYPE_CHECKING:
+    from gpuvm.calibrate.core_speed import CoreSamples
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
@@ -354,7 +357,7 @@ def main_emulator(args: argparse.Namespace) -> int:
 
 
 def _measure_emulator(args: argparse.Namespace, reps: int
-                      ) -> tuple[list, list[tuple[str, dict]], dict, object]:
+                      ) -> tuple[list, list[tuple[str, dict]], dict, CoreSamples | None]:
     """Everything `_measure_emulator_runs` measures, with the host's cores sampled
     throughout (gpuvm.calibrate.core_speed): the probes are forked first, while this
     process has one thread."""

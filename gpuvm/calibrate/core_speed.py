@@ -25,6 +25,7 @@ import os
 import queue
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -61,8 +62,10 @@ class CoreSamples:
     cpu: np.ndarray  # int64: the core it ran on
     ms: np.ndarray  # float64: how long the loop took
 
+    @cached_property
     def slowdown(self) -> np.ndarray:
-        """Each sample's time over its core's fastest (FASTEST_PERCENTILE of its own)."""
+        """Each sample's time over its core's fastest (FASTEST_PERCENTILE of its own);
+        computed once, then every stretch (`during`) reads it."""
         out = np.ones_like(self.ms)
         for c in np.unique(self.cpu):
             on = self.cpu == c
@@ -74,7 +77,7 @@ class CoreSamples:
         inside = (self.at_s >= t0) & (self.at_s <= t1)
         if not inside.any():
             return None
-        s = self.slowdown()[inside]
+        s = self.slowdown[inside]
         return CoreSpeed(float(s.mean()), float((s > SLOW_FACTOR).mean()), int(s.size))
 
     def save(self, path: Path) -> None:
