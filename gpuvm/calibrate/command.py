@@ -101,9 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--isolated", dest="emulator_isolated", action="store_true",
                    help="each VM in its own VMM process over vfio-user (as `gpuvm run "
                         "--isolated`): one server thread answers every VM's traps")
-    e.add_argument("--from", dest="emulator_from", type=Path, default=None, metavar="DIR",
+    e.add_argument("--from", dest="emulator_from", type=Path, nargs="+", default=None,
+                   metavar="DIR",
                    help="analyse the measurements saved in DIR (results/validation/<time>) "
-                        "instead of running guests")
+                        "instead of running guests; several: each point's error in "
+                        "each, their mean and spread (gpuvm.calibrate.across)")
     u = parser.add_argument_group("--lock-use")
     u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
                    help="runs of each mode and VM count (default 2)")
@@ -263,16 +265,19 @@ def main_emulator(args: argparse.Namespace) -> int:
     reps = args.emulator_reps
     if reps < 1:
         raise UserError(f"--trace-reps must be >= 1, got {reps}")
-    if args.emulator_from is not None:
+    if args.emulator_from is not None and len(args.emulator_from) > 1:
+        return main_across(args)
+    source = args.emulator_from[0] if args.emulator_from is not None else None
+    if source is not None:
         try:
-            measured, fit_traces, about = validation.load(args.emulator_from)
+            measured, fit_traces, about = validation.load(source)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         bundle = None
         title = f"{about.get('benchmark', '?')} measured by `{about.get('command', '?')}` " \
                 f"on {about.get('cpus', '?')} cores at load {about.get('load', '?')}"
         try:
-            cores = validation.load_cores(args.emulator_from)
+            cores = validation.load_cores(source)
         except ValueError as exc:
             raise UserError(str(exc)) from None
     else:
@@ -284,7 +289,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     try:
         wake = WakeCurve.from_about(about)
     except ValueError as exc:
-        raise UserError(f"{args.emulator_from}: {exc}") from None
+        raise UserError(f"{source}: {exc}") from None
     analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake,
                                   lock_use.from_about(about))
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
@@ -353,6 +358,52 @@ def main_emulator(args: argparse.Namespace) -> int:
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
               f"`gpuvm calibrate --emulator --from {bundle}`)")
+    return 0
+
+
+def main_across(args: argparse.Namespace) -> int:
+    """`--from DIR DIR ...`: every bundle analysed as `--from DIR` analyses it, each
+    point's errors side by side with their mean and spread (gpuvm.calibrate.across)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.calibrate import across
+    from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
+
+    if args.profile_out is not None:
+        raise UserError("--profile-out takes one --from bundle, not "
+                        f"{len(args.emulator_from)}")
+    directories = list(args.emulator_from)
+    try:
+        per_bundle = across.reanalysed(directories)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    points = across.across(per_bundle)
+    scores = across.scores(directories, per_bundle)
+    if args.json:
+        print(json.dumps({
+            "bundles": [{"directory": str(s.directory), "points": s.points,
+                         "within": s.within, "mean_abs_pct": s.mean_abs_pct}
+                        for s in scores],
+            "points": [{"mode": p.mode, "vms": p.vms, "errors_pct": list(p.errors_pct),
+                        "mean_pct": p.mean_pct, "sd_pct": p.sd_pct, "within": p.within}
+                       for p in points]}, indent=1))
+        return 0
+    t = Table(title=f"model vs emulator makespan, error % in each of {len(directories)} "
+                    f"bundles (each analysed as `--from DIR` would)")
+    for col in ("mode", "VMs", *(f"#{i + 1}" for i in range(len(directories))),
+                "mean %", "sd", f"within {GOAL_ERROR_PCT:g}%"):
+        t.add_column(col, justify="right")
+    for p in points:
+        t.add_row(p.mode, str(p.vms),
+                  *(f"{e:+.0f}" if e is not None else "-" for e in p.errors_pct),
+                  f"{p.mean_pct:+.1f}", f"{p.sd_pct:.1f}", f"{p.within}/{len(p.present)}")
+    Console(width=160).print(t)
+    for i, s in enumerate(scores):
+        print(f"#{i + 1} {s.directory}: {s.within}/{s.points} points within "
+              f"{GOAL_ERROR_PCT:g}%, mean |error| {s.mean_abs_pct:.1f}%")
+    print(f"every point within {GOAL_ERROR_PCT:g}% in {sum(s.all_within for s in scores)} "
+          f"of {len(scores)} bundles")
     return 0
 
 
