@@ -141,7 +141,7 @@ def test_a_trace_takes_its_releases_from_a_counting_run(monkeypatch, timed_codes
         if count_lock_releases:
             return {"events": _events([1, 2, 1, 2], [4, 0, 6, 0])}
         return {"events": _events(timed_codes), "wall_ns": {}, "backend": "kvm"}
-    monkeypatch.setattr(traces, "_record_run", record)
+    monkeypatch.setattr(traces, "record_run", record)
     trace = traces._record(key, "kvm")
     assert trace["events"].counter(LOCK_RELEASES).tolist() == expected
     assert trace["events"].handler_ns.tolist() == [1000] * 4  # the timed run's times

@@ -1,4 +1,5 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc,host}`: each
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc,host,
+recording}`: each
 prints what it measures side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
@@ -28,6 +29,8 @@ BENCHES = {
                   "is built vs as the guest first touches it"),
     "host": ("gpuvm.bench.host", "main_host", "how steady this host's cores are: one loop "
              "timed back to back"),
+    "recording": ("gpuvm.bench.recording", "main_recording", "what recording a VM's events "
+                  "costs it: one VM plain vs recorded, by turns"),
 }
 
 

@@ -61,7 +61,7 @@ class TraceKey:
 
 def _record(key: TraceKey, backend: str) -> dict[str, Any]:
     """A recorded trace, with its lock releases (`with_lock_releases`)."""
-    return with_lock_releases(_record_run(key, backend), key, backend)
+    return with_lock_releases(record_run(key, backend), key, backend)
 
 
 def with_lock_releases(trace: dict[str, Any], key: TraceKey, backend: str
@@ -77,7 +77,7 @@ def with_lock_releases(trace: dict[str, Any], key: TraceKey, backend: str
     them."""
     if key.isolated or trace.get("backend") != "kvm":
         return trace
-    counted = _record_run(key, backend, count_lock_releases=True)["events"]
+    counted = record_run(key, backend, count_lock_releases=True)["events"]
     if LOCK_RELEASES not in counted.names:
         return trace
     events: EventTrace = trace["events"]
@@ -93,8 +93,10 @@ def with_lock_releases(trace: dict[str, Any], key: TraceKey, backend: str
     return trace | {"events": events.with_counter(LOCK_RELEASES, releases)}
 
 
-def _record_run(key: TraceKey, backend: str, count_lock_releases: bool = False
-                ) -> dict[str, Any]:
+def record_run(key: TraceKey, backend: str, count_lock_releases: bool = False
+               ) -> dict[str, Any]:
+    """One VM of `key` run once with its events recorded (not cached; `record_fastest`
+    keeps the fastest of several)."""
     from dataclasses import asdict
 
     from gpuvm.experiment.config import Experiment, Scenario
@@ -164,7 +166,7 @@ def record_fastest(key: TraceKey, reps: int, backend: str = "auto",
     the fastest recording is the least disturbed one); returns it."""
     best: dict[str, Any] | None = None
     for _ in range(max(1, reps)):
-        trace = _record_run(key, backend)
+        trace = record_run(key, backend)
         if best is None or sum(trace["wall_ns"].values()) < sum(best["wall_ns"].values()):
             best = trace
     assert best is not None
