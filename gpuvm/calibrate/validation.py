@@ -225,18 +225,28 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
         # server's one thread, and the server's time is in the trace
         return profile
 
+    # the turns below come back to the prices they tried before (the share settles by
+    # going back and forth between two values): each replay is seconds, so none twice
+    seen: dict[tuple[float, float, tuple[int, ...]], float] = {}
+
     def mean_error(p: CostProfile, of: Sequence[Measured]) -> float:
-        return sum(predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
-                   for m in of) / len(of)
+        key = (p.lock_handoff_ns, p.lock_release_takes, tuple(id(m) for m in of))
+        if key not in seen:
+            seen[key] = sum(predicted_from_traces(m.mode, m.vms, m.trace, p)
+                            / m.makespan_ns - 1 for m in of) / len(of)
+        return seen[key]
     few = [m for m in fit if releases_per_exit(m.trace) < FEW_RELEASES]
     many = [m for m in fit if m not in few]
     if not few or not many:
         profile = replace(profile, lock_release_takes=1.0)
         return replace(profile, lock_handoff_ns=_handoff_where_zero(
             lambda handoff: mean_error(replace(profile, lock_handoff_ns=handoff), fit)))
-    for _ in range(FIT_TURNS):
+    for turn in range(FIT_TURNS):
+        # after the first turn the share moved little, so the cost does too: look
+        # within a resolution of the last one first
         handoff = _handoff_where_zero(
-            lambda h: mean_error(replace(profile, lock_handoff_ns=h), few))
+            lambda h: mean_error(replace(profile, lock_handoff_ns=h), few),
+            near=profile.lock_handoff_ns if turn else None)
         profile = replace(profile, lock_handoff_ns=handoff)
         takes = _share_where_zero(
             lambda share: mean_error(replace(profile, lock_release_takes=share), many))
@@ -269,7 +279,7 @@ def _share_where_zero(error: Callable[[float], float]) -> float:
     return (low + high) / 2
 
 
-def _handoff_where_zero(error: Callable[[float], float]) -> float:
+def _handoff_where_zero(error: Callable[[float], float], near: float | None = None) -> float:
     """The hand-off at which `error` (the predictions' relative error; it grows with
     the cost) crosses 0, to HANDOFF_RESOLUTION_NS: 0 where even none is too much,
     HANDOFF_MAX_NS where even that is too little.
@@ -279,16 +289,32 @@ def _handoff_where_zero(error: Callable[[float], float]) -> float:
     nearly linear in the cost -- and the bracket closed one resolution beyond it; a
     step that did not halve the bracket is followed by a bisection, so a far from
     linear error costs at most what bisection would, three times over.  About six
-    replays instead of bisection's twenty."""
+    replays instead of bisection's twenty.
+
+    `near`: where the crossing likely is (a fit of the same cost a moment ago): the
+    bracket is first looked for a resolution either side of it -- two replays where
+    it is there, and each point tried narrows the bracket either way (the error grows
+    with the cost), so a wrong guess costs those two at most."""
     # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
     low, high = 1.0, float(HANDOFF_MAX_NS)
-    e_low = error(low)
-    if e_low >= 0:
-        return 0.0
-    e_high = error(high)
-    if e_high <= 0:
-        return high
     step = float(HANDOFF_RESOLUTION_NS)
+    e_low: float | None = None
+    e_high: float | None = None
+    if near is not None:
+        for x in (max(low + 1.0, near - step), min(high - 1.0, near + step)):
+            e = error(x)
+            if e >= 0:
+                high, e_high = x, e
+                break
+            low, e_low = x, e
+    if e_low is None:
+        e_low = error(low)
+        if e_low >= 0:
+            return 0.0
+    if e_high is None:
+        e_high = error(high)
+        if e_high <= 0:
+            return high
 
     def at(x: float) -> bool:
         """Evaluate at x, narrow the bracket; whether x was too cheap."""
