@@ -253,8 +253,11 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             if arrivals is not None:  # only now that the arrived vCPUs hold the clock
                 arrivals.set_alarm(start_ns(pending[0]) if pending else None)
             for r in due:
-                r.runner.start()
+                # counted as running before its thread starts: a stop signal between the
+                # two must still stop and join it before the GPU and its RAM are closed
+                # (a guest left running wrote into closed VRAM)
                 running.append(r)
+                r.runner.start()
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
             for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
@@ -289,7 +292,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             if r.party is not None:
                 r.party.leave()
             r.runner.stop("the run was aborted")
-            r.runner.join(5)
+            if r.runner.started():
+                r.runner.join(5)
             stuck = stuck or r.runner.alive()
         # A guest thread that would not stop may still touch its RAM and the GPU: then
         # both stay mapped (leaked) rather than pulled from under it.

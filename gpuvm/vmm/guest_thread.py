@@ -9,6 +9,7 @@ to say if its thread will not return -- is the subclass's.
 from __future__ import annotations
 
 import threading
+import time
 
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession
 
@@ -46,13 +47,26 @@ class GuestThread:
         """Wait for the guest; past `timeout` seconds it is stopped and reported."""
         if self._thread is None:
             raise RuntimeError(f"{self.name}: join() before start()")
-        self._thread.join(timeout)
+        give_up = time.monotonic() + STOP_GRACE_S
+        while True:
+            try:
+                self._thread.join(timeout)
+                break
+            except RuntimeError:  # a stop signal landed inside start(): not up yet
+                if time.monotonic() > give_up:
+                    return GuestOutcome(self.name, self.backend, self.session,
+                                        failure=self._not_returned())
+                time.sleep(0.001)
         if self._thread.is_alive():
             self.stop(f"timed out after {timeout:g} s")
             self._thread.join(STOP_GRACE_S)
         if self._outcome is not None:
             return self._outcome
         return GuestOutcome(self.name, self.backend, self.session, failure=self._not_returned())
+
+    def started(self) -> bool:
+        """True once start() was called (its thread may still be on its way up)."""
+        return self._thread is not None
 
     def alive(self) -> bool:
         """True while the guest's thread runs (its RAM and its GPU must stay mapped)."""
