@@ -14,7 +14,6 @@ host has the cores (validation.in_parallel).
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ class BundleScore:
     directory: Path
     points: int
     within: int
-    mean_abs_pct: float
+    mean_abs_pct: float  # 0 for a bundle without points (it meets nothing: all_within)
 
     @property
     def all_within(self) -> bool:
@@ -95,7 +94,7 @@ def scores(directories: Sequence[Path],
         errors = [abs(p.error_pct) for p in points]
         out.append(BundleScore(directory, len(errors),
                                sum(e <= GOAL_ERROR_PCT for e in errors),
-                               statistics.mean(errors) if errors else math.nan))
+                               statistics.mean(errors) if errors else 0.0))
     return out
 
 
