@@ -14,6 +14,7 @@ import argparse
 import time
 
 from gpuvm.run.spec import RunOptions, VmSpec
+from gpuvm.vmm.backends import BACKENDS
 
 DEFAULT_VMS = 8
 
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param", type=int, action="append", default=None,
                         help="benchmark parameter (default mmul 128)")
     parser.add_argument("--mode", default="fv-opt")
-    parser.add_argument("--backend", default="auto", choices=("kvm", "inproc", "auto"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--json", action="store_true")
 
 

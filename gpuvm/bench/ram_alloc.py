@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.vmm.backends import BACKENDS
 
 DEFAULT_MODES = "pv,fv-opt"
 DEFAULT_VMS = "1,2,4,8"
@@ -94,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, nargs="*", default=[128], metavar="N",
                         help="the benchmark's parameters (default 128)")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (default 5)")
-    parser.add_argument("--backend", default="auto", choices=("kvm", "inproc", "auto"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
 
 
 def main_ram_alloc(args: argparse.Namespace) -> int:

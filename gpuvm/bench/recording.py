@@ -22,6 +22,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from gpuvm.vmm.backends import BACKENDS
+
 DEFAULT_MODES = "fv,fv-opt,pv"
 DEFAULT_PAIRS = 8
 DEFAULT_BENCHMARK = "mmul"
@@ -77,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the VM's benchmark (default {DEFAULT_BENCHMARK})")
     parser.add_argument("--size", type=int, default=DEFAULT_SIZE,
                         help=f"its size (default {DEFAULT_SIZE})")
-    parser.add_argument("--backend", default="auto", choices=("kvm", "inproc", "auto"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
 
 
 def summary(pairs: Sequence[Pair]) -> tuple[float, float, float, float]:

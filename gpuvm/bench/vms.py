@@ -11,6 +11,7 @@ import argparse
 import time
 
 from gpuvm.run.spec import RunOptions, VmSpec
+from gpuvm.vmm.backends import BACKENDS
 
 DEFAULT = ("mmul", "madd", "fmadd", "memcpy")
 
@@ -55,7 +56,7 @@ def print_vms_bench(r: dict) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmarks", default=",".join(DEFAULT),
                         help="comma-separated benchmarks, one VM each")
-    parser.add_argument("--backend", default="auto", choices=("kvm", "inproc", "auto"))
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
 
 
 def main_vms(args: argparse.Namespace) -> int:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # here, not at the top: every gpuvm.experiment.* import runs this package first
+    from gpuvm.vmm.backends import BACKENDS
+
     parser.add_argument("config", type=Path, help="experiment file (TOML)")
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--report", type=Path, metavar="RUN_DIR",
@@ -33,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--resume", nargs="?", const="", metavar="RUN_DIR",
                       help="finish an interrupted run without redoing the runs it holds "
                            "(default: the newest interrupted run of this configuration)")
-    parser.add_argument("--backend", choices=("kvm", "inproc", "auto"),
+    parser.add_argument("--backend", choices=BACKENDS,
                         help="override the file's backend")
 
 

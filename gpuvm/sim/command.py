@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from gpuvm.errors import UserError
+from gpuvm.vmm.backends import BACKENDS
 
 
 def _ints(text: str) -> list[int]:
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ADDRESS")
     parser.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     parser.add_argument("--refresh", action="store_true", help="re-record the traces")
-    parser.add_argument("--backend", choices=("kvm", "inproc", "auto"), default="auto",
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="backend that records missing traces")
 
 
