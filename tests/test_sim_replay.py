@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuvm.calibrate import emulator
 from gpuvm.device import regs
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import with_bounce_bytes
+from gpuvm.sim import replay as replay_module
 from gpuvm.sim.replay import (CPU, ENGINE, FREE, MEDIATOR, SLEEP, Step, VmTrace, phase_steps,
                               replay, replicate, trace_from_row)
 
@@ -181,3 +185,40 @@ def test_two_vms_replay_alike_on_two_cores_and_on_sixteen():
                       lock_handoff_ns=50) for c in (1, 2, 3, 16)}
     assert runs[2].makespan_ns == runs[3].makespan_ns == runs[16].makespan_ns
     assert runs[1].makespan_ns > runs[2].makespan_ns
+
+
+class _ResourceHolders:
+    """replay's holders as simpy.Resource itself: every take a Request, every give a
+    release -- what the replay used before its own, event-free holders."""
+
+    def __init__(self, env, capacity: int) -> None:
+        self.resource = simpy.Resource(env, capacity=capacity)
+
+    def take(self):
+        return self.resource.request()
+
+    def give(self) -> None:
+        self.resource.release(self.resource.users[0])
+
+
+_steps = st.lists(st.tuples(st.sampled_from((CPU, MEDIATOR, FREE, ENGINE, SLEEP)),
+                            st.integers(1, 5000), st.integers(0, 4)), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(vms=st.lists(_steps, min_size=1, max_size=5), cores=st.integers(1, 4),
+       lock=st.booleans(), start=st.lists(st.integers(0, 3000), min_size=5, max_size=5))
+def test_the_replays_holders_serve_as_simpy_resource_does(vms, cores, lock, start):
+    """The replay's holders of cores and locks give the same makespans, finishes, sleeps
+    and core time as simpy.Resource: first come first served, `capacity` at once."""
+    traces = [VmTrace(f"v{i}", tuple(Step(r, ns, "Init", events) for r, ns, events in steps),
+                      start[i]) for i, steps in enumerate(vms)]
+
+    def run():
+        result = replay(traces, cores=cores, interpreter_lock=lock, lock_handoff_ns=70,
+                        wake_extra_ns=lambda waited: waited // 10)
+        return result.makespan_ns, result.finish_ns, result.lock_sleeps, result.core_ns
+    ours = run()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay_module, "_Holders", _ResourceHolders)
+        assert run() == ours

@@ -40,6 +40,7 @@ Everything is integer ns and deterministic: the same rows give the same makespan
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterable, Mapping, Sequence
 
@@ -284,6 +285,39 @@ def trace_from_events(name: str, trace: Mapping, costs: CostProfile, mediated: b
     return VmTrace(name, tuple(event_steps(trace["events"], costs, mediated)), start_ns, share)
 
 
+class _Holders:
+    """`capacity` holders at once, the rest served first come first served -- what
+    simpy.Resource is, without its events where nothing waits.
+
+    A replay takes a lock or a core for nearly every step, and nearly always finds it
+    free: simpy.Resource still schedules a Request and a Release event each time, which
+    were two thirds of a replay's events and most of its time.  Here taking a free one
+    schedules nothing (`take` returns None) and giving it back to nobody schedules
+    nothing; a taker that finds none free gets an event, succeeded when a holder hands
+    it over (in the order they asked, as simpy.Resource grants)."""
+
+    def __init__(self, env: simpy.Environment, capacity: int) -> None:
+        self.env = env
+        self.free = capacity
+        self.waiting: deque[simpy.Event] = deque()
+
+    def take(self) -> simpy.Event | None:
+        """None: taken now; else the event to wait for (it is taken when it fires)."""
+        if self.free:
+            self.free -= 1
+            return None
+        asked = self.env.event()
+        self.waiting.append(asked)
+        return asked
+
+    def give(self) -> None:
+        """Hand it to the first waiting taker, or free it."""
+        if self.waiting:
+            self.waiting.popleft().succeed()
+        else:
+            self.free += 1
+
+
 class _System:
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
                  residency: Residency | None, interpreter_lock: bool = False,
@@ -291,9 +325,9 @@ class _System:
                  wake_extra_ns: Callable[[float], float] | None = None,
                  lock_work_factor: float = 1.0) -> None:
         self.env = env
-        self.cores = simpy.Resource(env, capacity=cores)
-        self.mediator = simpy.Resource(env, capacity=1)
-        self.gil = simpy.Resource(env, capacity=1) if interpreter_lock else None
+        self.cores = _Holders(env, cores)
+        self.mediator = _Holders(env, 1)
+        self.gil = _Holders(env, 1) if interpreter_lock else None
         self.lock_handoff_ns = lock_handoff_ns
         self.wake_extra_ns = wake_extra_ns
         self.lock_work_factor = lock_work_factor
@@ -303,10 +337,14 @@ class _System:
 
     def on_core(self, ns: int) -> Generator:
         """Spend `ns` on one of the host cores."""
-        with self.cores.request() as core:
-            yield core
+        wait = self.cores.take()
+        if wait is not None:
+            yield wait
+        try:
             self.core_ns += ns
             yield self.env.timeout(ns)
+        finally:
+            self.cores.give()
 
     def holding(self, step: Step) -> Generator:
         """Spend the step on a core holding the interpreter lock (or on a core alone
@@ -322,16 +360,20 @@ class _System:
         if self.gil is None:
             yield from self.on_core(step.ns)
             return
-        with self.gil.request() as held:
+        wait = self.gil.take()
+        handoff = 0
+        if wait is not None:
             asked = self.env.now
-            yield held
+            yield wait
             waited = self.env.now - asked
-            handoff = 0
             if waited:
                 self.lock_sleeps += step.events
                 late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
                 handoff = step.events * (self.lock_handoff_ns + int(late))
+        try:
             yield from self.on_core(int(step.ns * self.lock_work_factor) + handoff)
+        finally:
+            self.gil.give()
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -355,9 +397,13 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
         if step.resource == FREE:
             yield from system.on_core(step.ns)
         elif step.resource == MEDIATOR:
-            with system.mediator.request() as lock:
-                yield lock
+            wait = system.mediator.take()
+            if wait is not None:
+                yield wait
+            try:
                 yield from system.holding(step)
+            finally:
+                system.mediator.give()
         else:
             yield from system.holding(step)
     dispatcher.remove_vm(trace.name, env.now)
