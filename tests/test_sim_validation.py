@@ -50,26 +50,38 @@ def test_short_modes_get_more_repetitions():
 def test_short_single_vm_runs_are_taken_several_times_per_repetition():
     """A repetition's trace and 1-VM run are each the fastest of as many runs as fit the
     budget: a pv VM (a quarter second with its set-up) gets the most, fv (seconds) one."""
-    budget, most = stats.ONE_VM_SAMPLES_S, stats.MAX_ONE_VM_SAMPLES
-    assert stats.one_vm_samples(0.25, budget) == most
-    assert stats.one_vm_samples(budget / 3 + 0.01, budget) == 2
-    assert stats.one_vm_samples(budget / 2, budget) == 2
-    assert stats.one_vm_samples(budget * 0.6, budget) == 1
-    assert stats.one_vm_samples(30.0, budget) == 1
-    assert stats.one_vm_samples(0.0, budget) == most  # a clock that did not move
+    budget, most = stats.RUN_SAMPLES_S, stats.MAX_RUN_SAMPLES
+    assert stats.run_samples(0.25, budget) == most
+    assert stats.run_samples(budget / 3 + 0.01, budget) == 2
+    assert stats.run_samples(budget / 2, budget) == 2
+    assert stats.run_samples(budget * 0.6, budget) == 1
+    assert stats.run_samples(30.0, budget) == 1
+    assert stats.run_samples(0.0, budget) == most  # a clock that did not move
 
 
-def test_a_short_single_vm_run_is_the_fastest_of_its_samples(tmp_path):
-    """Each repetition keeps one 1-VM point, the fastest of its samples, and says how
-    many it took; larger VM counts run once.  The hook before each repetition runs."""
+def test_a_short_run_is_the_fastest_of_its_samples(tmp_path):
+    """Each repetition keeps one point per VM count, the fastest of as many runs as fit
+    the budget where a run is that short (1 VM: as many as the trace's recordings), and
+    says how many it took.  The hook before each repetition runs."""
     before: list[int] = []  # what else is measured beside the runs goes before each rep
     measured = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
-                                  one_vm_samples_s=60.0, trace_cache=tmp_path,
+                                  run_samples_s=60.0, trace_cache=tmp_path,
                                   before_rep=before.append)
     assert before == [0]
     one, two = sorted(measured, key=lambda m: m.vms)
-    assert one.samples == stats.MAX_ONE_VM_SAMPLES and two.samples == 1
+    assert one.samples == two.samples == stats.MAX_RUN_SAMPLES
     assert one.trace is two.trace
-    again = validation.measure("mmul", (16,), ["pv"], (1,), reps=1, short_mode_s=0,
-                               one_vm_samples_s=0, trace_cache=tmp_path)
-    assert [m.samples for m in again] == [1]
+    again = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
+                               run_samples_s=0, trace_cache=tmp_path)
+    assert [m.samples for m in again] == [1, 1]
+
+
+def test_the_title_says_how_many_runs_each_point_is_the_fastest_of():
+    from gpuvm.calibrate.command import _reps_per_mode
+
+    def run(mode: str, vms: int, rep: int, samples: int = 1) -> validation.Measured:
+        return validation.Measured(mode, vms, rep, 1, {}, samples=samples)
+    fv = [run("fv", n, rep) for rep in range(2) for n in (1, 2)]
+    assert _reps_per_mode(fv) == "2"
+    pv = [run("pv", 1, rep, 6) for rep in range(4)] + [run("pv", 2, rep, 3) for rep in range(4)]
+    assert _reps_per_mode(fv + pv) == "fv 2, pv 4; runs per 1/2 VMs: pv 24/12"

@@ -233,19 +233,26 @@ def print_profile(profile) -> None:
 # ------------------------------------------------------------------ --emulator
 def _reps_per_mode(measured) -> str:
     """'2' where every mode had as many repetitions, else 'fv 2, pv 8'
-    (validation.measure gives short modes more); then the 1-VM runs where a repetition
-    took more than one ('; 1 VM: of pv 24 runs')."""
+    (validation.measure gives short modes more); then, for a mode whose short runs were
+    each the fastest of several, how many runs each VM count's point is the fastest of
+    ('; runs per 1/2/4/8 VMs: pv 24/12/12/12')."""
     reps: dict[str, set[int]] = {}
-    one_vm: dict[str, int] = {}
+    runs: dict[str, dict[int, int]] = {}
     for m in measured:
         reps.setdefault(m.mode, set()).add(m.rep)
-        if m.vms == 1:
-            one_vm[m.mode] = one_vm.get(m.mode, 0) + m.samples
+        per_count = runs.setdefault(m.mode, {})
+        per_count[m.vms] = per_count.get(m.vms, 0) + m.samples
     counts = {mode: len(r) for mode, r in reps.items()}
     text = str(next(iter(counts.values()))) if len(set(counts.values())) == 1 else \
         ", ".join(f"{mode} {n}" for mode, n in counts.items())
-    more = [f"{mode} {n}" for mode, n in one_vm.items() if n > counts[mode]]
-    return text + (f"; 1 VM: of {', '.join(more)} runs" if more else "")
+    more = {mode: per_count for mode, per_count in runs.items()
+            if max(per_count.values()) > counts[mode]}
+    if not more:
+        return text
+    vms = sorted({n for per_count in more.values() for n in per_count})
+    return text + f"; runs per {'/'.join(map(str, vms))} VMs: " + ", ".join(
+        f"{mode} " + "/".join(str(per_count.get(n, 0)) for n in vms)
+        for mode, per_count in more.items())
 
 
 def main_emulator(args: argparse.Namespace) -> int:

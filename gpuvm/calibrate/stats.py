@@ -12,14 +12,14 @@ MIN_REPS = 5  # fewer gives a spread that says little
 # of them, up to MAX_REPS_FACTOR times the repetitions asked for (validation.measure)
 SHORT_MODE_S = 20.0
 MAX_REPS_FACTOR = 4
-# and within each repetition, where one VM's run is short, its trace and its run are each
-# the fastest of a few: as many as fit ONE_VM_SAMPLES_S, at most MAX_ONE_VM_SAMPLES.
+# and within each repetition, where a run is short, its trace and its runs are each the
+# fastest of a few: as many as fit RUN_SAMPLES_S, at most MAX_RUN_SAMPLES.
 # 6 s gives fv (~2.5 s a run with its set-up) two of each: with 2 s it got one, and one run
 # on the lent machine (20261126-173135) recorded both repetitions' fv traces 1.26-1.35x
 # slower than the plain run after them -- the guest's own time in KVM_RUN too, so the
 # core, not the recorder (the cores sampled meanwhile ran slow as often either way)
-ONE_VM_SAMPLES_S = 6.0
-MAX_ONE_VM_SAMPLES = 6
+RUN_SAMPLES_S = 6.0
+MAX_RUN_SAMPLES = 6
 
 
 def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float = SHORT_MODE_S) -> bool:
@@ -28,12 +28,13 @@ def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float = SHORT_MOD
     return rep < reps or (spent_s < short_mode_s and rep < reps * MAX_REPS_FACTOR)
 
 
-def one_vm_samples(one_run_s: float, budget_s: float = ONE_VM_SAMPLES_S) -> int:
-    """How many runs of one VM (the trace's recordings, and the plain runs) a repetition
-    takes when one such run, set-up included, took `one_run_s`: at least one."""
+def run_samples(one_run_s: float, budget_s: float = RUN_SAMPLES_S) -> int:
+    """How many runs of one kind (one VM's trace recordings and plain runs; N VMs' runs)
+    a repetition takes when one such run, set-up included, took `one_run_s`: at least
+    one."""
     if one_run_s <= 0:
-        return MAX_ONE_VM_SAMPLES
-    return max(1, min(MAX_ONE_VM_SAMPLES, int(budget_s / one_run_s)))
+        return MAX_RUN_SAMPLES
+    return max(1, min(MAX_RUN_SAMPLES, int(budget_s / one_run_s)))
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ import numpy as np
 from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples, CoreSpeed
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.lock_use import LockUse, growth
-from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, ONE_VM_SAMPLES_S, SHORT_MODE_S,
-                                  one_vm_samples, repeats)
+from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, RUN_SAMPLES_S, SHORT_MODE_S,
+                                  run_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import CostProfile
 
@@ -77,7 +77,7 @@ class Measured:
     # measured
     vcpu_sleeps: int = 0
     vcpu_cpu_ns: int = 0
-    # of how many runs of the repetition this is the fastest (1 VM: stats.one_vm_samples)
+    # of how many runs of the repetition this is the fastest (stats.run_samples)
     samples: int = 1
     # when its runs started (time.time()) and how long they took together, s: where the
     # host's cores were sampled meanwhile (gpuvm.calibrate.core_speed), how fast they ran
@@ -90,7 +90,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             counts: Sequence[int], reps: int, backend: str = "auto",
             progress: Callable[[str], None] = lambda line: None,
             isolated: bool = False, short_mode_s: float = SHORT_MODE_S,
-            one_vm_samples_s: float = ONE_VM_SAMPLES_S,
+            run_samples_s: float = RUN_SAMPLES_S,
             trace_cache: Path | None = None,
             before_rep: Callable[[int], None] = lambda rep: None) -> list[Measured]:
     """Per repetition and mode: record one VM's trace, then run each VM count at once
@@ -105,14 +105,18 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     fv half a minute: the short modes get the samples at little cost.
 
     Within a repetition, where one VM's run is short (its unmeasured run took under
-    half of `one_vm_samples_s`), the trace is the fastest of a few recordings and the
-    1-VM run the fastest of as many plain runs (stats.one_vm_samples; 0: one each).
+    half of `run_samples_s`), the trace is the fastest of a few recordings and the
+    1-VM run the fastest of as many plain runs (stats.run_samples; 0: one each).
     Why: the lent machine's own cores run at one of two speeds, by turns, each for a
     second or so -- one fixed loop in ~9 ms or 15-22 ms, pinned to any of its 16 cores
     (`gpuvm bench host`, 2026-11-26) -- and one pv VM's vCPU thread used CPU time to
     match for the same work.  A run of 25 ms lands on one speed whole, so six plain runs
     can all come out slow while the traces beside them were fast (run 20261126-122547:
-    -24%); a run of seconds, or of eight VMs on eight cores, averages the two.
+    -24%); a run of seconds averages the two.  So does a run of more VMs that is as
+    short (pv at 4 and 8 VMs: 0.1-0.3 s): it is the fastest of as many runs as fit the
+    budget by its first run's time -- with one run each, pv's 4- and 8-VM errors
+    scattered by 9-12 points (standard deviation) over ten runs, its 1- and 2-VM ones by
+    2-3 (`gpuvm calibrate --emulator --from`, sessions 33-35's bundles).
 
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
@@ -146,14 +150,20 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
             makespan(mode, 1)
-            samples = one_vm_samples(time.monotonic() - started, one_vm_samples_s) \
-                if one_vm_samples_s > 0 else 1
+            samples = run_samples(time.monotonic() - started, run_samples_s) \
+                if run_samples_s > 0 else 1
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), samples,
                                    backend, trace_cache or CACHE)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
                 t0, at = time.monotonic(), time.time()
-                taken = samples if n == 1 else 1
-                span, served, sleeps, cpu = min(makespan(mode, n) for _ in range(taken))
+                runs = [makespan(mode, n)]
+                # as many as the trace, where one run is that short; more VMs: as many
+                # as fit the budget by the first's time
+                taken = samples if n == 1 else \
+                    run_samples(time.monotonic() - t0, run_samples_s) if run_samples_s > 0 \
+                    else 1
+                runs += [makespan(mode, n) for _ in range(taken - 1)]
+                span, served, sleeps, cpu = min(runs)
                 took = time.monotonic() - t0
                 out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu, taken,
                                     at, took))
