@@ -14,11 +14,14 @@ SHORT_MODE_S = 20.0
 MAX_REPS_FACTOR = 4
 # and within each repetition, where a run is short, its trace and its runs are each the
 # fastest of a few: as many as fit RUN_SAMPLES_S, at most MAX_RUN_SAMPLES.
-# 6 s gives fv (~2.5 s a run with its set-up) two of each: with 2 s it got one, and one run
+# 6 s gave fv (~2.5 s a run with its set-up) two of each: with 2 s it got one, and one run
 # on the lent machine (20261126-173135) recorded both repetitions' fv traces 1.26-1.35x
 # slower than the plain run after them -- the guest's own time in KVM_RUN too, so the
-# core, not the recorder (the cores sampled meanwhile ran slow as often either way)
-RUN_SAMPLES_S = 6.0
+# core, not the recorder (the cores sampled meanwhile ran slow as often either way).
+# With two, the fastest trace over the fastest plain run still ranged 0.84-1.36 per
+# repetition over eleven runs (fv: 0.87-1.35), where eight pairs of `gpuvm bench
+# recording` put recording at 1.05x: 12 s gives fv four of each
+RUN_SAMPLES_S = 12.0
 MAX_RUN_SAMPLES = 6
 
 
