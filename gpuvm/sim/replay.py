@@ -294,7 +294,12 @@ class _Holders:
     were two thirds of a replay's events and most of its time.  Here taking a free one
     schedules nothing (`take` returns None) and giving it back to nobody schedules
     nothing; a taker that finds none free gets an event, succeeded when a holder hands
-    it over (in the order they asked, as simpy.Resource grants)."""
+    it over (in the order they asked, as simpy.Resource grants).  One tie goes the
+    other way: a free one is taken at once, where a Resource's taker resumed a turn
+    later, so of two VMs acting at the same instant the one whose step came first now
+    gets the core first (a 1 ns mediator step and a 1 ns cpu step on one core: the
+    mediator's VM, where Resource let the other in between).  On recorded traces the
+    replays come out the same (tests/test_sim_replay.py)."""
 
     def __init__(self, env: simpy.Environment, capacity: int) -> None:
         self.env = env
