@@ -116,7 +116,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     short (pv at 4 and 8 VMs: 0.1-0.3 s): it is the fastest of as many runs as fit the
     budget by its first run's time -- with one run each, pv's 4- and 8-VM errors
     scattered by 9-12 points (standard deviation) over ten runs, its 1- and 2-VM ones by
-    2-3 (`gpuvm calibrate --emulator --from`, sessions 33-35's bundles).
+    2-3 (`gpuvm calibrate --emulator --from` ten bundles of 2026-11-26; README).
 
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
