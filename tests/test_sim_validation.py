@@ -57,6 +57,7 @@ def test_short_single_vm_runs_are_taken_several_times_per_repetition():
     assert stats.run_samples(budget * 0.6, budget) == 1
     assert stats.run_samples(30.0, budget) == 1
     assert stats.run_samples(0.0, budget) == most  # a clock that did not move
+    assert stats.run_samples(0.25, 0) == stats.run_samples(0.0, 0) == 1  # no budget
 
 
 def test_a_short_run_is_the_fastest_of_its_samples(tmp_path):

@@ -34,7 +34,9 @@ def repeats(rep: int, reps: int, spent_s: float, short_mode_s: float = SHORT_MOD
 def run_samples(one_run_s: float, budget_s: float = RUN_SAMPLES_S) -> int:
     """How many runs of one kind (one VM's trace recordings and plain runs; N VMs' runs)
     a repetition takes when one such run, set-up included, took `one_run_s`: at least
-    one."""
+    one, and one each with no budget."""
+    if budget_s <= 0:
+        return 1
     if one_run_s <= 0:
         return MAX_RUN_SAMPLES
     return max(1, min(MAX_RUN_SAMPLES, int(budget_s / one_run_s)))

@@ -150,8 +150,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             # recorded right after eight fv VMs took 1.8x the pv run after it), so one
             # VM runs once, unmeasured, before the trace
             makespan(mode, 1)
-            samples = run_samples(time.monotonic() - started, run_samples_s) \
-                if run_samples_s > 0 else 1
+            samples = run_samples(time.monotonic() - started, run_samples_s)
             trace = record_fastest(TraceKey(benchmark, params, mode, isolated), samples,
                                    backend, trace_cache or CACHE)
             for n in counts:  # 1 VM too: a run that records nothing, like the others
@@ -159,9 +158,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 runs = [makespan(mode, n)]
                 # as many as the trace, where one run is that short; more VMs: as many
                 # as fit the budget by the first's time
-                taken = samples if n == 1 else \
-                    run_samples(time.monotonic() - t0, run_samples_s) if run_samples_s > 0 \
-                    else 1
+                taken = samples if n == 1 else run_samples(time.monotonic() - t0,
+                                                           run_samples_s)
                 runs += [makespan(mode, n) for _ in range(taken - 1)]
                 span, served, sleeps, cpu = min(runs)
                 took = time.monotonic() - t0
