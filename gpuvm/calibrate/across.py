@@ -8,8 +8,11 @@ analyses each bundle exactly as `--from DIR` does (with today's code: bundles me
 before a change to the model show what the change does to them) and puts each point's
 errors side by side: their mean (the model's bias there), their standard deviation
 (the runs' noise), and in how many bundles the point, and every point, was within the
-goal.  The bundles are independent, so they are analysed in worker processes where the
-host has the cores (validation.in_parallel).
+goal -- and beside them, how far each bundle's emulator missed itself, one half of its
+repetitions against the other (gpuvm.calibrate.halves), so that a point the model
+misses can be told from one the measurement cannot pin down.  The bundles are
+independent, so they are analysed in worker processes where the host has the cores
+(validation.in_parallel).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint
+from gpuvm.calibrate.halves import HalfPoint
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,16 @@ class BundleScore:
         return self.points > 0 and self.within == self.points
 
 
-def bundle_points(directory: Path) -> list[ValidationPoint]:
-    """The kept points of one bundle, analysed as `--from DIR` analyses it (without the
-    repetitions' spread, which this comparison does not show); ValueError naming the
-    bundle where it cannot be read."""
+@dataclass(frozen=True)
+class BundleAnalysis:
+    points: list[ValidationPoint]
+    halves: list[HalfPoint]  # the emulator against itself (gpuvm.calibrate.halves)
+
+
+def bundle_points(directory: Path) -> BundleAnalysis:
+    """The kept points of one bundle and its halves, analysed as `--from DIR` analyses
+    it (without the repetitions' spread, which this comparison does not show);
+    ValueError naming the bundle where it cannot be read."""
     from gpuvm.calibrate import lock_use, validation
     from gpuvm.calibrate.wake import WakeCurve
 
@@ -75,8 +85,9 @@ def bundle_points(directory: Path) -> list[ValidationPoint]:
         wake = WakeCurve.from_about(about)
     except ValueError as exc:
         raise ValueError(f"{directory}: {exc}") from None
-    return validation.analyse(measured, fit_traces, about.get("cpus"), wake,
-                              lock_use.from_about(about), with_spread=False).points
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake,
+                                  lock_use.from_about(about), with_spread=False)
+    return BundleAnalysis(analysis.points, analysis.halves)
 
 
 def across(per_bundle: Sequence[Sequence[ValidationPoint]]) -> list[PointAcross]:
@@ -98,8 +109,8 @@ def scores(directories: Sequence[Path],
     return out
 
 
-def reanalysed(directories: Sequence[Path]) -> list[list[ValidationPoint]]:
-    """Each bundle's points, in the bundles' order.  Every bundle is read once here
+def reanalysed(directories: Sequence[Path]) -> list[BundleAnalysis]:
+    """Each bundle's points and halves, in the bundles' order.  Every bundle is read once here
     first, so an unreadable one is reported (ValueError naming it) before any
     analysis starts."""
     from gpuvm.calibrate import validation

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -313,7 +314,8 @@ def main_emulator(args: argparse.Namespace) -> int:
                                     | ({"cores": asdict(speeds[(p.mode, p.vms)])}
                                        if (p.mode, p.vms) in speeds else {})
                                     for p in points],
-                         "spread": [asdict(s) for s in analysis.spread]},
+                         "spread": [asdict(s) for s in analysis.spread],
+                         "halves": [asdict(h) for h in analysis.halves]},
                         indent=1) + "\n"
     if bundle is not None:
         (bundle / "points.json").write_text(report)
@@ -356,6 +358,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     console.print(t)
     print_validation(console, points, analysis.spread, f"model vs emulator makespan, {title} "
                      f"(cores fitted on {validation.FIT_VMS} VMs)", speeds)
+    print_halves(console, [analysis.halves])
     if cores is not None and len(cores.ms):
         print(validation.core_summary(cores, speeds, points))
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
@@ -374,7 +377,9 @@ def main_across(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuvm.calibrate import across
+    from dataclasses import asdict
+
+    from gpuvm.calibrate import across, halves
     from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
 
     if args.profile_out is not None:
@@ -382,19 +387,23 @@ def main_across(args: argparse.Namespace) -> int:
                         f"{len(args.emulator_from)}")
     directories = list(args.emulator_from)
     try:
-        per_bundle = across.reanalysed(directories)
+        analysed = across.reanalysed(directories)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    per_bundle = [a.points for a in analysed]
     points = across.across(per_bundle)
     scores = across.scores(directories, per_bundle)
+    per_half = [a.halves for a in analysed]
     if args.json:
         print(json.dumps({
             "bundles": [{"directory": str(s.directory), "points": s.points,
-                         "within": s.within, "mean_abs_pct": s.mean_abs_pct}
-                        for s in scores],
+                         "within": s.within, "mean_abs_pct": s.mean_abs_pct,
+                         "halves": [asdict(h) for h in a.halves]}
+                        for s, a in zip(scores, analysed)],
             "points": [{"mode": p.mode, "vms": p.vms, "errors_pct": list(p.errors_pct),
                         "mean_pct": p.mean_pct, "sd_pct": p.sd_pct, "within": p.within}
-                       for p in points]}, indent=1))
+                       for p in points],
+            "halves": asdict(halves.score(per_half))}, indent=1))
         return 0
     t = Table(title=f"model vs emulator makespan, error % in each of {len(directories)} "
                     f"bundles (each analysed as `--from DIR` would)")
@@ -411,6 +420,7 @@ def main_across(args: argparse.Namespace) -> int:
               f"{GOAL_ERROR_PCT:g}%, mean |error| {s.mean_abs_pct:.1f}%")
     print(f"every point within {GOAL_ERROR_PCT:g}% in {sum(s.all_within for s in scores)} "
           f"of {len(scores)} bundles")
+    print_halves(Console(width=160), per_half)
     return 0
 
 
@@ -605,6 +615,41 @@ def print_validation(console, points, spread, title: str, speeds=None) -> None:
     console.print(t)
     print(emulator.summary(points))
     print(validation.spread_summary(spread))
+
+
+def print_halves(console, per_bundle) -> None:
+    """Per point, the emulator against itself beside the model (gpuvm.calibrate.halves):
+    each half of a bundle's repetitions against the other half's fastest run, and
+    against the model's replay of the other half's fastest trace; then one line."""
+    from rich.table import Table
+
+    from gpuvm.calibrate import halves
+    from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
+
+    by_point: dict[tuple[str, int], list] = {}
+    for half_points in per_bundle:
+        for h in half_points:
+            by_point.setdefault((h.mode, h.vms), []).append(h)
+    if by_point:
+        goal = f"{GOAL_ERROR_PCT:g}%"
+        t = Table(title="the emulator against itself: each half of a point's repetitions "
+                        "(even, odd) predicted by the other half's fastest run, and by the "
+                        "model from the other half's fastest trace")
+        each = len(per_bundle) == 1  # one bundle: its two halves' own numbers
+        for col in ("mode", "VMs") + (("other half %",) if each else ()) \
+                + (f"other within {goal}", "other mean |%|") \
+                + (("model %",) if each else ()) + (f"model within {goal}", "model mean |%|"):
+            t.add_column(col, justify="right")
+        for (mode, vms), hs in sorted(by_point.items()):
+            cells = [mode, str(vms)]
+            for errors in ([h.other_pct for h in hs], [h.model_pct for h in hs]):
+                if each:
+                    cells.append(" ".join(f"{e:+.0f}" for e in errors))
+                cells += [f"{sum(abs(e) <= GOAL_ERROR_PCT for e in errors)}/{len(errors)}",
+                          f"{statistics.mean(map(abs, errors)):.1f}"]
+            t.add_row(*cells)
+        console.print(t)
+    print(halves.summary(per_bundle))
 
 
 def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,

@@ -29,7 +29,9 @@ others as the model's does (by the hand-offs alone).
 
 Repetitions of one point minutes apart differ by 30-50% on the lent machines, so each
 point is also shown against that noise (`spreads`): every repetition's run predicted
-from its own trace, their median, and how far apart the runs were.
+from its own trace, their median, and how far apart the runs were; and the even
+repetitions against the odd ones (gpuvm.calibrate.halves): how close the emulator comes
+to itself at each point, beside how close the model comes to it.
 
 What was measured is kept as a bundle (`save` / `load`: the makespans, and every trace
 as the .npz the model reads), so the analysis -- the fit, the cores, the predictions --
@@ -44,15 +46,17 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from gpuvm.calibrate import halves
 from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples, CoreSpeed
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
+from gpuvm.calibrate.halves import HalfPoint
 from gpuvm.calibrate.lock_use import LockUse, growth
 from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, RUN_SAMPLES_S, SHORT_MODE_S,
                                   run_samples, repeats)
@@ -461,17 +465,28 @@ class Spread:
         return statistics.median(self.rep_errors_pct)
 
 
+def replay_each(measured: Sequence[Measured], profile: CostProfile,
+                min_cores: int = PARALLEL_MIN_CORES) -> dict[int, Any]:
+    """Each repetition's run replayed from its own trace, by id(m): the model's side
+    of `spreads` and of the halves (gpuvm.calibrate.halves)."""
+    ordered = sorted(measured, key=lambda m: (m.mode, m.vms, m.rep))
+    return dict(zip(map(id, ordered),
+                    in_parallel(partial(_replayed, profile=profile), ordered, min_cores)))
+
+
 def spreads(measured: Sequence[Measured], profile: CostProfile,
-            min_cores: int = PARALLEL_MIN_CORES) -> list[Spread]:
+            min_cores: int = PARALLEL_MIN_CORES,
+            replays: Mapping[int, Any] | None = None) -> list[Spread]:
+    """Per point, its repetitions' spread (`replays`: replay_each's, where the caller
+    has them already)."""
     from gpuvm.sim.replay import server_ns
     runs: dict[tuple[str, int], list[Measured]] = {}
     for m in measured:
         runs.setdefault((m.mode, m.vms), []).append(m)
     for reps in runs.values():
         reps.sort(key=lambda m: m.rep)
-    ordered = [m for key in sorted(runs) for m in runs[key]]
-    replays = dict(zip(map(id, ordered),
-                       in_parallel(partial(_replayed, profile=profile), ordered, min_cores)))
+    if replays is None:
+        replays = replay_each(measured, profile, min_cores)
     out = []
     for (mode, vms), reps in sorted(runs.items()):
         spans = [m.makespan_ns for m in reps]
@@ -516,12 +531,16 @@ class Analysis:
     kept: list[Measured]  # the fastest repetition of each (mode, VMs)
     points: list[ValidationPoint]
     spread: list[Spread]  # per point, over every repetition (empty: not asked for)
+    # per point and half of its repetitions, the other half and the model against it
+    # (gpuvm.calibrate.halves; empty: not asked for, or one repetition each)
+    halves: list[HalfPoint] = field(default_factory=list)
 
 
 def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
             cores: int | None = None, wake: WakeCurve | None = None,
-            lock_use: Sequence[LockUse] = (), with_spread: bool = True) -> Analysis:
+            lock_use: Sequence[LockUse] = (), with_spread: bool = True,
+            with_halves: bool = True) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
@@ -532,7 +551,10 @@ def analyse(measured: Sequence[Measured],
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
     `wake`'s latency, whose exits' work the timed growth holds already).  Without
     `with_spread` the repetitions are not replayed one by one: a third to a half of the
-    replays, for a caller that wants the kept points alone."""
+    replays, for a caller that wants the kept points alone.  `with_halves`: each point
+    measured again by half of its repetitions against the other half, and the model
+    from that half's trace (gpuvm.calibrate.halves) -- replays the spread has made
+    already, else two per point."""
     from gpuvm.calibrate import emulator
     from gpuvm.calibrate.lock_use import handoff_curve
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
@@ -546,8 +568,12 @@ def analyse(measured: Sequence[Measured],
         profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
+    chosen = halves.picks(measured, trace_ns) if with_halves else []
+    replays = replay_each(measured if with_spread else [p.replay for p in chosen],
+                          profile) if with_spread or chosen else {}
     return Analysis(profile, kept, predict(kept, profile),
-                    spreads(measured, profile) if with_spread else [])
+                    spreads(measured, profile, replays=replays) if with_spread else [],
+                    halves.points(chosen, lambda m: replays[id(m)].makespan_ns))
 
 
 # ------------------------------------------------------------------ bundles
