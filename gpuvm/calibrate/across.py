@@ -110,9 +110,9 @@ def scores(directories: Sequence[Path],
 
 
 def reanalysed(directories: Sequence[Path]) -> list[BundleAnalysis]:
-    """Each bundle's points and halves, in the bundles' order.  Every bundle is read once here
-    first, so an unreadable one is reported (ValueError naming it) before any
-    analysis starts."""
+    """Each bundle's points and halves, in the bundles' order.  Every bundle is read
+    once here first, so an unreadable one is reported (ValueError naming it) before
+    any analysis starts."""
     from gpuvm.calibrate import validation
 
     for directory in directories:

@@ -374,10 +374,10 @@ def main_emulator(args: argparse.Namespace) -> int:
 def main_across(args: argparse.Namespace) -> int:
     """`--from DIR DIR ...`: every bundle analysed as `--from DIR` analyses it, each
     point's errors side by side with their mean and spread (gpuvm.calibrate.across)."""
+    from dataclasses import asdict
+
     from rich.console import Console
     from rich.table import Table
-
-    from dataclasses import asdict
 
     from gpuvm.calibrate import across, halves
     from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
