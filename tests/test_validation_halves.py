@@ -81,6 +81,8 @@ def test_a_bundles_halves_are_the_same_with_or_without_the_spread():
     halves' own are made: the same numbers either way, the model's a replay of a trace
     the other half recorded."""
     measured, fits, about = validation.load(BUNDLE)
+    measured = [m for m in measured if m.mode == "pv"]  # seconds, not tens of them
+    fits = [f for f in fits if f[0] == "pv"]
     full = validation.analyse(measured, fits, about["cpus"])
     lean = validation.analyse(measured, fits, about["cpus"], with_spread=False)
     assert lean.halves == full.halves
@@ -97,7 +99,17 @@ def test_a_bundles_halves_are_the_same_with_or_without_the_spread():
                               with_halves=False).halves == []
 
 
-def test_calibrate_prints_the_emulator_against_itself(gpuvm_cli):
-    rc, out, err = gpuvm_cli("calibrate", "--emulator", "--from", str(BUNDLE))
-    assert rc == 0, err
-    assert "the emulator against itself" in out and "the model from the other half" in out
+def test_calibrate_prints_each_point_against_itself_and_the_model(capsys):
+    """One bundle: each half's own numbers beside the counts; several: the counts."""
+    from rich.console import Console
+
+    from gpuvm.calibrate.command import print_halves
+    bundle = [halves.HalfPoint("pv", 4, 0, 12.0, -3.0), halves.HalfPoint("pv", 4, 1, -10.7, 4.0)]
+    print_halves(Console(width=200), [bundle])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "pv" in line and "│" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == \
+        ["pv", "4", "+12 -11", "0/2", "11.3", "-3 +4", "2/2", "3.5"]
+    assert "the model from the other half's trace: 2/2" in out
+    print_halves(Console(width=200), [bundle, bundle])
+    assert "+12 -11" not in capsys.readouterr().out
