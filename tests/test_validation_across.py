@@ -63,7 +63,7 @@ def test_the_same_measurements_twice_give_the_same_errors(tmp_path, gpuvm_cli):
     assert report["bundles"][0]["halves"] == report["bundles"][1]["halves"]
     assert report["halves"]["halves"] == 2 * 2  # two bundles of two repetitions
     # and each is the error `--from DIR` reports for that bundle alone
-    alone = {(p.mode, p.vms): p.error_pct for p in across.bundle_points(BUNDLE).points}
+    alone = {(p.mode, p.vms): p.error_pct for p in across.bundle_analysis(BUNDLE).points}
     assert {(p["mode"], p["vms"]): p["errors_pct"][0] for p in report["points"]} \
         == pytest.approx(alone)
 

@@ -73,7 +73,7 @@ class BundleAnalysis:
     halves: list[HalfPoint]  # the emulator against itself (gpuvm.calibrate.halves)
 
 
-def bundle_points(directory: Path) -> BundleAnalysis:
+def bundle_analysis(directory: Path) -> BundleAnalysis:
     """The kept points of one bundle and its halves, analysed as `--from DIR` analyses
     it (without the repetitions' spread, which this comparison does not show);
     ValueError naming the bundle where it cannot be read."""
@@ -117,4 +117,4 @@ def reanalysed(directories: Sequence[Path]) -> list[BundleAnalysis]:
 
     for directory in directories:
         validation.load(directory)
-    return validation.in_parallel(bundle_points, list(directories))
+    return validation.in_parallel(bundle_analysis, list(directories))
