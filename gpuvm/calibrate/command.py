@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="analyse the measurements saved in DIR (results/validation/<time>) "
                         "instead of running guests; several: each point's error in "
                         "each, their mean and spread (gpuvm.calibrate.across)")
+    e.add_argument("--more-of", dest="emulator_more_of", type=Path, default=None,
+                   metavar="DIR",
+                   help="run --trace-reps more repetitions of the bundle in DIR, on the "
+                        "machine that measured it, and write them with DIR's as a new "
+                        "bundle (DIR is left as it is)")
     u = parser.add_argument_group("--lock-use")
     u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
                    help="runs of each mode and VM count (default 2)")
@@ -273,6 +278,9 @@ def main_emulator(args: argparse.Namespace) -> int:
     reps = args.emulator_reps
     if reps < 1:
         raise UserError(f"--trace-reps must be >= 1, got {reps}")
+    if args.emulator_from is not None and args.emulator_more_of is not None:
+        raise UserError("--from analyses a bundle, --more-of measures more of one: "
+                        "give one of them")
     if args.emulator_from is not None and len(args.emulator_from) > 1:
         return main_across(args)
     source = args.emulator_from[0] if args.emulator_from is not None else None
@@ -289,7 +297,9 @@ def main_emulator(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     else:
-        measured, fit_traces, about, cores = _measure_emulator(args, reps)
+        measured, fit_traces, about, cores = (
+            _measure_more(args, reps, args.emulator_more_of)
+            if args.emulator_more_of is not None else _measure_emulator(args, reps))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         bundle = validation.save(REPO / "results" / "validation" / stamp, measured,
                                  fit_traces, about, cores)
@@ -440,15 +450,12 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
                            ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts,
     the lock's timed rounds among them."""
-    from dataclasses import replace
-
     from gpuvm.calibrate import lock_turns, lock_use, validation
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
-    from gpuvm.vmm.kvm import kvm_usable
 
-    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
+    progress = _progress
     load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
     fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
     scaling = load(REPO / "experiments" / "scaling.toml")
@@ -468,25 +475,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     if unknown:
         raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     counts = sorted({len(s.vms) for s in scaling.scenarios})
-    uses: list[lock_use.LockUse] = []
-    grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
-        [n for n in counts if n >= validation.FIT_VMS]
-    time_the_lock = not args.emulator_isolated and kvm_usable()[0]  # VMs as threads
-
-    def lock_round(rep: int) -> None:
-        """One round of the lock's timed runs before each of the first GROWTH_REPS
-        repetitions: beside the runs they predict, not minutes before them -- the lent
-        machine's speed drifts (one VM of fv took 2.4 s, then 2.0 s ten minutes later),
-        and two rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one
-        run and 0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short
-        (runs 20261126-142007, -142902)."""
-        if not time_the_lock or rep >= lock_use.GROWTH_REPS:
-            return
-        progress(f"timing how the work under the lock grows with the VMs "
-                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
-                 f"{', '.join(map(str, grown))})")
-        uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE], grown, 1))
+    lock_round, uses = _lock_rounds(args.emulator_isolated, counts, progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -508,9 +497,102 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
-             "lock_use": lock_use.to_about(uses),
+             "lock_use": lock_use.to_about(uses), "host": validation.this_host(),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
+
+
+def _progress(line: str) -> None:
+    print(f"… {line}", file=sys.stderr, flush=True)
+
+
+def _lock_rounds(isolated: bool, counts: list[int], progress: Callable[[str], None]
+                 ) -> tuple[Callable[[int], None], list]:
+    """What runs before each repetition (`validation.measure`'s `before_rep`), and the
+    list it fills: one round of the lock's timed runs (gpuvm.calibrate.lock_use) before
+    each of the first GROWTH_REPS repetitions, where VMs are threads under KVM."""
+    from dataclasses import replace
+
+    from gpuvm.calibrate import lock_use, validation
+    from gpuvm.vmm.kvm import kvm_usable
+
+    uses: list[lock_use.LockUse] = []
+    grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
+        [n for n in counts if n >= validation.FIT_VMS]
+    time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
+
+    def lock_round(rep: int) -> None:
+        """Beside the runs they predict, not minutes before them -- the lent machine's
+        speed drifts (one VM of fv took 2.4 s, then 2.0 s ten minutes later), and two
+        rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one run and
+        0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short (runs
+        20261126-142007, -142902)."""
+        if not time_the_lock or rep >= lock_use.GROWTH_REPS:
+            return
+        progress(f"timing how the work under the lock grows with the VMs "
+                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
+                 f"{', '.join(map(str, grown))})")
+        uses.extend(replace(u, rep=rep) for u in lock_use.measure(
+            lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE], grown, 1))
+    return lock_round, uses
+
+
+def _measure_more(args: argparse.Namespace, reps: int, source: Path
+                  ) -> tuple[list, list[tuple[str, dict]], dict, CoreSamples | None]:
+    """`--more-of DIR`: `reps` more repetitions of DIR's scaling runs, numbered after its
+    own, returned with everything DIR holds (its traces for the fit, its probes, its
+    lock's rounds) as one measurement; DIR itself is left as it is.  Why: a repetition
+    of fv at 8 VMs is half a minute, and with two repetitions a point's fastest run moved
+    by 8-21% between the even and the odd one (gpuvm.calibrate.halves) -- more of them
+    than fit one sitting (a lent machine's command stops at 10 minutes) are taken in
+    two.  Only on the machine, and the boot, that measured DIR."""
+    from gpuvm.calibrate import lock_use, validation
+    from gpuvm.calibrate.core_speed import CoreProbe
+    from gpuvm.experiment.config import REPO, load
+
+    try:
+        before, fit_traces, about = validation.load(source)
+        cores_before = validation.load_cores(source)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    here = validation.this_host()
+    if about.get("host") != here:
+        there = about.get("host", {}).get("name") if isinstance(about.get("host"), dict) \
+            else None
+        raise UserError(f"--more-of {source}: measured on "
+                        f"{there or 'a machine it does not name'}"
+                        + (" before its last boot" if there == here["name"] else "")
+                        + f", not on this one ({here['name']}): more repetitions must come "
+                          "from the machine that measured the first")
+    if args.emulator_modes or args.emulator_isolated:
+        raise UserError("--more-of measures the modes (and --isolated) of its bundle: "
+                        "leave out --modes and --isolated")
+    scaling = load(REPO / "experiments" / "scaling.toml")
+    bench = scaling.scenarios[0].vms[0]
+    if about.get("benchmark") != f"{bench.benchmark} {list(bench.params)}":
+        raise UserError(f"--more-of {source}: measured {about.get('benchmark')!r}, "
+                        f"experiments/scaling.toml now runs "
+                        f"'{bench.benchmark} {list(bench.params)}'")
+    modes = list(dict.fromkeys(m.mode for m in before))
+    counts = sorted({m.vms for m in before})
+    isolated = bool(about.get("isolated"))
+    load_before = round(os.getloadavg()[0], 2)
+    lock_round, uses = _lock_rounds(isolated, counts, _progress)
+    with CoreProbe() as probe:
+        more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
+                                  progress=_progress, isolated=isolated,
+                                  before_rep=lock_round,
+                                  first_rep=max(m.rep for m in before) + 1)
+    cores = probe.samples.joined(cores_before) if probe.samples is not None \
+        else cores_before
+    added = {"command": f"gpuvm calibrate --emulator --more-of {source}"
+                        + (f" --trace-reps {reps}" if reps != 2 else ""),
+             "load": load_before, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    about = dict(about) | {
+        "command": f"{about.get('command', '?')}; {added['command']}",
+        "lock_use": list(about.get("lock_use", ())) + lock_use.to_about(uses),
+        "more": list(about.get("more", ())) + [added]}
+    return before + more, fit_traces, about, cores
 
 
 def main_lock_use(args: argparse.Namespace) -> int:

@@ -80,6 +80,16 @@ class CoreSamples:
         s = self.slowdown[inside]
         return CoreSpeed(float(s.mean()), float((s > SLOW_FACTOR).mean()), int(s.size))
 
+    def joined(self, other: CoreSamples | None) -> CoreSamples:
+        """These samples and `other`'s in one time order (a bundle measured in two goes:
+        one core's fastest is then its fastest of both)."""
+        if other is None:
+            return self
+        order = np.argsort(np.concatenate([self.at_s, other.at_s]), kind="stable")
+        return CoreSamples(np.concatenate([self.at_s, other.at_s])[order],
+                           np.concatenate([self.cpu, other.cpu])[order],
+                           np.concatenate([self.ms, other.ms])[order])
+
     def save(self, path: Path) -> None:
         np.savez_compressed(path, at_s=self.at_s, cpu=self.cpu, ms=self.ms)
 

@@ -96,7 +96,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             isolated: bool = False, short_mode_s: float = SHORT_MODE_S,
             run_samples_s: float = RUN_SAMPLES_S,
             trace_cache: Path | None = None,
-            before_rep: Callable[[int], None] = lambda rep: None) -> list[Measured]:
+            before_rep: Callable[[int], None] = lambda rep: None,
+            first_rep: int = 0) -> list[Measured]:
     """Per repetition and mode: record one VM's trace, then run each VM count at once
     (`isolated`: every VM in its own VMM process, the trace too).
 
@@ -124,7 +125,9 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
 
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
-    beside these runs: gpuvm.calibrate.command runs the lock's timed rounds there)."""
+    beside these runs: gpuvm.calibrate.command runs the lock's timed rounds there).
+    Repetitions are numbered from `first_rep`: more of a bundle measured before
+    (`gpuvm calibrate --emulator --more-of DIR`) go on from its last."""
     from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
     from gpuvm.sim.traces import CACHE, TraceKey, record_fastest
@@ -142,12 +145,13 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
 
     out: list[Measured] = []
     spent = dict.fromkeys(modes, 0.0)
-    for rep in range(reps * MAX_REPS_FACTOR):
-        if not any(repeats(rep, reps, spent[m], short_mode_s) for m in modes):
+    for turn in range(reps * MAX_REPS_FACTOR):
+        if not any(repeats(turn, reps, spent[m], short_mode_s) for m in modes):
             break
+        rep = first_rep + turn
         before_rep(rep)
         for mode in modes:
-            if not repeats(rep, reps, spent[mode], short_mode_s):
+            if not repeats(turn, reps, spent[mode], short_mode_s):
                 continue
             started = time.monotonic()
             # a first run of a mode after another is slower (measured: a pv trace
@@ -577,6 +581,19 @@ def analyse(measured: Sequence[Measured],
 
 
 # ------------------------------------------------------------------ bundles
+def this_host() -> dict[str, str]:
+    """Which machine measures, and since when it runs (its boot): kept in a bundle's
+    "about", so more repetitions are added only on the machine, and the boot, that
+    measured the first -- a lent machine given back and started again is another one,
+    with cores of another speed."""
+    import socket
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return {"name": socket.gethostname(), "boot": boot}
+
+
 BUNDLE_RUNS = "runs.json"
 BUNDLE_CORES = "cores.npz"  # gpuvm.calibrate.core_speed.CoreSamples
 

@@ -1,0 +1,108 @@
+"""`gpuvm calibrate --emulator --more-of DIR`: more repetitions of a bundle, taken on the
+machine (and boot) that measured it, numbered after its own and written with its runs as
+a new bundle; DIR itself is left as it was.  Real guests run (pv, 1 and 2 VMs, one run
+each: a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from gpuvm import cli
+from gpuvm.calibrate import validation
+
+DATA = Path(__file__).parent / "data"
+
+
+def calibrate(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = cli.main(["calibrate", "--emulator", *argv])
+    except SystemExit as exc:
+        rc = int(exc.code)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def one_rep(tmp_path, monkeypatch) -> Path:
+    """A bundle of pv at 1 and 2 VMs of the scaling file's benchmark, one repetition, one
+    run per point, measured here; later measurements in the test take one run each too."""
+    monkeypatch.setattr(validation, "measure", partial(
+        validation.measure, short_mode_s=0, run_samples_s=0, trace_cache=tmp_path / "cache"))
+    measured = validation.measure("mmul", (128,), ["pv"], (1, 2), reps=1)
+    about = {"command": "gpuvm calibrate --emulator --modes pv", "benchmark": "mmul [128]",
+             "isolated": False, "cpus": os.cpu_count(), "host": validation.this_host()}
+    one_vm = [(m.mode, m.trace) for m in measured if m.vms == 1]
+    return validation.save(tmp_path / "first", measured, one_vm, about)
+
+
+def _set_host(bundle: Path, host: dict | None) -> None:
+    path = bundle / validation.BUNDLE_RUNS
+    data = json.loads(path.read_text())
+    data["about"].pop("host", None)
+    if host is not None:
+        data["about"]["host"] = host
+    path.write_text(json.dumps(data))
+
+
+def test_more_repetitions_go_into_a_new_bundle_beside_the_first(one_rep, tmp_path, capsys):
+    runs_before = (one_rep / validation.BUNDLE_RUNS).read_bytes()
+    rc, out, err = calibrate(capsys, "--more-of", str(one_rep), "--trace-reps", "1",
+                             "--profile-out", str(tmp_path / "profile.toml"))
+    assert rc == 0, err
+    written = Path(re.search(r"measurements and points written to (\S+) ", out).group(1))
+    try:
+        assert written != one_rep
+        measured, fits, about = validation.load(written)
+        assert sorted({(m.vms, m.rep) for m in measured}) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+        assert len(fits) == 1  # the first bundle's traces for the fit, kept
+        assert about["command"].endswith(f"--more-of {one_rep} --trace-reps 1")
+        assert [m["command"] for m in about["more"]] == \
+            [f"gpuvm calibrate --emulator --more-of {one_rep} --trace-reps 1"]
+        assert about["host"] == validation.this_host()
+        # the new repetition has its own trace, recorded just before its runs
+        new = [m for m in measured if m.rep == 1]
+        assert all(m.trace is not fits[0][1] for m in new)
+        assert (written / "points.json").exists()
+        assert (one_rep / validation.BUNDLE_RUNS).read_bytes() == runs_before
+        assert not (one_rep / "points.json").exists()
+    finally:
+        shutil.rmtree(written)
+
+
+@pytest.mark.parametrize("host, says", [
+    ({"name": "elsewhere", "boot": "b"}, "measured on elsewhere, not on this one"),
+    (None, "measured on a machine it does not name"),
+    ({"name": validation.this_host()["name"], "boot": "an earlier one"},
+     "before its last boot"),
+])
+def test_more_of_a_bundle_from_another_machine_is_refused(one_rep, capsys, host, says):
+    """A lent machine given back and started again is another machine: the first
+    repetitions and the new ones would not be measurements of one thing."""
+    _set_host(one_rep, host)
+    rc, out, err = calibrate(capsys, "--more-of", str(one_rep))
+    assert rc != 0 and out == ""
+    (line,) = err.strip().splitlines()
+    assert str(one_rep) in line and says in line
+
+
+def test_more_of_refuses_modes_of_its_own_and_a_bundle_to_analyse(capsys):
+    bundle = DATA / "validation-h100"
+    rc, _, err = calibrate(capsys, "--more-of", str(bundle), "--from", str(bundle))
+    assert rc != 0 and "give one of them" in err
+    rc, _, err = calibrate(capsys, "--more-of", "/nonexistent/bundle")
+    assert rc != 0 and "/nonexistent/bundle" in err and len(err.strip().splitlines()) == 1
+
+
+def test_repetitions_are_numbered_from_the_first_asked(tmp_path):
+    before: list[int] = []
+    measured = validation.measure("mmul", (16,), ["pv"], (1,), reps=1, short_mode_s=0,
+                                  run_samples_s=0, trace_cache=tmp_path,
+                                  before_rep=before.append, first_rep=3)
+    assert before == [3] and [m.rep for m in measured] == [3]
