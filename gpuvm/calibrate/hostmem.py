@@ -36,6 +36,8 @@ REGION_KINDS: dict[str, tuple[bool, int | None]] = {
 # smaps fields that count huge-page-mapped kB (anonymous, shmem, other files)
 THP_FIELDS = ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped")
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
 _VMA_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s")
 _KB_FIELD = re.compile(r"^(\w+):\s+(\d+) kB$")
 
@@ -120,6 +122,17 @@ class HostRegion:
         view = np.frombuffer(self._map, dtype=np.uint8)
         view[::PAGE] = 1
         del view
+
+    def resident_bytes(self) -> int:
+        """Bytes of this region in memory now, page by page (mincore(2)): its own pages
+        only, where smaps counts the whole VMA -- and the kernel may have merged the
+        region with a neighbouring mapping that other threads fill and free meanwhile."""
+        pages = self.size // PAGE
+        vec = (ctypes.c_ubyte * pages)()
+        if _LIBC.mincore(ctypes.c_void_p(self.address), ctypes.c_size_t(self.size), vec):
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore: {os.strerror(err)}")
+        return PAGE * int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1))
 
     def smaps(self) -> dict[str, int]:
         return smaps_kib(Path("/proc/self/smaps").read_text(), self.address,
