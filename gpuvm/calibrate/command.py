@@ -455,18 +455,17 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
 
-    progress = _progress
     load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
     fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
     scaling = load(REPO / "experiments" / "scaling.toml")
     bench = scaling.scenarios[0].vms[0]
-    progress(f"measuring how long a woken thread takes to run again, and its next exit "
+    _progress(f"measuring how long a woken thread takes to run again, and its next exit "
              f"({WAKE_MODE})")
     # on a VM's own exits; a backend without KVM_RUN: on a pipe alone (no exit's work)
     on_exits = measure_on_exits(bench.benchmark, bench.params, WAKE_MODE) or measure()
     turns: list[lock_turns.Turns] = []
     if not args.emulator_isolated:  # VMs in processes of their own pass no such lock
-        progress("measuring how long the interpreter lock sits free between threads "
+        _progress("measuring how long the interpreter lock sits free between threads "
                  "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
@@ -475,7 +474,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     if unknown:
         raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     counts = sorted({len(s.vms) for s in scaling.scenarios})
-    lock_round, uses = _lock_rounds(args.emulator_isolated, counts, progress)
+    lock_round, uses = _lock_rounds(args.emulator_isolated, counts, _progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -484,11 +483,11 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
         for mode in fit_exp.modes:
             key = TraceKey(scenario.vms[0].benchmark, scenario.vms[0].params, mode,
                            args.emulator_isolated)
-            progress(f"tracing {key.file_name}")
+            _progress(f"tracing {key.file_name}")
             fit_traces.append((mode, record_fastest(key, reps)))
     # 2. the scaling runs, each VM count right after a trace of one VM
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
-                                  progress=progress, isolated=args.emulator_isolated,
+                                  progress=_progress, isolated=args.emulator_isolated,
                                   before_rep=lock_round)
     command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
@@ -503,6 +502,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
 
 
 def _progress(line: str) -> None:
+    """A line of how far a long measurement has got, on stderr (stdout is the report)."""
     print(f"… {line}", file=sys.stderr, flush=True)
 
 
@@ -622,10 +622,9 @@ def main_lock_use(args: argparse.Namespace) -> int:
     if not usable:
         raise UserError(f"--lock-use times KVM_RUN and needs KVM: {why}")
     load_before = round(os.getloadavg()[0], 2)
-    progress = lambda line: print(f"… {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         uses = lock_use.measure(bench.benchmark, bench.params, modes, counts,
-                                args.lock_reps, progress)
+                                args.lock_reps, _progress)
     except RuntimeError as exc:
         raise UserError(f"--lock-use: {exc}") from None
     if args.json:

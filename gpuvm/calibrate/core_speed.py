@@ -85,10 +85,10 @@ class CoreSamples:
         one core's fastest is then its fastest of both)."""
         if other is None:
             return self
-        order = np.argsort(np.concatenate([self.at_s, other.at_s]), kind="stable")
-        return CoreSamples(np.concatenate([self.at_s, other.at_s])[order],
-                           np.concatenate([self.cpu, other.cpu])[order],
-                           np.concatenate([self.ms, other.ms])[order])
+        at_s, cpu, ms = (np.concatenate(pair) for pair in (
+            (self.at_s, other.at_s), (self.cpu, other.cpu), (self.ms, other.ms)))
+        order = np.argsort(at_s, kind="stable")
+        return CoreSamples(at_s[order], cpu[order], ms[order])
 
     def save(self, path: Path) -> None:
         np.savez_compressed(path, at_s=self.at_s, cpu=self.cpu, ms=self.ms)
