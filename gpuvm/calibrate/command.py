@@ -457,16 +457,15 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
 
     load_before = round(os.getloadavg()[0], 2)  # the host's load, before ours adds to it
     fit_exp = load(REPO / "experiments" / "calibrate-emulator.toml")
-    scaling = load(REPO / "experiments" / "scaling.toml")
-    bench = scaling.scenarios[0].vms[0]
+    scaling, bench = _scaling()
     _progress(f"measuring how long a woken thread takes to run again, and its next exit "
-             f"({WAKE_MODE})")
+              f"({WAKE_MODE})")
     # on a VM's own exits; a backend without KVM_RUN: on a pipe alone (no exit's work)
     on_exits = measure_on_exits(bench.benchmark, bench.params, WAKE_MODE) or measure()
     turns: list[lock_turns.Turns] = []
     if not args.emulator_isolated:  # VMs in processes of their own pass no such lock
         _progress("measuring how long the interpreter lock sits free between threads "
-                 "taking turns at it, by how long they waited")
+                  "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
@@ -492,13 +491,27 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
         + (" --isolated" if args.emulator_isolated else "")
-    about = {"command": command, "benchmark": f"{bench.benchmark} {list(bench.params)}",
+    about = {"command": command, "benchmark": _benchmark_label(bench),
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
              "lock_use": lock_use.to_about(uses), "host": validation.this_host(),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
+
+
+def _scaling():
+    """experiments/scaling.toml, and the benchmark its VMs run: what --emulator validates
+    the model on and --lock-use times."""
+    from gpuvm.experiment.config import REPO, load
+
+    scaling = load(REPO / "experiments" / "scaling.toml")
+    return scaling, scaling.scenarios[0].vms[0]
+
+
+def _benchmark_label(bench) -> str:
+    """'mmul [128]': how a bundle's "about" names its benchmark."""
+    return f"{bench.benchmark} {list(bench.params)}"
 
 
 def _progress(line: str) -> None:
@@ -548,7 +561,6 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     two.  Only on the machine, and the boot, that measured DIR."""
     from gpuvm.calibrate import lock_use, validation
     from gpuvm.calibrate.core_speed import CoreProbe
-    from gpuvm.experiment.config import REPO, load
 
     try:
         before, fit_traces, about = validation.load(source)
@@ -567,12 +579,10 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     if args.emulator_modes or args.emulator_isolated:
         raise UserError("--more-of measures the modes (and --isolated) of its bundle: "
                         "leave out --modes and --isolated")
-    scaling = load(REPO / "experiments" / "scaling.toml")
-    bench = scaling.scenarios[0].vms[0]
-    if about.get("benchmark") != f"{bench.benchmark} {list(bench.params)}":
+    _, bench = _scaling()
+    if about.get("benchmark") != _benchmark_label(bench):
         raise UserError(f"--more-of {source}: measured {about.get('benchmark')!r}, "
-                        f"experiments/scaling.toml now runs "
-                        f"'{bench.benchmark} {list(bench.params)}'")
+                        f"experiments/scaling.toml now runs '{_benchmark_label(bench)}'")
     modes = list(dict.fromkeys(m.mode for m in before))
     counts = sorted({m.vms for m in before})
     isolated = bool(about.get("isolated"))
@@ -604,13 +614,11 @@ def main_lock_use(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuvm.calibrate import lock_use
-    from gpuvm.experiment.config import REPO, load
     from gpuvm.vmm.kvm import kvm_usable
 
     if args.lock_reps < 1:
         raise UserError(f"--repeat must be >= 1, got {args.lock_reps}")
-    scaling = load(REPO / "experiments" / "scaling.toml")
-    bench = scaling.scenarios[0].vms[0]
+    scaling, bench = _scaling()
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
     unknown = [m for m in modes if m not in scaling.modes]
     if unknown:
