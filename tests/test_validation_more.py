@@ -92,7 +92,11 @@ def test_more_of_a_bundle_from_another_machine_is_refused(one_rep, capsys, host,
     assert str(one_rep) in line and says in line
 
 
-def test_more_of_refuses_modes_of_its_own_and_a_bundle_to_analyse(capsys):
+def test_more_of_with_modes_of_its_own_or_a_bundle_to_analyse_is_refused(one_rep, capsys):
+    """One line each: the modes are the bundle's, --from analyses instead of measuring,
+    and a bundle that is not there is named."""
+    rc, out, err = calibrate(capsys, "--more-of", str(one_rep), "--modes", "pv")
+    assert rc != 0 and out == "" and "leave out --modes" in err
     bundle = DATA / "validation-h100"
     rc, _, err = calibrate(capsys, "--more-of", str(bundle), "--from", str(bundle))
     assert rc != 0 and "give one of them" in err
