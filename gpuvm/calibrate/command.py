@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
 COSTS_DIR = Path("experiments") / "costs"
+TRACE_REPS = 2  # --trace-reps's default: a bundle's command names it only where it differs
 
 
 def parse_size(text: str) -> int:
@@ -89,9 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
     e = parser.add_argument_group("--emulator")
-    e.add_argument("--trace-reps", dest="emulator_reps", type=int, default=2, metavar="N",
-                   help="repetitions of each trace and each validation run (default 2; "
-                        f"the fastest is kept; a mode whose repetitions take under "
+    e.add_argument("--trace-reps", dest="emulator_reps", type=int, default=TRACE_REPS,
+                   metavar="N",
+                   help=f"repetitions of each trace and each validation run (default "
+                        f"{TRACE_REPS}; the fastest is kept; a mode whose repetitions take under "
                         f"{SHORT_MODE_S:g} s gets more, up to {MAX_REPS_FACTOR}x)")
     e.add_argument("--modes", dest="emulator_modes", default=None,
                    help="validate (--lock-use: time) these modes only (default: "
@@ -488,7 +490,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=args.emulator_isolated,
                                   before_rep=lock_round)
-    command = "gpuvm calibrate --emulator" + (f" --trace-reps {reps}" if reps != 2 else "") \
+    command = "gpuvm calibrate --emulator" + _trace_reps_flag(reps) \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
         + (" --isolated" if args.emulator_isolated else "")
     about = {"command": command, "benchmark": _benchmark_label(bench),
@@ -512,6 +514,11 @@ def _scaling():
 def _benchmark_label(bench) -> str:
     """'mmul [128]': how a bundle's "about" names its benchmark."""
     return f"{bench.benchmark} {list(bench.params)}"
+
+
+def _trace_reps_flag(reps: int) -> str:
+    """' --trace-reps N' as a bundle's command names it; '' for the default."""
+    return f" --trace-reps {reps}" if reps != TRACE_REPS else ""
 
 
 def _progress(line: str) -> None:
@@ -568,9 +575,9 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     except ValueError as exc:
         raise UserError(str(exc)) from None
     here = validation.this_host()
-    if about.get("host") != here:
-        there = about.get("host", {}).get("name") if isinstance(about.get("host"), dict) \
-            else None
+    host = about.get("host")
+    if host != here:
+        there = host.get("name") if isinstance(host, dict) else None
         raise UserError(f"--more-of {source}: measured on "
                         f"{there or 'a machine it does not name'}"
                         + (" before its last boot" if there == here["name"] else "")
@@ -596,7 +603,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     cores = probe.samples.joined(cores_before) if probe.samples is not None \
         else cores_before
     added = {"command": f"gpuvm calibrate --emulator --more-of {source}"
-                        + (f" --trace-reps {reps}" if reps != 2 else ""),
+                        + _trace_reps_flag(reps),
              "load": load_before, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     about = dict(about) | {
         "command": f"{about.get('command', '?')}; {added['command']}",
