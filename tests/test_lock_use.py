@@ -64,6 +64,7 @@ def test_timing_kvm_run_counts_every_exit_and_splits_the_cpu():
 def test_measure_gives_a_run_per_mode_and_count():
     uses = lock_use.measure("mmul", (64,), ["pv"], [1, 2], reps=1)
     assert [(u.mode, u.vms, u.rep) for u in uses] == [("pv", 1, 0), ("pv", 2, 0)]
+    assert {u.benchmark for u in uses} == {"mmul"}
     one, two = uses
     assert two.exits > one.exits > 0  # two VMs, each its own exits
     assert 0 < one.held_ns < one.cpu_ns and 0 < two.held_ns < two.cpu_ns
@@ -111,6 +112,20 @@ def test_growth_pools_a_counts_runs_against_the_base_count():
     assert lock_use.text(vms, scale) == "4 VMs 1.04x, 8 VMs 1.20x"
 
 
+def test_growth_counts_one_modes_runs():
+    """fv's runs give fv's growth and pv's give pv's; rows kept before the benchmark was
+    recorded read as fv's idle."""
+    pv = [replace(_run(2, 0, 100), mode="pv", benchmark="vecadd"),
+          replace(_run(8, 0, 130), mode="pv", benchmark="vecadd")]
+    fv = [_run(2, 0, 20), _run(8, 0, 24)]
+    assert lock_use.growth(fv + pv, base_vms=2)[1] == pytest.approx((1.0, 1.2))
+    assert lock_use.growth(fv + pv, base_vms=2, mode="pv")[1] == pytest.approx((1.0, 1.3))
+    assert lock_use.growth(fv, base_vms=2, mode="pv") == ((), ())
+    row = lock_use.to_about(fv)[0]
+    del row["benchmark"]
+    assert lock_use.from_about({"lock_use": [row]})[0].benchmark == "idle"
+
+
 def test_the_factor_is_linear_in_log2_of_the_vms_and_flat_beyond():
     costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 4.0, 8.0),
                     lock_work_scale=(1.0, 1.1, 1.3))
@@ -124,13 +139,26 @@ def test_the_factor_is_linear_in_log2_of_the_vms_and_flat_beyond():
         replace(costs, lock_work_vms=(8.0, 4.0, 2.0))
 
 
+def test_pv_vms_take_pv_growth_where_it_was_timed():
+    costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 8.0),
+                    lock_work_scale=(1.0, 1.2))
+    assert costs.lock_work_factor(8, pv=True) == pytest.approx(1.2)  # fv's, none of pv's
+    costs = replace(costs, pv_lock_work_scale=(1.0, 1.4))
+    assert costs.lock_work_factor(8, pv=True) == pytest.approx(1.4)
+    assert costs.lock_work_factor(8) == pytest.approx(1.2)
+    assert costs.lock_work_factor(1, pv=True) == 1.0
+    with pytest.raises(ValueError, match="pv_lock_work_scale differ in length"):
+        replace(costs, pv_lock_work_scale=(1.0, 1.1, 1.4))
+
+
 def test_the_profile_keeps_the_growth_through_toml(tmp_path):
     costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 8.0),
-                    lock_work_scale=(1.0, 1.25))
+                    lock_work_scale=(1.0, 1.25), pv_lock_work_scale=(1.0, 1.5))
     path = tmp_path / "grown.toml"
     path.write_text(emulator.to_toml(costs, "test"))
     back = load_costs(str(path))
-    assert (back.lock_work_vms, back.lock_work_scale) == ((2.0, 8.0), (1.0, 1.25))
+    assert (back.lock_work_vms, back.lock_work_scale, back.pv_lock_work_scale) == \
+        ((2.0, 8.0), (1.0, 1.25), (1.0, 1.5))
 
 
 def test_the_replay_stretches_only_the_work_under_the_lock():
@@ -167,6 +195,26 @@ def test_timed_growth_lengthens_the_bundles_points_past_two_vms_only():
             assert p.predicted_ms > 1.05 * before[(p.mode, p.vms)], p
 
 
+def test_pv_runs_timed_apart_lengthen_the_pv_points_alone():
+    """The same bundle, fv's runs saying 1.2x at 8 VMs, with and without pv's runs
+    saying 1.5x: the pv 8-VM point comes out longer with them, fv-opt's as it was."""
+    measured, fits, about = validation.load(LOCK_BUNDLE)
+    wake = WakeCurve.from_about(about)
+    fv = [_run(2, 0, 25), _run(8, 0, 30)]
+    pv = [replace(_run(2, 0, 100), mode="pv"), replace(_run(8, 0, 150), mode="pv")]
+
+    def points(uses):
+        analysis = validation.analyse(measured, fits, about["cpus"], wake, uses,
+                                      with_spread=False, with_halves=False)
+        return analysis.profile, {(p.mode, p.vms): p.predicted_ms for p in analysis.points}
+    profile, alone = points(fv)
+    assert profile.pv_lock_work_scale == ()
+    profile, both = points(fv + pv)
+    assert profile.pv_lock_work_scale == pytest.approx((1.0, 1.5))
+    assert both[("pv", 8)] > 1.05 * alone[("pv", 8)]
+    assert both[("fv-opt", 8)] == pytest.approx(alone[("fv-opt", 8)], rel=0.02)
+
+
 # ------------------------------------------------------------------ the hand-off's curve
 def _timed(vms: int, waited_us: float, free_us: float, sleeps_per_exit: float = 1.0,
            exits: int = 1000, held_us: float = 30.0) -> LockUse:
@@ -189,6 +237,9 @@ def test_the_handoff_curve_is_the_locks_free_time_by_the_wait_per_count():
     assert curve.work_ns == ()
     assert lock_use.handoff_curve(uses[:3]).slept_ns == (23_000, 370_000)
     assert lock_use.handoff_curve([_timed(2, 20, 7), _timed(1, 0, 15, 0.05)]) is None
+    # pv's runs leave the lock free while their kernels run: not a hand-off
+    pv = [replace(_timed(4, 200, 90), mode="pv"), replace(_timed(8, 500, 90), mode="pv")]
+    assert lock_use.handoff_curve(uses + pv).slept_ns == curve.slept_ns
 
 
 OWN_HANDOFF_BUNDLE = Path(__file__).parent / "data" / "validation-h200-own-handoff"

@@ -356,6 +356,10 @@ def main_emulator(args: argparse.Namespace) -> int:
         print(f"the work under the lock, beside {validation.FIT_VMS} VMs' "
               f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}, timed apart): "
               f"{lock_use.text(profile.lock_work_vms, profile.lock_work_scale)}")
+    if profile.pv_lock_work_scale:
+        print(f"  and for pv, beside {validation.FIT_VMS} VMs' ({lock_use.PV_GROWTH_MODE} VMs of "
+              f"{lock_use.PV_GROWTH_BENCHMARK}, timed apart): "
+              f"{lock_use.text(profile.lock_work_vms, profile.pv_lock_work_scale)}")
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -475,7 +479,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     if unknown:
         raise UserError(f"--modes: unknown mode {unknown[0]!r}")
     counts = sorted({len(s.vms) for s in scaling.scenarios})
-    lock_round, uses = _lock_rounds(args.emulator_isolated, counts, _progress)
+    lock_round, uses = _lock_rounds(args.emulator_isolated, modes, counts, _progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -526,11 +530,12 @@ def _progress(line: str) -> None:
     print(f"… {line}", file=sys.stderr, flush=True)
 
 
-def _lock_rounds(isolated: bool, counts: list[int], progress: Callable[[str], None]
-                 ) -> tuple[Callable[[int], None], list]:
+def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
+                 progress: Callable[[str], None]) -> tuple[Callable[[int], None], list]:
     """What runs before each repetition (`validation.measure`'s `before_rep`), and the
     list it fills: one round of the lock's timed runs (gpuvm.calibrate.lock_use) before
-    each of the first GROWTH_REPS repetitions, where VMs are threads under KVM."""
+    each of the first GROWTH_REPS repetitions, where VMs are threads under KVM -- pv's
+    runs too where `modes` has pv."""
     from dataclasses import replace
 
     from gpuvm.calibrate import lock_use, validation
@@ -540,6 +545,7 @@ def _lock_rounds(isolated: bool, counts: list[int], progress: Callable[[str], No
     grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
         [n for n in counts if n >= validation.FIT_VMS]
     time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
+    with_pv = lock_use.PV_GROWTH_MODE in modes
 
     def lock_round(rep: int) -> None:
         """Beside the runs they predict, not minutes before them -- the lent machine's
@@ -550,10 +556,16 @@ def _lock_rounds(isolated: bool, counts: list[int], progress: Callable[[str], No
         if not time_the_lock or rep >= lock_use.GROWTH_REPS:
             return
         progress(f"timing how the work under the lock grows with the VMs "
-                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}: "
-                 f"{', '.join(map(str, grown))})")
+                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}"
+                 + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
+                    f"{lock_use.PV_GROWTH_ROUNDS} times" if with_pv else "")
+                 + f": {', '.join(map(str, grown))})")
         uses.extend(replace(u, rep=rep) for u in lock_use.measure(
             lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE], grown, 1))
+        if with_pv:
+            uses.extend(replace(u, rep=rep) for u in lock_use.measure(
+                lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
+                [lock_use.PV_GROWTH_MODE], grown, lock_use.PV_GROWTH_ROUNDS))
     return lock_round, uses
 
 
@@ -594,7 +606,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     counts = sorted({m.vms for m in before})
     isolated = bool(about.get("isolated"))
     load_before = round(os.getloadavg()[0], 2)
-    lock_round, uses = _lock_rounds(isolated, counts, _progress)
+    lock_round, uses = _lock_rounds(isolated, modes, counts, _progress)
     with CoreProbe() as probe:
         more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=isolated,

@@ -198,7 +198,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# the interpreter lock's hand-off and the share of releases inside handlers that",
         "# hand it over (fitted to 2-VM makespans), and how long a thread takes to wake by",
         "# how long it slept (wake_*: a hand-off after a long wait costs more), and how",
-        "# much longer the work under the lock takes with more VMs (lock_work_*).",
+        "# much longer the work under the lock takes with more VMs (lock_work_*, and",
+        "# pv_lock_work_scale for pv VMs).",
         "# VMs are threads of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
         "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
@@ -215,7 +216,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \
-        (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ())
+        (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ()) + \
+        (("pv_lock_work_scale",) if profile.pv_lock_work_scale else ())
     for key in curves:
         lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"
@@ -309,7 +311,7 @@ def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostPro
                   interpreter_lock=bool(profile.interpreter_lock),
                   lock_handoff_ns=int(profile.lock_handoff_ns),
                   wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None,
-                  lock_work_factor=profile.lock_work_factor(count))
+                  lock_work_factor=profile.lock_work_factor(count, MODES[mode].pv))
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

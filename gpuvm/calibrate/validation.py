@@ -57,7 +57,7 @@ from gpuvm.calibrate import halves
 from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples, CoreSpeed
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.halves import HalfPoint
-from gpuvm.calibrate.lock_use import LockUse, growth
+from gpuvm.calibrate.lock_use import PV_GROWTH_MODE, LockUse, growth
 from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, RUN_SAMPLES_S, SHORT_MODE_S,
                                   run_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
@@ -551,7 +551,8 @@ def analyse(measured: Sequence[Measured],
     repetition from its own (`spreads`).  With the host's `wake` curve (measured with
     the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
     top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
-    the work under the lock grows with the VM count beyond FIT_VMS as it did there, and
+    the work under the lock grows with the VM count beyond FIT_VMS as it did there (pv
+    VMs' as the pv runs' did, where they were timed), and
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
     `wake`'s latency, whose exits' work the timed growth holds already).  Without
     `with_spread` the repetitions are not replayed one by one: a third to a half of the
@@ -570,6 +571,9 @@ def analyse(measured: Sequence[Measured],
     vms, scale = growth(lock_use, FIT_VMS)
     if vms:  # the timed work holds the exits' slowing after longer waits: not twice
         profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
+        pv_vms, pv_scale = growth(lock_use, FIT_VMS, PV_GROWTH_MODE)
+        if pv_vms == vms:  # pv timed at fv's counts (bundles from before: not at all)
+            profile = replace(profile, pv_lock_work_scale=pv_scale)
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     chosen = halves.picks(measured, trace_ns) if with_halves else []
