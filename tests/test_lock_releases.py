@@ -153,24 +153,29 @@ def test_a_trace_takes_its_releases_from_a_counting_run(monkeypatch, timed_codes
         assert LOCK_RELEASES not in trace["events"].names
 
 
-def test_each_release_that_costs_a_take_is_one_more_wait_beside_another_vm():
+def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
+    """Ten exits, each handler 100 us under the lock letting it go three times inside:
+    the steps carry the releases; alone a VM loses none; beside one more, the share
+    says how many it loses; with more waiting (up to replay.RACING_WAITERS), more."""
     costs = replace(load_costs("xen-2014"), trap_ns=100_000.0, trap_mediator_ns=0.0,
                     exit_free_ns=0.0, recorded_times=1.0, interpreter_lock=1.0,
                     lock_handoff_ns=5_000.0)
-    # ten exits, each handler 100 us under the lock letting it go three times inside
     trace = EventTrace(np.array([1]), np.zeros(1, dtype=np.int64), np.array([10]),
                        np.array([1_000_000]), np.array([200_000]), np.array([200_000]),
                        ("exits.mmio.bar0.write", LOCK_RELEASES), np.array([[10, 30]]))
+    steps = tuple(event_steps(trace, costs, mediated=True))
+    held = [s for s in steps if s.resource == CPU]
+    assert (sum(s.events for s in held), sum(s.releases for s in held)) == (10, 30)
 
-    def takes_and_sleeps(share: float) -> tuple[int, int]:
-        steps = event_steps(trace, replace(costs, lock_release_takes=share), mediated=True)
-        two = replay(replicate(VmTrace("vm", tuple(steps)), 2), cores=4,
-                     interpreter_lock=True, lock_handoff_ns=5_000)
-        return sum(s.events for s in steps if s.resource == CPU), two.lock_sleeps
-    (all_takes, all_sleeps), (half_takes, half_sleeps), (none, no_sleeps) = \
-        (takes_and_sleeps(s) for s in (1.0, 0.5, 0.0))
-    assert (all_takes, half_takes, none) == (40, 25, 10)
-    assert all_sleeps > half_sleeps > no_sleeps
+    def sleeps(share: float, vms: int, of: tuple = steps) -> int:
+        return replay(replicate(VmTrace("vm", of), vms), cores=16, interpreter_lock=True,
+                      lock_handoff_ns=5_000, lock_release_takes=share).lock_sleeps
+    assert sleeps(1.0, 1) == 0
+    assert sleeps(1.0, 2) > sleeps(0.5, 2) > sleeps(0.0, 2)
+    kept = tuple(replace(s, releases=0) for s in steps)  # a release never lost: none
+    assert sleeps(0.0, 2) == sleeps(1.0, 2, kept)
+    lost = {n: (sleeps(0.3, n) - sleeps(0.0, n)) / n for n in (2, 4)}
+    assert lost[4] > 1.3 * lost[2], lost  # 1 - 0.7^2 = 0.51 a release against 0.3
 
 
 def _bundle_fit(bundle: Path):

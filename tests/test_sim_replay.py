@@ -231,6 +231,10 @@ class _ResourceHolders:
     def take(self):
         return self.resource.request()
 
+    @property
+    def waiters(self) -> int:
+        return len(self.resource.queue)
+
     def give(self) -> None:
         self.resource.release(self.resource.users[0])
 

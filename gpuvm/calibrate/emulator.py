@@ -311,7 +311,8 @@ def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostPro
                   interpreter_lock=bool(profile.interpreter_lock),
                   lock_handoff_ns=int(profile.lock_handoff_ns),
                   wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None,
-                  lock_work_factor=profile.lock_work_factor(count, MODES[mode].pv))
+                  lock_work_factor=profile.lock_work_factor(count, MODES[mode].pv),
+                  lock_release_takes=profile.lock_release_takes)
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

@@ -117,10 +117,11 @@ class CostProfile:
     # waited for the lock longer pays that difference too.  Empty: not measured.
     wake_work_ns: tuple[float, ...] = ()
     # Of the times a handler lets the interpreter lock go inside (counted in a trace:
-    # gpuvm.vmm.lock_releases), the share that cost it the lock: beside threads that
-    # want it, a release as short as a numpy loop over a few thousand entries is over
+    # gpuvm.vmm.lock_releases), the share that cost it the lock where one thread waited
+    # for it: a release as short as a numpy loop over a few thousand entries is over
     # before a sleeping waiter is awake, and the thread takes the lock straight back; a
-    # longer one (an ioctl) hands it over.  Fitted on the 2-VM makespans of the modes
+    # longer one (an ioctl) hands it over.  With more waiting, more of them do
+    # (gpuvm.sim.replay.RACING_WAITERS).  Fitted on the 2-VM makespans of the modes
     # whose handlers let the lock go often (gpuvm.calibrate.validation.fit_handoff).
     lock_release_takes: float = 1.0
     # How much longer the work under the interpreter lock takes with this many VMs run

@@ -58,6 +58,13 @@ PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
 CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
+# At most this many waiting threads race a releasing thread for the interpreter lock
+# (_System.holding): a release wakes one waiter, and one woken by the release before may
+# still be waking.  Over 24 lent-machine bundles (2026-11-26/27), 2 put 238 of 288
+# points within 10% (mean |error| 6.5%); 1, 3 and every waiter 228, 232 and 228, the
+# runs' pv at 4 and 8 VMs -8.5/-5.0%, +0.7/+4.3% and +0.4/+8.4% on average against
+# 2's -1.9/+1.3% (scratch .scratch/ab_bundles.py, the README).
+RACING_WAITERS = 2
 
 
 def served(events: EventTrace) -> bool:
@@ -79,6 +86,9 @@ class Step:
     # the interpreter lock's takes it stands for: each exit's, and each again after its
     # handler let the lock go inside (the trace's LOCK_RELEASES)
     events: int = 0
+    # the times the step's handlers let the interpreter lock go inside its work (evenly
+    # spaced): each may cost the lock where other VMs want it (_System.holding)
+    releases: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,6 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
     steps: list[Step] = []
     pending = [0, 0, 0]  # free, mediator, cpu not yet emitted
     pending_events = pending_releases = 0
-    releases = 0  # the trace's releases so far
     phase = PHASES[0]
     per_event = costs.lock_handoff_ns > 0
 
@@ -188,10 +197,9 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pieces = max(1, pending_events if per_event else -(-total // CHUNK_NS))
         for i in range(pieces):
             n = _share(pending_events, i, pieces)
-            # each release inside the piece's handlers ends a stretch of its work under
-            # the lock, and the next takes the lock again (only where takes are priced:
-            # elsewhere it changes nothing but the replay's length)
-            takes = 1 + (_share(pending_releases, i, pieces) if per_event else 0)
+            # the releases inside the piece's handlers: each a chance for a waiting VM
+            # to take the lock (only where takes are priced: elsewhere it changes nothing)
+            releases = _share(pending_releases, i, pieces) if per_event else 0
             for resource, amount in zip((FREE, MEDIATOR, CPU), pending):
                 part = _share(amount, i, pieces)
                 if not part:
@@ -199,12 +207,9 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
                 if resource == FREE:
                     steps.append(Step(resource, part, phase))
                     continue
-                stretches = takes if resource == CPU else 1
-                for j in range(stretches):
-                    # the piece's exits take the lock at its first step that holds it
-                    stretch = _share(part, j, stretches)
-                    if stretch:
-                        steps.append(Step(resource, stretch, phase, n if j == 0 else 1))
+                # the piece's exits take the lock at its first step that holds it
+                steps.append(Step(resource, part, phase, n,
+                                  releases if resource == CPU else 0))
                 n = 0
         pending[:] = [0, 0, 0]
         pending_events = pending_releases = 0
@@ -262,11 +267,9 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         pending[1] += mediator
         pending[2] += cpu
         pending_events += int(events.events[r])
-        # the share of the handlers' releases that cost the lock, whole takes as they
-        # add up (a VM in its own process carries none: its lock is not the server's)
-        before = int(releases * costs.lock_release_takes)
-        releases += counts.get(LOCK_RELEASES, 0)
-        pending_releases += int(releases * costs.lock_release_takes) - before
+        # the handlers' releases of the lock (a VM in its own process carries none: its
+        # lock is not the server's)
+        pending_releases += counts.get(LOCK_RELEASES, 0)
         if engine or sleep:
             flush()
             if engine:
@@ -315,6 +318,11 @@ class _Holders:
         self.waiting.append(asked)
         return asked
 
+    @property
+    def waiters(self) -> int:
+        """How many takers wait for one now."""
+        return len(self.waiting)
+
     def give(self) -> None:
         """Hand it to the first waiting taker, or free it."""
         if self.waiting:
@@ -328,7 +336,7 @@ class _System:
                  residency: Residency | None, interpreter_lock: bool = False,
                  lock_handoff_ns: int = 0,
                  wake_extra_ns: Callable[[float], float] | None = None,
-                 lock_work_factor: float = 1.0) -> None:
+                 lock_work_factor: float = 1.0, lock_release_takes: float = 1.0) -> None:
         self.env = env
         self.cores = _Holders(env, cores)
         self.mediator = _Holders(env, 1)
@@ -336,6 +344,8 @@ class _System:
         self.lock_handoff_ns = lock_handoff_ns
         self.wake_extra_ns = wake_extra_ns
         self.lock_work_factor = lock_work_factor
+        self.lock_release_takes = lock_release_takes
+        self.release_due: dict[str, float] = {}  # per VM: lost releases owed, fractional
         self.lock_sleeps = 0
         self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
@@ -351,7 +361,7 @@ class _System:
         finally:
             self.cores.give()
 
-    def holding(self, step: Step) -> Generator:
+    def holding(self, step: Step, vm: str) -> Generator:
         """Spend the step on a core holding the interpreter lock (or on a core alone
         when there is none).  The lock is taken first: a thread waiting for it sleeps,
         and leaves the cores to the guests in KVM_RUN.  Where another VM holds or wants
@@ -361,24 +371,56 @@ class _System:
         (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late, and
         a thread whose core idled that long works cold for a while).  The work itself
         takes lock_work_factor times what the trace says (CostProfile.lock_work_factor:
-        Python under the lock runs slower with more threads taking turns at it)."""
+        Python under the lock runs slower with more threads taking turns at it).
+
+        Each of the step's releases inside its handlers (Step.releases) lets the lock
+        go for a moment (a numpy loop, an ioctl).  A waiting thread takes it then with
+        the share CostProfile.lock_release_takes (fitted on 2 VMs: one waiter), and of
+        `k` waiting, 1 - (1 - share)^min(k, RACING_WAITERS): the one this release woke,
+        and the one the release before woke, still waking.  The VM then waits for the
+        lock again.  A fixed share of every release, as the model had it before, gave
+        4 pv VMs 367 sleeps a VM beyond one VM's where the run had 425, and a makespan
+        16-18% short (run 20261127-043954).  Owed as a fraction per VM: deterministic."""
         if self.gil is None:
             yield from self.on_core(step.ns)
             return
+        stretches = step.releases + 1
+        work = int(step.ns * self.lock_work_factor)
+        events = step.events
+        done = 0  # stretches of the work done
+        while done < stretches:
+            handoff = yield from self._take_lock(events)
+            events = 1  # a take after a release is one more, not the step's exits'
+            try:
+                yield from self.on_core(_share(work, done, stretches) + handoff)
+                done += 1
+                while done < stretches and not self._release_lost(vm):
+                    yield from self.on_core(_share(work, done, stretches))
+                    done += 1
+            finally:
+                self.gil.give()
+
+    def _release_lost(self, vm: str) -> bool:
+        """Whether a release inside `vm`'s handler now costs it the lock (holding)."""
+        due = self.release_due.get(vm, 0.0) + \
+            1.0 - (1.0 - self.lock_release_takes) ** min(self.gil.waiters, RACING_WAITERS)
+        lost = due >= 1.0
+        self.release_due[vm] = due - 1.0 if lost else due
+        return lost
+
+    def _take_lock(self, events: int) -> Generator:
+        """Take the interpreter lock; the hand-off its `events` exits pay (ns)."""
         wait = self.gil.take()
-        handoff = 0
-        if wait is not None:
-            asked = self.env.now
-            yield wait
-            waited = self.env.now - asked
-            if waited:
-                self.lock_sleeps += step.events
-                late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
-                handoff = step.events * (self.lock_handoff_ns + int(late))
-        try:
-            yield from self.on_core(int(step.ns * self.lock_work_factor) + handoff)
-        finally:
-            self.gil.give()
+        if wait is None:
+            return 0
+        asked = self.env.now
+        yield wait
+        waited = self.env.now - asked
+        if not waited:
+            return 0
+        self.lock_sleeps += events
+        late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
+        return events * (self.lock_handoff_ns + int(late))
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -406,11 +448,11 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
             if wait is not None:
                 yield wait
             try:
-                yield from system.holding(step)
+                yield from system.holding(step, trace.name)
             finally:
                 system.mediator.give()
         else:
-            yield from system.holding(step)
+            yield from system.holding(step, trace.name)
     dispatcher.remove_vm(trace.name, env.now)
     if residency is not None:
         residency.remove_vm(trace.name)
@@ -422,7 +464,8 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
            residency: Residency | None = None,
            interpreter_lock: bool = False, lock_handoff_ns: int = 0,
            wake_extra_ns: Callable[[float], float] | None = None,
-           lock_work_factor: float = 1.0) -> ReplayResult:
+           lock_work_factor: float = 1.0, lock_release_takes: float = 1.0
+           ) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
@@ -432,7 +475,9 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM;
     `lock_handoff_ns`: what each exit pays to take it from another thread;
     `wake_extra_ns`: what it pays beyond that, by how long it waited (ns -> ns);
-    `lock_work_factor`: how much longer the work under the lock takes than traced."""
+    `lock_work_factor`: how much longer the work under the lock takes than traced;
+    `lock_release_takes`: the share of a step's releases inside handlers that one
+    waiting VM takes the lock at (_System.holding)."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -441,7 +486,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
     system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns,
-                     wake_extra_ns, lock_work_factor)
+                     wake_extra_ns, lock_work_factor, lock_release_takes)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
