@@ -21,16 +21,17 @@ It times fv VMs (one take of the lock per exit, and the most exits: their held t
 per exit is the work per take) of the `idle` benchmark (the driver's init and close
 alone: no kernel or copy among the exits; not the benchmark the validation runs).
 
-And apart, pv VMs (`pv_growth`, CostProfile.pv_lock_work_scale): their exits are a
-few hundred hypercalls, each a hundred microseconds of page-table work, and between them
-the VMs' kernels and copies run on the engine thread beside the lock's holder.  On two
-lent machines pv's work at 8 VMs grew 1.28-1.40x in VMs running kernels (vecadd, madd,
-mmul) where fv's idle VMs grew 1.15-1.17x, and the model, pricing pv with fv's growth,
-came out 12-16% short at 4 and 8 pv VMs (runs 20261127-021655 .. -023145); on other
-machines pv's points came out within 5% with fv's.  So it is timed on each machine,
-on pv VMs of `vecadd` -- running kernels like the validated benchmark, but not it.  A
-pv VM takes 166 exits, and the held time per exit of one run varies by 10-15%: each
-round times PV_GROWTH_ROUNDS runs of every count against fv's one.
+And apart, pv VMs (`growth` of PV_GROWTH_MODE, CostProfile.pv_lock_work_scale): their
+exits are a few hundred hypercalls, each a hundred microseconds of page-table work, and
+between them the VMs' kernels and copies run on the engine thread beside the lock's
+holder.  On two lent machines pv's work at 8 VMs grew 1.28-1.40x in VMs running kernels
+(vecadd, madd, mmul) where fv's idle VMs grew 1.15-1.17x, and the model, pricing pv with
+fv's growth, came out 12-16% short at 4 and 8 pv VMs (runs 20261127-021655 .. -023145),
+where on the machines of the day before those points averaged -4% and -1% with fv's.
+So it is timed on each machine, on pv VMs of `vecadd` -- running kernels like the
+validated benchmark, but not it.  A pv VM takes 166 exits, and the held time per exit
+of one run varies by 10-15%: each round times PV_GROWTH_ROUNDS runs of every count
+against fv's one.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
                                          "share": vm["share"], **trace}, costs, mediated))
     cores = point.cores or int(costs.host_cores)
     result = replay(built, cores=cores, policy=point.policy,
-                    interpreter_lock=bool(costs.interpreter_lock))
+                    interpreter_lock=bool(costs.interpreter_lock),
+                    lock_release_takes=costs.lock_release_takes)
     return {**asdict(point), "vms": len(built), "cores": cores,
             "alone_ns": max(t.alone_ns for t in built),
             "makespan_ns": result.makespan_ns, "events": result.events}
