@@ -181,7 +181,7 @@ def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
 def _bundle_fit(bundle: Path):
     measured, fits, about = validation.load(bundle)
     return validation.analyse(measured, fits, about["cpus"], WakeCurve.from_about(about),
-                              with_spread=False)
+                              with_spread=False, with_halves=False)
 
 
 def _without_releases(bundle: Path, into: Path) -> Path:

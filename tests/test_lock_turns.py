@@ -83,7 +83,7 @@ LOCK_BUNDLE = Path(__file__).parent / "data" / "validation-h100-lock"
 def _fit(measured, fits, about, curve: WakeCurve):
     return {(p.mode, p.vms): p.error_pct
             for p in validation.analyse(measured, fits, about["cpus"], curve,
-                                                   with_spread=False).points}
+                                        with_spread=False, with_halves=False).points}
 
 
 def test_the_locks_own_hand_off_prices_eight_vms_closer_than_the_pipes():

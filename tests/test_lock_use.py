@@ -175,44 +175,34 @@ LOCK_BUNDLE = Path(__file__).parent / "data" / "validation-h100-lock"
 
 
 def test_timed_growth_lengthens_the_bundles_points_past_two_vms_only():
-    """tests/data/validation-h100-lock analysed with runs timed apart that say the work
-    is 1.2x at 8 VMs: the 8-VM points come out longer, the 1- and 2-VM ones (where
-    the hand-off is fitted) as before, and the wake curve's work part is dropped (the
-    timed growth holds it)."""
-    measured, fits, about = validation.load(LOCK_BUNDLE)
-    wake = WakeCurve.from_about(about)
-    plain = validation.analyse(measured, fits, about["cpus"], wake,
-                               with_spread=False)
-    grown = validation.analyse(measured, fits, about["cpus"], wake,
-                               [_run(2, 0, 25), _run(8, 0, 30)], with_spread=False)
-    assert grown.profile.lock_work_scale == pytest.approx((1.0, 1.2))
-    assert grown.profile.wake_work_ns == () and plain.profile.wake_work_ns
-    before = {(p.mode, p.vms): p.predicted_ms for p in plain.points}
-    for p in grown.points:
-        if p.vms <= validation.FIT_VMS:
-            assert p.predicted_ms == pytest.approx(before[(p.mode, p.vms)], rel=0.02), p
-        if p.vms == 8:
-            assert p.predicted_ms > 1.05 * before[(p.mode, p.vms)], p
-
-
-def test_pv_runs_timed_apart_lengthen_the_pv_points_alone():
-    """The same bundle, fv's runs saying 1.2x at 8 VMs, with and without pv's runs
-    saying 1.5x: the pv 8-VM point comes out longer with them, fv-opt's as it was."""
+    """tests/data/validation-h100-lock analysed with runs timed apart that say fv's work
+    is 1.2x at 8 VMs: the 8-VM points come out longer, the 1- and 2-VM ones (where the
+    hand-off is fitted) as before, and the wake curve's work part is dropped (the timed
+    growth holds it).  With pv's runs too, saying 1.5x: pv's 8-VM point comes out
+    longer still, fv-opt's as with fv's alone."""
     measured, fits, about = validation.load(LOCK_BUNDLE)
     wake = WakeCurve.from_about(about)
     fv = [_run(2, 0, 25), _run(8, 0, 30)]
     pv = [replace(_run(2, 0, 100), mode="pv"), replace(_run(8, 0, 150), mode="pv")]
 
-    def points(uses):
+    def analysed(uses):
         analysis = validation.analyse(measured, fits, about["cpus"], wake, uses,
                                       with_spread=False, with_halves=False)
         return analysis.profile, {(p.mode, p.vms): p.predicted_ms for p in analysis.points}
-    profile, alone = points(fv)
-    assert profile.pv_lock_work_scale == ()
-    profile, both = points(fv + pv)
-    assert profile.pv_lock_work_scale == pytest.approx((1.0, 1.5))
-    assert both[("pv", 8)] > 1.05 * alone[("pv", 8)]
-    assert both[("fv-opt", 8)] == pytest.approx(alone[("fv-opt", 8)], rel=0.02)
+    plain, before = analysed([])
+    grown, after = analysed(fv)
+    assert grown.lock_work_scale == pytest.approx((1.0, 1.2))
+    assert grown.pv_lock_work_scale == ()
+    assert grown.wake_work_ns == () and plain.wake_work_ns
+    for (mode, vms), ms in after.items():
+        if vms <= validation.FIT_VMS:
+            assert ms == pytest.approx(before[(mode, vms)], rel=0.02), (mode, vms)
+        if vms == 8:
+            assert ms > 1.05 * before[(mode, vms)], (mode, vms)
+    both, with_pv = analysed(fv + pv)
+    assert both.pv_lock_work_scale == pytest.approx((1.0, 1.5))
+    assert with_pv[("pv", 8)] > 1.05 * after[("pv", 8)]
+    assert with_pv[("fv-opt", 8)] == pytest.approx(after[("fv-opt", 8)], rel=0.02)
 
 
 # ------------------------------------------------------------------ the hand-off's curve
@@ -262,7 +252,7 @@ def test_the_emulators_own_handoff_prices_eight_vms_closer_than_the_turns(monkey
     def errors() -> dict[tuple[str, int], float]:
         return {(p.mode, p.vms): p.error_pct for p in
                 validation.analyse(measured, fits, about["cpus"], wake, uses,
-                                                   with_spread=False).points}
+                                   with_spread=False, with_halves=False).points}
     own = errors()
     monkeypatch.setattr(lock_use, "handoff_curve", lambda uses: None)
     turns = errors()

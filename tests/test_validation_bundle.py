@@ -344,7 +344,7 @@ def test_the_reports_replays_come_out_the_same_in_worker_processes():
     measured, fits, about = validation.load(BUNDLE)
     pv = [m for m in measured if m.mode == "pv"]
     profile = validation.analyse(pv, [f for f in fits if f[0] == "pv"], about["cpus"],
-                                 with_spread=False).profile
+                                 with_spread=False, with_halves=False).profile
     here = validation.spreads(pv, profile, min_cores=10**6)
     assert validation.spreads(pv, profile, min_cores=1) == here
     kept = validation.fastest(pv)
