@@ -133,8 +133,8 @@ class CostProfile:
     lock_work_vms: tuple[float, ...] = ()
     lock_work_scale: tuple[float, ...] = ()
     # The same for VMs whose exits are hypercalls (Mode.pv), at the same counts: timed
-    # on pv VMs running kernels (gpuvm.calibrate.lock_use), whose work grew a third at 8
-    # VMs on lent machines where fv's grew a sixth.  Empty: as lock_work_scale.
+    # on pv VMs running kernels (gpuvm.calibrate.lock_use), whose work grew 1.27-1.40x
+    # at 8 VMs on lent machines where fv's grew 1.15-1.21x.  Empty: as lock_work_scale.
     pv_lock_work_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
