@@ -153,17 +153,19 @@ def test_a_trace_takes_its_releases_from_a_counting_run(monkeypatch, timed_codes
         assert LOCK_RELEASES not in trace["events"].names
 
 
-def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
-    """Ten exits, each handler 100 us under the lock letting it go three times inside:
-    the steps carry the releases; alone a VM loses none; beside one more, the share
-    says how many it loses; with more waiting (up to replay.RACING_WAITERS), more."""
-    costs = replace(load_costs("xen-2014"), trap_ns=100_000.0, trap_mediator_ns=0.0,
-                    exit_free_ns=0.0, recorded_times=1.0, interpreter_lock=1.0,
-                    lock_handoff_ns=5_000.0)
-    trace = EventTrace(np.array([1]), np.zeros(1, dtype=np.int64), np.array([10]),
+# ten exits, each handler 100 us under the lock letting it go three times inside
+LOCKED_COSTS = replace(load_costs("xen-2014"), trap_ns=100_000.0, trap_mediator_ns=0.0,
+                       exit_free_ns=0.0, recorded_times=1.0, interpreter_lock=1.0,
+                       lock_handoff_ns=5_000.0, host_cores=8.0)
+RELEASING = EventTrace(np.array([1]), np.zeros(1, dtype=np.int64), np.array([10]),
                        np.array([1_000_000]), np.array([200_000]), np.array([200_000]),
                        ("exits.mmio.bar0.write", LOCK_RELEASES), np.array([[10, 30]]))
-    steps = tuple(event_steps(trace, costs, mediated=True))
+
+
+def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
+    """The steps carry the releases; alone a VM loses none; beside one more, the share
+    says how many it loses; with more waiting (up to replay.RACING_WAITERS), more."""
+    steps = tuple(event_steps(RELEASING, LOCKED_COSTS, mediated=True))
     held = [s for s in steps if s.resource == CPU]
     assert (sum(s.events for s in held), sum(s.releases for s in held)) == (10, 30)
 
@@ -176,6 +178,22 @@ def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
     assert sleeps(0.0, 2) == sleeps(1.0, 2, kept)
     lost = {n: (sleeps(0.3, n) - sleeps(0.0, n)) / n for n in (2, 4)}
     assert lost[4] > 1.3 * lost[2], lost  # 1 - 0.7^2 = 0.51 a release against 0.3
+
+
+def test_a_sweep_replays_with_the_profiles_share_of_releases_lost(tmp_path):
+    from gpuvm.calibrate.emulator import to_toml
+    from gpuvm.sim.sweep import SweepPoint, run_point
+
+    key = traces.TraceKey("idle", (), "fv").file_name
+    vms = [{"name": "vm", "benchmark": "idle", "params": [], "start_s": 0.0,
+            "share": 1.0}] * 2
+
+    def makespan(share: float) -> int:
+        path = tmp_path / f"share-{share}.toml"
+        path.write_text(to_toml(replace(LOCKED_COSTS, lock_release_takes=share), "test"))
+        return run_point(SweepPoint("s", "fv", "fifo", 0, str(path)), vms,
+                         {key: {"events": RELEASING}})["makespan_ns"]
+    assert makespan(1.0) > makespan(0.0)
 
 
 def _bundle_fit(bundle: Path):

@@ -304,15 +304,11 @@ def trace_profile(costs: Mapping[str, float], name: str = "emulator",
 def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,
                          policy: str = "fifo") -> ReplayResult:
     """The model's run of `count` VMs each replaying `trace` at once."""
-    from gpuvm.sim.replay import replicate, trace_from_events
+    from gpuvm.sim.replay import replay_priced, replicate, trace_from_events
 
     one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
-    return replay(replicate(one, count), cores=int(profile.host_cores), policy=policy,
-                  interpreter_lock=bool(profile.interpreter_lock),
-                  lock_handoff_ns=int(profile.lock_handoff_ns),
-                  wake_extra_ns=profile.wake_extra_ns if profile.wake_slept_ns else None,
-                  lock_work_factor=profile.lock_work_factor(count, MODES[mode].pv),
-                  lock_release_takes=profile.lock_release_takes)
+    return replay_priced(replicate(one, count), profile, int(profile.host_cores), policy,
+                         MODES[mode].pv)
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

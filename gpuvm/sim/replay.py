@@ -504,6 +504,20 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
                         system.lock_sleeps, system.core_ns)
 
 
+def replay_priced(traces: Sequence[VmTrace], costs: CostProfile, cores: int,
+                  policy: str | SchedulerConfig = "fifo", pv: bool = False) -> ReplayResult:
+    """`replay` under all that `costs` says of the interpreter lock: whether the VMs
+    share one, its hand-off and waking, its work's growth with the VM count (`pv` VMs'
+    own where measured) and the share of releases lost -- one place for the validation
+    and the sweeps to read a profile alike."""
+    return replay(traces, cores=cores, policy=policy,
+                  interpreter_lock=bool(costs.interpreter_lock),
+                  lock_handoff_ns=int(costs.lock_handoff_ns),
+                  wake_extra_ns=costs.wake_extra_ns if costs.wake_slept_ns else None,
+                  lock_work_factor=costs.lock_work_factor(len(traces), pv),
+                  lock_release_takes=costs.lock_release_takes)
+
+
 def replicate(trace: VmTrace, count: int) -> list[VmTrace]:
     """`count` VMs of one kind (a scenario may say "1,024 VMs of this kind")."""
     return [VmTrace(f"{trace.name}{i}", trace.steps, trace.start_ns, trace.share,

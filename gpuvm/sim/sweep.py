@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.experiment.costs import load_costs
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import replay, trace_from_events, trace_from_row
+from gpuvm.sim.replay import replay_priced, trace_from_events, trace_from_row
 from gpuvm.sim.traces import TraceKey, load_trace
 
 
@@ -74,9 +74,7 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
             built.append(trace_from_row({"vm": name, "start_s": vm["start_s"],
                                          "share": vm["share"], **trace}, costs, mediated))
     cores = point.cores or int(costs.host_cores)
-    result = replay(built, cores=cores, policy=point.policy,
-                    interpreter_lock=bool(costs.interpreter_lock),
-                    lock_release_takes=costs.lock_release_takes)
+    result = replay_priced(built, costs, cores, point.policy, MODES[point.mode].pv)
     return {**asdict(point), "vms": len(built), "cores": cores,
             "alone_ns": max(t.alone_ns for t in built),
             "makespan_ns": result.makespan_ns, "events": result.events}
