@@ -83,8 +83,8 @@ class Step:
     resource: str  # CPU | MEDIATOR | ENGINE
     ns: int
     phase: str
-    # the interpreter lock's takes it stands for: each exit's, and each again after its
-    # handler let the lock go inside (the trace's LOCK_RELEASES)
+    # the exits it stands for: each takes the interpreter lock when the step begins (a
+    # take again after a release inside a handler is decided in the replay: `releases`)
     events: int = 0
     # the times the step's handlers let the interpreter lock go inside its work (evenly
     # spaced): each may cost the lock where other VMs want it (_System.holding)
