@@ -258,3 +258,22 @@ def test_the_emulators_own_handoff_prices_eight_vms_closer_than_the_turns(monkey
     turns = errors()
     assert all(abs(e) < 8 for (mode, vms), e in own.items() if vms >= 2), own
     assert abs(own[("fv-opt", 8)]) + 4 < abs(turns[("fv-opt", 8)]), (own, turns)
+
+
+def test_runs_beside_one_vm_give_their_own_growth_and_leave_the_priced_one():
+    """One VM's runs and fv-opt's (kept for `growths_beside_one`) change neither the
+    growth the model prices (beside two VMs', fv's runs) nor the hand-off curve."""
+    fv = [_timed(2, 20, 7, held_us=20), _timed(2, 26, 9, held_us=20),
+          _timed(8, 370, 20, held_us=24)]
+    alone = [_timed(1, 0, 15, sleeps_per_exit=0.05, held_us=held) for held in (14, 16)]
+    opt = [replace(_timed(vms, 0, 10, held_us=held), mode="fv-opt")
+           for vms, held in ((1, 20), (2, 23), (8, 26))]
+    uses = fv + alone + opt
+    assert lock_use.growth(uses, 2) == lock_use.growth(fv, 2)
+    assert lock_use.handoff_curve(uses) == lock_use.handoff_curve(fv)
+    beside = lock_use.growths_beside_one(uses)
+    assert sorted(beside) == ["fv", "fv-opt"]
+    assert beside["fv"][0] == (1.0, 2.0, 8.0)
+    assert beside["fv"][1] == pytest.approx((1.0, 20 / 15, 24 / 15))
+    assert beside["fv-opt"][1] == pytest.approx((1.0, 23 / 20, 26 / 20))
+    assert lock_use.growths_beside_one(fv) == {}

@@ -360,6 +360,10 @@ def main_emulator(args: argparse.Namespace) -> int:
         print(f"  and for pv, beside {validation.FIT_VMS} VMs' ({lock_use.PV_GROWTH_MODE} VMs of "
               f"{lock_use.PV_GROWTH_BENCHMARK}, timed apart): "
               f"{lock_use.text(profile.lock_work_vms, profile.pv_lock_work_scale)}")
+    beside_one = lock_use.growths_beside_one(lock_use.from_about(about))
+    if beside_one:
+        print("  beside one VM's (timed apart; kept, not priced: gpuvm.calibrate.lock_use): "
+              + "; ".join(f"{mode} {lock_use.text(*g)}" for mode, g in beside_one.items()))
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -542,7 +546,9 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
     from gpuvm.vmm.kvm import kvm_usable
 
     uses: list[lock_use.LockUse] = []
-    grown = [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
+    # one VM alone first (the runs `growths_beside_one` divides by), then the base count
+    grown = [lock_use.ALONE_VMS] * lock_use.BASE_RUNS + \
+        [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
         [n for n in counts if n >= validation.FIT_VMS]
     time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
     with_pv = lock_use.PV_GROWTH_MODE in modes
@@ -556,12 +562,15 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
         if not time_the_lock or rep >= lock_use.GROWTH_REPS:
             return
         progress(f"timing how the work under the lock grows with the VMs "
-                 f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}"
+                 f"({'/'.join((lock_use.GROWTH_MODE,) + lock_use.BESIDE_MODES)} VMs of "
+                 f"{lock_use.GROWTH_BENCHMARK}"
                  + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
                     f"{lock_use.PV_GROWTH_ROUNDS} times" if with_pv else "")
                  + f": {', '.join(map(str, grown))})")
         uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (), [lock_use.GROWTH_MODE], grown, 1))
+            lock_use.GROWTH_BENCHMARK, (),
+            [lock_use.GROWTH_MODE, *[m for m in lock_use.BESIDE_MODES if m in modes]],
+            grown, 1))
         if with_pv:
             uses.extend(replace(u, rep=rep) for u in lock_use.measure(
                 lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
