@@ -539,7 +539,7 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
     """What runs before each repetition (`validation.measure`'s `before_rep`), and the
     list it fills: one round of the lock's timed runs (gpuvm.calibrate.lock_use) before
     each of the first GROWTH_REPS repetitions, where VMs are threads under KVM -- pv's
-    runs too where `modes` has pv."""
+    runs too where `modes` has pv, and fv-opt's beside fv's where it has fv-opt."""
     from dataclasses import replace
 
     from gpuvm.calibrate import lock_use, validation
@@ -552,6 +552,7 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
         [n for n in counts if n >= validation.FIT_VMS]
     time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
     with_pv = lock_use.PV_GROWTH_MODE in modes
+    timed = [lock_use.GROWTH_MODE, *[m for m in lock_use.BESIDE_MODES if m in modes]]
 
     def lock_round(rep: int) -> None:
         """Beside the runs they predict, not minutes before them -- the lent machine's
@@ -562,15 +563,13 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
         if not time_the_lock or rep >= lock_use.GROWTH_REPS:
             return
         progress(f"timing how the work under the lock grows with the VMs "
-                 f"({'/'.join((lock_use.GROWTH_MODE,) + lock_use.BESIDE_MODES)} VMs of "
+                 f"({'/'.join(timed)} VMs of "
                  f"{lock_use.GROWTH_BENCHMARK}"
                  + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
                     f"{lock_use.PV_GROWTH_ROUNDS} times" if with_pv else "")
                  + f": {', '.join(map(str, grown))})")
         uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (),
-            [lock_use.GROWTH_MODE, *[m for m in lock_use.BESIDE_MODES if m in modes]],
-            grown, 1))
+            lock_use.GROWTH_BENCHMARK, (), timed, grown, 1))
         if with_pv:
             uses.extend(replace(u, rep=rep) for u in lock_use.measure(
                 lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
