@@ -310,8 +310,8 @@ def main_emulator(args: argparse.Namespace) -> int:
         wake = WakeCurve.from_about(about)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from None
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake,
-                                  lock_use.from_about(about))
+    uses = lock_use.from_about(about)
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake, uses)
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -347,7 +347,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
-    own = lock_use.handoff_curve(lock_use.from_about(about))
+    own = lock_use.handoff_curve(uses)
     if own is not None:
         print(f"  priced instead as the lock sat free per exit of the lock's own timed runs "
               f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}), by the wait "
@@ -360,7 +360,7 @@ def main_emulator(args: argparse.Namespace) -> int:
         print(f"  and for pv, beside {validation.FIT_VMS} VMs' ({lock_use.PV_GROWTH_MODE} VMs of "
               f"{lock_use.PV_GROWTH_BENCHMARK}, timed apart): "
               f"{lock_use.text(profile.lock_work_vms, profile.pv_lock_work_scale)}")
-    beside_one = lock_use.growths_beside_one(lock_use.from_about(about))
+    beside_one = lock_use.growths_beside_one(uses)
     if beside_one:
         print("  beside one VM's (timed apart; kept, not priced: gpuvm.calibrate.lock_use): "
               + "; ".join(f"{mode} {lock_use.text(*g)}" for mode, g in beside_one.items()))
@@ -563,8 +563,7 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
         if not time_the_lock or rep >= lock_use.GROWTH_REPS:
             return
         progress(f"timing how the work under the lock grows with the VMs "
-                 f"({'/'.join(timed)} VMs of "
-                 f"{lock_use.GROWTH_BENCHMARK}"
+                 f"({'/'.join(timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
                  + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
                     f"{lock_use.PV_GROWTH_ROUNDS} times" if with_pv else "")
                  + f": {', '.join(map(str, grown))})")
