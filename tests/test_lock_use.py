@@ -139,26 +139,33 @@ def test_the_factor_is_linear_in_log2_of_the_vms_and_flat_beyond():
         replace(costs, lock_work_vms=(8.0, 4.0, 2.0))
 
 
-def test_pv_vms_take_pv_growth_where_it_was_timed():
+def test_pv_and_fv_opt_vms_take_their_own_growth_where_it_was_timed():
     costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 8.0),
                     lock_work_scale=(1.0, 1.2))
-    assert costs.lock_work_factor(8, pv=True) == pytest.approx(1.2)  # fv's, none of pv's
-    costs = replace(costs, pv_lock_work_scale=(1.0, 1.4))
-    assert costs.lock_work_factor(8, pv=True) == pytest.approx(1.4)
-    assert costs.lock_work_factor(8) == pytest.approx(1.2)
-    assert costs.lock_work_factor(1, pv=True) == 1.0
+    assert costs.lock_work_factor(8, "pv") == pytest.approx(1.2)  # fv's, none of pv's
+    costs = replace(costs, pv_lock_work_scale=(1.0, 1.4), fv_opt_lock_work_scale=(1.0, 1.1))
+    assert costs.lock_work_factor(8, "pv") == pytest.approx(1.4)
+    assert costs.lock_work_factor(8, "pv-naive") == pytest.approx(1.4)
+    assert costs.lock_work_factor(8, "fv-opt") == pytest.approx(1.1)
+    assert costs.lock_work_factor(8) == costs.lock_work_factor(8, "fv+lazy") == \
+        pytest.approx(1.2)
+    assert costs.lock_work_factor(1, "pv") == 1.0
     with pytest.raises(ValueError, match="pv_lock_work_scale differ in length"):
         replace(costs, pv_lock_work_scale=(1.0, 1.1, 1.4))
+    with pytest.raises(ValueError, match="fv_opt_lock_work_scale differ in length"):
+        replace(costs, fv_opt_lock_work_scale=(1.0,))
 
 
 def test_the_profile_keeps_the_growth_through_toml(tmp_path):
-    costs = replace(load_costs("emulator"), lock_work_vms=(2.0, 8.0),
-                    lock_work_scale=(1.0, 1.25), pv_lock_work_scale=(1.0, 1.5))
+    costs = replace(load_costs("emulator"), lock_work_vms=(1.0, 2.0, 8.0),
+                    lock_work_scale=(1.0, 1.3, 1.5), pv_lock_work_scale=(1.0, 1.2, 1.7),
+                    fv_opt_lock_work_scale=(1.0, 1.1, 1.4))
     path = tmp_path / "grown.toml"
     path.write_text(emulator.to_toml(costs, "test"))
     back = load_costs(str(path))
-    assert (back.lock_work_vms, back.lock_work_scale, back.pv_lock_work_scale) == \
-        ((2.0, 8.0), (1.0, 1.25), (1.0, 1.5))
+    assert (back.lock_work_vms, back.lock_work_scale, back.pv_lock_work_scale,
+            back.fv_opt_lock_work_scale) == \
+        ((1.0, 2.0, 8.0), (1.0, 1.3, 1.5), (1.0, 1.2, 1.7), (1.0, 1.1, 1.4))
 
 
 def test_the_replay_stretches_only_the_work_under_the_lock():
@@ -260,12 +267,14 @@ def test_the_emulators_own_handoff_prices_eight_vms_closer_than_the_turns(monkey
     assert abs(own[("fv-opt", 8)]) + 4 < abs(turns[("fv-opt", 8)]), (own, turns)
 
 
-def test_runs_beside_one_vm_give_their_own_growth_and_leave_the_priced_one():
-    """One VM's runs and fv-opt's (kept for `growths_beside_one`) change neither the
-    growth the model prices (beside two VMs', fv's runs) nor the hand-off curve."""
-    fv = [_timed(2, 20, 7, held_us=20), _timed(2, 26, 9, held_us=20),
+def test_runs_of_one_vm_alone_give_each_mode_its_growth_beside_it():
+    """Where the rounds timed one VM alone, each timed mode's work grows from one VM's
+    (the trace's) as its own runs say -- fv-opt's by fv-opt's, pv's by pv's,
+    and a mode not timed by fv's; the hand-off curve is fv's runs of 2 VMs up still.
+    Without one VM alone, fv's growth beside 2 VMs' (bundles from before)."""
+    fv = [_timed(2, 20, 7, held_us=20), _timed(2, 26, 9, held_us=22),
           _timed(8, 370, 20, held_us=24)]
-    alone = [_timed(1, 0, 15, sleeps_per_exit=0.05, held_us=held) for held in (14, 16)]
+    alone = [_timed(1, 0, 15, sleeps_per_exit=0.05, held_us=held) for held in (16, 14)]
     opt = [replace(_timed(vms, 0, 10, held_us=held), mode="fv-opt")
            for vms, held in ((1, 20), (2, 23), (8, 26))]
     uses = fv + alone + opt
@@ -274,6 +283,42 @@ def test_runs_beside_one_vm_give_their_own_growth_and_leave_the_priced_one():
     beside = lock_use.growths_beside_one(uses)
     assert sorted(beside) == ["fv", "fv-opt"]
     assert beside["fv"][0] == (1.0, 2.0, 8.0)
-    assert beside["fv"][1] == pytest.approx((1.0, 20 / 15, 24 / 15))
+    assert beside["fv"][1] == pytest.approx((1.0, 21 / 15, 24 / 15))
     assert beside["fv-opt"][1] == pytest.approx((1.0, 23 / 20, 26 / 20))
     assert lock_use.growths_beside_one(fv) == {}
+    costs = load_costs("emulator")
+    priced = validation.priced_growth(costs, uses)
+    assert priced.lock_work_vms == (1.0, 2.0, 8.0)
+    assert priced.lock_work_factor(2) == pytest.approx(21 / 15)
+    assert priced.lock_work_factor(2, "fv-opt") == pytest.approx(23 / 20)
+    assert priced.lock_work_factor(2, "pv") == pytest.approx(21 / 15)  # none of pv's
+    before = validation.priced_growth(costs, fv)
+    assert before.lock_work_vms == (2.0, 8.0) and before.lock_work_factor(2) == 1.0
+    assert before.fv_opt_lock_work_scale == () and before.lock_work_factor(8) == \
+        pytest.approx(24 / 21)  # pooled beside two VMs
+
+
+def test_growth_from_one_vm_leaves_the_handoff_the_locks_passing_alone():
+    """tests/data/validation-h100-lock (fv-opt and pv) analysed with rounds that timed
+    one VM alone, fv-opt's work 1.3x at 2 VMs and 1.5x at 8: priced from one VM up, the
+    2-VM point is still fitted, by a smaller hand-off than where the rounds had no VM
+    alone and the hand-off held the growth to 2 VMs; pv, whose own runs the rounds
+    timed too, grows by its own."""
+    measured, fits, about = validation.load(LOCK_BUNDLE)
+    wake = WakeCurve.from_about(about)
+    fv = [_run(1, 0, 20), _run(2, 0, 24), _run(8, 0, 28)]
+    opt = [replace(_run(n, 0, held), mode="fv-opt") for n, held in ((1, 20), (2, 26), (8, 30))]
+    pv = [replace(_run(n, 0, held), mode="pv") for n, held in ((1, 100), (2, 120), (8, 160))]
+
+    def analysed(uses):
+        analysis = validation.analyse(measured, fits, about["cpus"], wake, uses,
+                                      with_spread=False, with_halves=False)
+        return analysis.profile, {(p.mode, p.vms): p.error_pct for p in analysis.points}
+    two_up, _ = analysed(fv[1:] + opt[1:] + pv[1:])
+    one_up, errors = analysed(fv + opt + pv)
+    assert one_up.lock_work_vms == (1.0, 2.0, 8.0)
+    assert one_up.fv_opt_lock_work_scale == pytest.approx((1.0, 1.3, 1.5))
+    assert one_up.pv_lock_work_scale == pytest.approx((1.0, 1.2, 1.6))
+    assert two_up.lock_work_vms == (2.0, 8.0)
+    assert 0 < one_up.lock_handoff_ns < two_up.lock_handoff_ns - 2_000
+    assert abs(errors[("fv-opt", 2)]) < 3, errors

@@ -24,6 +24,7 @@ from gpuvm.errors import UserError
 
 if TYPE_CHECKING:
     from gpuvm.calibrate.core_speed import CoreSamples
+    from gpuvm.experiment.costs import CostProfile
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
@@ -353,17 +354,7 @@ def main_emulator(args: argparse.Namespace) -> int:
               f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}), by the wait "
               f"per sleep (us): {own.text()}")
     if profile.lock_work_vms:
-        print(f"the work under the lock, beside {validation.FIT_VMS} VMs' "
-              f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}, timed apart): "
-              f"{lock_use.text(profile.lock_work_vms, profile.lock_work_scale)}")
-    if profile.pv_lock_work_scale:
-        print(f"  and for pv, beside {validation.FIT_VMS} VMs' ({lock_use.PV_GROWTH_MODE} VMs of "
-              f"{lock_use.PV_GROWTH_BENCHMARK}, timed apart): "
-              f"{lock_use.text(profile.lock_work_vms, profile.pv_lock_work_scale)}")
-    beside_one = lock_use.growths_beside_one(uses)
-    if beside_one:
-        print("  beside one VM's (timed apart; kept, not priced: gpuvm.calibrate.lock_use): "
-              + "; ".join(f"{mode} {lock_use.text(*g)}" for mode, g in beside_one.items()))
+        print_growth(profile)
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
     priced = replace(profile, recorded_times=0.0)
     t = Table(title="one VM alone, per phase: recorded vs counts x fitted costs (ms)")
@@ -678,6 +669,23 @@ def main_lock_use(args: argparse.Namespace) -> int:
     print("held: a vCPU thread's CPU outside KVM_RUN (its work under the interpreter "
           "lock); lock free: the makespan less all held time, per exit")
     return 0
+
+
+def print_growth(profile: CostProfile) -> None:
+    """The work under the lock's growth as priced: each timed mode's, beside the count
+    its scale begins at (one VM where the rounds timed one VM alone, else the
+    hand-off's FIT_VMS)."""
+    from gpuvm.calibrate import lock_use
+    from gpuvm.experiment.costs import LOCK_WORK_SCALE_OF
+    base = int(profile.lock_work_vms[0])
+    beside = "one VM's" if base == 1 else f"{base} VMs'"
+    bench = {lock_use.PV_GROWTH_MODE: lock_use.PV_GROWTH_BENCHMARK}
+    scales = [(lock_use.GROWTH_MODE, profile.lock_work_scale)] + [
+        (mode, getattr(profile, key)) for mode, key in LOCK_WORK_SCALE_OF.items()
+        if mode in (lock_use.PV_GROWTH_MODE, *lock_use.BESIDE_MODES) and getattr(profile, key)]
+    print(f"the work under the lock, beside {beside} (timed apart, VMs of each mode): "
+          + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}) "
+                      f"{lock_use.text(profile.lock_work_vms, scale)}" for mode, scale in scales))
 
 
 def print_wake(wake, about: dict) -> None:

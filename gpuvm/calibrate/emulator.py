@@ -199,7 +199,7 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# hand it over (fitted to 2-VM makespans), and how long a thread takes to wake by",
         "# how long it slept (wake_*: a hand-off after a long wait costs more), and how",
         "# much longer the work under the lock takes with more VMs (lock_work_*, and",
-        "# pv_lock_work_scale for pv VMs).",
+        "# pv_lock_work_scale and fv_opt_lock_work_scale for pv and fv-opt VMs).",
         "# VMs are threads of one process here",
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
         "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
@@ -217,7 +217,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \
         (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ()) + \
-        (("pv_lock_work_scale",) if profile.pv_lock_work_scale else ())
+        tuple(key for key in ("pv_lock_work_scale", "fv_opt_lock_work_scale")
+              if getattr(profile, key))
     for key in curves:
         lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"
@@ -308,7 +309,7 @@ def replayed_from_traces(mode: str, count: int, trace: Mapping, profile: CostPro
 
     one = trace_from_events("vm", trace, profile, MODES[mode].mediated)
     return replay_priced(replicate(one, count), profile, int(profile.host_cores), policy,
-                         MODES[mode].pv)
+                         mode)
 
 
 def predicted_from_traces(mode: str, count: int, trace: Mapping, profile: CostProfile,

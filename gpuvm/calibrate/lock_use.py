@@ -33,14 +33,17 @@ validated benchmark, but not it.  A pv VM takes 166 exits, and the held time per
 of one run varies by 10-15%: each round times PV_GROWTH_ROUNDS runs of every count
 against fv's one.
 
-Each round also times one VM alone of each of those modes, and fv-opt VMs of `idle` beside
-fv's (`growths_beside_one`): the model replays a trace of ONE VM, and prices the growth
-beside two VMs' with the hand-off fitted on two VMs holding whatever the work grew from
-one VM to two.  On one lent machine (2026-11-27, scratch) fv's held time per exit grew
-1.33x from one VM to two and fv-opt's 1.17x (22.4 -> 29.9 us, 22.4 -> 26.1 us), about
-the 4 us more per exit that the hand-off fitted on fv's 2-VM runs alone needs over
-fv-opt's, bundle after bundle.  Kept in the bundle and printed, not yet priced: which
-way the model takes them is to be judged on bundles that have them.
+Each round also times one VM alone of each of those modes, and fv-opt VMs of `idle`
+beside fv's (`growths_beside_one`): the model replays a trace of ONE VM, and where it
+priced the growth beside two VMs' the hand-off fitted on two VMs held whatever the work
+grew from one VM to two -- as much for fv-opt as for fv, where on one lent machine
+(2026-11-27, scratch) fv's held time per exit grew 1.33x from one VM to two and
+fv-opt's 1.17x (22.4 -> 29.9 us, 22.4 -> 26.1 us): about the 4 us more per exit that
+the hand-off fitted on fv's 2-VM runs alone needs over fv-opt's, bundle after bundle.
+So where a bundle has them, each of these modes is priced with its own growth beside
+one VM (gpuvm.calibrate.validation.priced_growth; CostProfile.lock_work_scale,
+pv_lock_work_scale, fv_opt_lock_work_scale), and the hand-off fitted on two VMs is the
+lock's passing alone.
 """
 
 from __future__ import annotations

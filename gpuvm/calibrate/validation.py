@@ -57,11 +57,12 @@ from gpuvm.calibrate import halves
 from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples, CoreSpeed
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.halves import HalfPoint
-from gpuvm.calibrate.lock_use import PV_GROWTH_MODE, LockUse, growth
+from gpuvm.calibrate.lock_use import (BESIDE_MODES, GROWTH_MODE, PV_GROWTH_MODE, LockUse,
+                                      growth, growths_beside_one)
 from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, RUN_SAMPLES_S, SHORT_MODE_S,
                                   run_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
-from gpuvm.experiment.costs import CostProfile
+from gpuvm.experiment.costs import LOCK_WORK_SCALE_OF, CostProfile
 
 FIT_VMS = 2  # the VM count the host cores are fitted on
 
@@ -540,6 +541,28 @@ class Analysis:
     halves: list[HalfPoint] = field(default_factory=list)
 
 
+def priced_growth(profile: CostProfile, lock_use: Sequence[LockUse]) -> CostProfile:
+    """`profile` with the work under the lock growing with the VMs as the lock's timed
+    rounds (gpuvm.calibrate.lock_use) had it: each mode's own, beside ONE VM's work,
+    where the rounds timed one VM alone -- the trace the model replays is one VM's, so
+    the hand-off fitted on 2 VMs is then the lock's passing alone; in bundles from
+    before, fv's (and pv's where timed) beside the 2 VMs' the hand-off was fitted on,
+    the hand-off holding every mode's growth to 2 VMs as fv's.  The timed work holds
+    the exits' slowing after longer waits, so that is not priced twice
+    (wake_work_ns)."""
+    own = growths_beside_one(lock_use)
+    vms, scale = own.get(GROWTH_MODE) or growth(lock_use, FIT_VMS)
+    if not vms:
+        return profile
+    profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
+    for mode in (PV_GROWTH_MODE, *BESIDE_MODES):
+        mode_vms, mode_scale = own.get(mode, ((), ())) if own else \
+            growth(lock_use, FIT_VMS, mode)
+        if mode_vms == vms:  # timed at fv's counts (bundles from before: not at all)
+            profile = replace(profile, **{LOCK_WORK_SCALE_OF[mode]: mode_scale})
+    return profile
+
+
 def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
             cores: int | None = None, wake: WakeCurve | None = None,
@@ -568,12 +591,7 @@ def analyse(measured: Sequence[Measured],
     wake = handoff_curve(lock_use) or wake
     if wake is not None:
         profile = wake.priced_in(profile)
-    vms, scale = growth(lock_use, FIT_VMS)
-    if vms:  # the timed work holds the exits' slowing after longer waits: not twice
-        profile = replace(profile, lock_work_vms=vms, lock_work_scale=scale, wake_work_ns=())
-        pv_vms, pv_scale = growth(lock_use, FIT_VMS, PV_GROWTH_MODE)
-        if pv_vms == vms:  # pv timed at fv's counts (bundles from before: not at all)
-            profile = replace(profile, pv_lock_work_scale=pv_scale)
+    profile = priced_growth(profile, lock_use)
     kept = fastest(measured)
     profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
     chosen = halves.picks(measured, trace_ns) if with_halves else []

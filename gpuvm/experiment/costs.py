@@ -41,6 +41,12 @@ def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0) - ys[0]
 
 
+# the modes whose work under the lock grows by a scale of their own where one was timed
+# (gpuvm.calibrate.lock_use); every other mode's by lock_work_scale
+LOCK_WORK_SCALE_OF = {"pv": "pv_lock_work_scale", "pv-naive": "pv_lock_work_scale",
+                      "fv-opt": "fv_opt_lock_work_scale"}
+
+
 @dataclass(frozen=True)
 class CostProfile:
     name: str
@@ -125,24 +131,32 @@ class CostProfile:
     # whose handlers let the lock go often (gpuvm.calibrate.validation.fit_handoff).
     lock_release_takes: float = 1.0
     # How much longer the work under the interpreter lock takes with this many VMs run
-    # as threads than with as many as lock_handoff_ns was fitted on (2): timed in runs
-    # of their own (gpuvm.calibrate.lock_use: each vCPU thread's CPU outside KVM_RUN,
-    # per exit, fv VMs of the `idle` benchmark), on the lent machines a fifth more at 8
-    # VMs than at 2.  Linear in log2 of the VM count between the measured counts, flat
-    # beyond them, 1 below the first.  Both empty: the work is one VM's at any count.
+    # as threads than with the first count of lock_work_vms: timed in runs of their own
+    # (gpuvm.calibrate.lock_use: each vCPU thread's CPU outside KVM_RUN, per exit, fv VMs
+    # of the `idle` benchmark).  From one VM (the trace's own work) where the runs timed
+    # one VM alone: on the lent machines fv's grew 1.25-1.41x to 2 VMs and 1.4-1.7x to
+    # 8; profiles from before begin at 2 VMs (the count lock_handoff_ns was fitted on,
+    # which then held the growth to 2).  Linear in log2 of the VM count between the
+    # measured counts, flat beyond them, 1 below the first.  Both empty: the work is one
+    # VM's at any count.  lock_work_scale is also every mode's without its own below.
     lock_work_vms: tuple[float, ...] = ()
     lock_work_scale: tuple[float, ...] = ()
     # The same for VMs whose exits are hypercalls (Mode.pv), at the same counts: timed
     # on pv VMs running kernels (gpuvm.calibrate.lock_use), whose work grew 1.27-1.40x
     # at 8 VMs on lent machines where fv's grew 1.15-1.21x.  Empty: as lock_work_scale.
     pv_lock_work_scale: tuple[float, ...] = ()
+    # And for fv-opt VMs (fewer, lighter exits than fv's: its BAR pages remapped, its
+    # shadows synced lazily), at the same counts, timed on fv-opt VMs of `idle`: on
+    # the lent machines its work grew 1.12-1.39x from one VM to two where fv's grew
+    # 1.25-1.41x in the same rounds.  Empty: as lock_work_scale.
+    fv_opt_lock_work_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.lock_work_vms) != len(self.lock_work_scale):
             raise ValueError("lock_work_vms and lock_work_scale differ in length")
-        if self.pv_lock_work_scale and \
-                len(self.pv_lock_work_scale) != len(self.lock_work_vms):
-            raise ValueError("lock_work_vms and pv_lock_work_scale differ in length")
+        for key in ("pv_lock_work_scale", "fv_opt_lock_work_scale"):
+            if getattr(self, key) and len(getattr(self, key)) != len(self.lock_work_vms):
+                raise ValueError(f"lock_work_vms and {key} differ in length")
         if list(self.lock_work_vms) != sorted(self.lock_work_vms) or \
                 any(v < 1 for v in self.lock_work_vms):
             raise ValueError("lock_work_vms must ascend from 1 VM or more")
@@ -164,16 +178,16 @@ class CostProfile:
             extra += _beyond_first(xs, self.wake_work_ns, slept_ns)
         return max(0.0, extra)
 
-    def lock_work_factor(self, vms: int, pv: bool = False) -> float:
-        """How much longer the work under the interpreter lock takes with `vms` VMs as
-        threads (lock_work_vms, lock_work_scale -- or, for `pv` VMs, pv_lock_work_scale
-        where measured; 1 where not measured)."""
+    def lock_work_factor(self, vms: int, mode: str = "fv") -> float:
+        """How much longer the work under the interpreter lock takes with `vms` VMs of
+        `mode` as threads (lock_work_vms and the scale LOCK_WORK_SCALE_OF names for the
+        mode where measured, else lock_work_scale; 1 where nothing is measured)."""
         xs = tuple(math.log2(v) for v in self.lock_work_vms)
         x = math.log2(max(1, vms))
         if not xs or x < xs[0]:
             return 1.0
-        scale = self.pv_lock_work_scale if pv and self.pv_lock_work_scale \
-            else self.lock_work_scale
+        scale = getattr(self, LOCK_WORK_SCALE_OF.get(mode, "lock_work_scale")) \
+            or self.lock_work_scale
         return scale[0] + _beyond_first(xs, scale, x)
 
     @staticmethod

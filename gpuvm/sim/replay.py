@@ -505,16 +505,16 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
 
 
 def replay_priced(traces: Sequence[VmTrace], costs: CostProfile, cores: int,
-                  policy: str | SchedulerConfig = "fifo", pv: bool = False) -> ReplayResult:
+                  policy: str | SchedulerConfig = "fifo", mode: str = "fv") -> ReplayResult:
     """`replay` under all that `costs` says of the interpreter lock: whether the VMs
-    share one, its hand-off and waking, its work's growth with the VM count (`pv` VMs'
+    share one, its hand-off and waking, its work's growth with the VM count (`mode`'s
     own where measured) and the share of releases lost -- one place for the validation
     and the sweeps to read a profile alike."""
     return replay(traces, cores=cores, policy=policy,
                   interpreter_lock=bool(costs.interpreter_lock),
                   lock_handoff_ns=int(costs.lock_handoff_ns),
                   wake_extra_ns=costs.wake_extra_ns if costs.wake_slept_ns else None,
-                  lock_work_factor=costs.lock_work_factor(len(traces), pv),
+                  lock_work_factor=costs.lock_work_factor(len(traces), mode),
                   lock_release_takes=costs.lock_release_takes)
 
 

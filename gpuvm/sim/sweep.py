@@ -74,7 +74,7 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
             built.append(trace_from_row({"vm": name, "start_s": vm["start_s"],
                                          "share": vm["share"], **trace}, costs, mediated))
     cores = point.cores or int(costs.host_cores)
-    result = replay_priced(built, costs, cores, point.policy, MODES[point.mode].pv)
+    result = replay_priced(built, costs, cores, point.policy, point.mode)
     return {**asdict(point), "vms": len(built), "cores": cores,
             "alone_ns": max(t.alone_ns for t in built),
             "makespan_ns": result.makespan_ns, "events": result.events}
