@@ -322,3 +322,21 @@ def test_growth_from_one_vm_leaves_the_handoff_the_locks_passing_alone():
     assert two_up.lock_work_vms == (2.0, 8.0)
     assert 0 < one_up.lock_handoff_ns < two_up.lock_handoff_ns - 2_000
     assert abs(errors[("fv-opt", 2)]) < 3, errors
+
+
+def test_the_command_prints_each_modes_priced_growth_beside_its_first_count(capsys):
+    """`gpuvm calibrate --emulator` says which count the growth is beside -- one VM's
+    where the rounds timed one alone, else the hand-off's two -- and each timed mode's
+    own scale with the benchmark it was timed on."""
+    from gpuvm.calibrate.command import print_growth
+    costs = replace(load_costs("emulator"), lock_work_vms=(1.0, 2.0, 8.0),
+                    lock_work_scale=(1.0, 1.3, 1.5), pv_lock_work_scale=(1.0, 1.2, 1.7),
+                    fv_opt_lock_work_scale=(1.0, 1.1, 1.4))
+    print_growth(costs)
+    print_growth(replace(costs, lock_work_vms=(2.0, 8.0), lock_work_scale=(1.0, 1.2),
+                         pv_lock_work_scale=(), fv_opt_lock_work_scale=()))
+    one, two = capsys.readouterr().out.splitlines()
+    assert "beside one VM's" in one and "fv (idle) 2 VMs 1.30x, 8 VMs 1.50x" in one
+    assert "pv (vecadd) 2 VMs 1.20x, 8 VMs 1.70x" in one
+    assert "fv-opt (idle) 2 VMs 1.10x, 8 VMs 1.40x" in one
+    assert "beside 2 VMs'" in two and two.endswith("fv (idle) 8 VMs 1.20x")
