@@ -681,8 +681,9 @@ def print_growth(profile: CostProfile) -> None:
     beside = "one VM's" if base == 1 else f"{base} VMs'"
     bench = {lock_use.PV_GROWTH_MODE: lock_use.PV_GROWTH_BENCHMARK}
     scales = [(lock_use.GROWTH_MODE, profile.lock_work_scale)] + [
-        (mode, getattr(profile, key)) for mode, key in LOCK_WORK_SCALE_OF.items()
-        if mode in (lock_use.PV_GROWTH_MODE, *lock_use.BESIDE_MODES) and getattr(profile, key)]
+        (mode, getattr(profile, LOCK_WORK_SCALE_OF[mode]))
+        for mode in (lock_use.PV_GROWTH_MODE, *lock_use.BESIDE_MODES)
+        if getattr(profile, LOCK_WORK_SCALE_OF[mode])]
     print(f"the work under the lock, beside {beside} (timed apart, VMs of each mode): "
           + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}) "
                       f"{lock_use.text(profile.lock_work_vms, scale)}" for mode, scale in scales))

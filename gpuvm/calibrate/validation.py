@@ -574,8 +574,8 @@ def analyse(measured: Sequence[Measured],
     repetition from its own (`spreads`).  With the host's `wake` curve (measured with
     the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
     top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
-    the work under the lock grows with the VM count beyond FIT_VMS as it did there (pv
-    VMs' as the pv runs' did, where they were timed), and
+    the work under the lock grows with the VM count as it did there (`priced_growth`:
+    each timed mode's own, from one VM where the runs timed one alone), and
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
     `wake`'s latency, whose exits' work the timed growth holds already).  Without
     `with_spread` the repetitions are not replayed one by one: a third to a half of the
