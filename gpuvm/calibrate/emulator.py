@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpuvm.experiment.costs import CostProfile, mmio_exits
+from gpuvm.experiment.costs import MODE_LOCK_WORK_SCALES, CostProfile, mmio_exits
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.replay import ReplayResult, replay, traces_for_run
 
@@ -217,8 +217,7 @@ def to_toml(profile: CostProfile, command: str) -> str:
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \
         (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ()) + \
-        tuple(key for key in ("pv_lock_work_scale", "fv_opt_lock_work_scale")
-              if getattr(profile, key))
+        tuple(key for key in MODE_LOCK_WORK_SCALES if getattr(profile, key))
     for key in curves:
         lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"

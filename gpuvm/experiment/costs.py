@@ -45,6 +45,7 @@ def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
 # (gpuvm.calibrate.lock_use); every other mode's by lock_work_scale
 LOCK_WORK_SCALE_OF = {"pv": "pv_lock_work_scale", "pv-naive": "pv_lock_work_scale",
                       "fv-opt": "fv_opt_lock_work_scale"}
+MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # each once
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class CostProfile:
     def __post_init__(self) -> None:
         if len(self.lock_work_vms) != len(self.lock_work_scale):
             raise ValueError("lock_work_vms and lock_work_scale differ in length")
-        for key in ("pv_lock_work_scale", "fv_opt_lock_work_scale"):
+        for key in MODE_LOCK_WORK_SCALES:
             if getattr(self, key) and len(getattr(self, key)) != len(self.lock_work_vms):
                 raise ValueError(f"lock_work_vms and {key} differ in length")
         if list(self.lock_work_vms) != sorted(self.lock_work_vms) or \
