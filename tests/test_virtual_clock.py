@@ -7,8 +7,10 @@ compares what the scheduler recorded (virtual device time), never wall timings."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -22,6 +24,8 @@ from gpuvm.experiment.rundir import config_hash
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.vmm import vfio_attach
+from gpuvm.vmm.guest_session import GuestSession
 from gpuvm.vmm.kvm import kvm_usable
 from scheduler import FifoPolicy
 
@@ -75,6 +79,56 @@ def test_a_signal_between_looking_and_sleeping_is_not_lost():
     clock.signal()  # the GPU signals before the guest went to sleep
     guest.block(generation)
     assert not guest.blocked  # it looks again instead of sleeping through its event
+
+
+def test_a_signal_wakes_the_thread_of_each_guest_it_wakes_and_no_other():
+    """A woken guest's thread sleeps on its own device's interrupt, which another VM's
+    completion does not raise: the clock must make it look, or the guest -- awake in
+    virtual time -- holds device time back until its wait looks again by itself."""
+    clock = VirtualClock()
+    gpu, other_gpu = object(), object()
+    looked: list[str] = []
+    asleep, running, elsewhere = (clock.guest(name, scope=scope)
+                                  for name, scope in (("asleep", gpu), ("running", gpu),
+                                                      ("elsewhere", other_gpu)))
+    for guest in (asleep, running, elsewhere):
+        guest.waker = lambda name=guest.name: looked.append(name)
+    asleep.block(asleep.generation())
+    elsewhere.block(elsewhere.generation())
+    clock.signal(gpu)
+    assert looked == ["asleep"]
+    assert not asleep.blocked and elsewhere.blocked
+
+
+def test_a_wait_looks_again_when_told_without_an_interrupt(monkeypatch):
+    """`look_again` (the clock's waker for a guest's wait) ends a device wait whose
+    predicate came true without an interrupt -- here before the wait's own next look
+    (made an hour away), so only the nudge can end it."""
+    monkeypatch.setattr(vfio_attach, "WAIT_SLICE_S", 3600.0)
+    attached = vfio_attach.AttachedDevice(None, None, {}, {},
+                                          irq_fd=os.eventfd(0, os.EFD_NONBLOCK))
+    done = threading.Event()
+
+    def finish() -> None:
+        time.sleep(0.05)
+        done.set()
+        attached.look_again()
+    threading.Thread(target=finish).start()
+    try:
+        assert attached.wait_event(done.is_set, timeout=30.0)
+    finally:
+        os.close(attached.irq_fd)
+        attached.irq_fd = -1
+    attached.look_again()  # once detached: nothing to write to, no error
+
+
+def test_a_guest_session_on_the_clock_has_its_waits_woken_by_the_clock():
+    attached = vfio_attach.AttachedDevice(None, None, {}, {})
+    session = GuestSession("A", None, attached, hostmem=object())
+    clock = VirtualClock()
+    party = clock.guest("A")
+    session.use_clock(clock, party)
+    assert party.waker == attached.look_again
 
 
 def test_a_pending_event_holds_time_until_it_is_handled():

@@ -87,8 +87,10 @@ class GuestSession:
 
     def use_clock(self, clock: Any, party: Any) -> None:
         """Run on a virtual device clock: every exit the backends report through `tick`
-        is guest time, and a wait sleeps in that clock until the GPU signals."""
+        is guest time, and a wait sleeps in that clock until the GPU signals -- any
+        signal of its GPU wakes the wait to look (another VM's completion too)."""
         self.clock, self.clock_party = clock, party
+        party.waker = self.attached.look_again
 
     def tick(self) -> None:
         """One exit of this guest's vCPU (backends call it on every exit)."""

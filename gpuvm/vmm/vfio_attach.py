@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -76,6 +77,9 @@ class AttachedDevice:
     bar_sizes: dict[int, int]  # memory BARs the guest sees (guest-physical windows)
     ports: dict[int, tuple[int, int]] = field(default_factory=dict)  # port -> (region, off)
     irq_fd: int = -1
+    # held while irq_fd is written from another thread (`look_again`) or closed: a write
+    # after the close would land in whatever file took the number
+    _irq_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def connect_mappings(self, memslots: Any) -> None:
         """Give the device the guest's memslot table for its sparse areas (BAR remap)."""
@@ -106,6 +110,14 @@ class AttachedDevice:
                     pass
         return True
 
+    def look_again(self) -> None:
+        """Make a `wait_event` look at its predicate now, as an interrupt would (from any
+        thread; nothing once detached): something it waits for may have changed that
+        raises no interrupt of this device."""
+        with self._irq_lock:
+            if self.irq_fd >= 0:
+                os.eventfd_write(self.irq_fd, 1)
+
     def detach(self) -> None:
         """The guest is gone: no interrupts, no mappings, no DMA into its RAM."""
         try:
@@ -113,9 +125,10 @@ class AttachedDevice:
             self.device.set_mapping_listener(None)
             self.device.dma_unmap(0, 1 << 64)
         finally:
-            if self.irq_fd >= 0:
-                os.close(self.irq_fd)
-                self.irq_fd = -1
+            with self._irq_lock:
+                if self.irq_fd >= 0:
+                    os.close(self.irq_fd)
+                    self.irq_fd = -1
 
 
 def attach(device: VfioDevice, stats: DeviceStats, ram: GuestRam, name: str) -> AttachedDevice:
