@@ -291,7 +291,7 @@ class VirtualClock:
         """GPU `scope` completed or faulted at the current device time: every guest
         asleep on it is awake from now (each looks at what it waits for, and sleeps again
         if it was not its event).  Called before the signalling party lets time move on."""
-        woken = []
+        woken: list[Callable[[], None]] = []
         with self._lock:
             keys = set(self._generations) | {None} if scope is None else {scope, None}
             for key in keys:
