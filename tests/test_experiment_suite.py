@@ -53,6 +53,13 @@ def gpuvm(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+def _section(report: str, heading: str) -> str:
+    """From `heading` to the next heading."""
+    start = report.index(heading)
+    end = report.find("\n#", start + len(heading))
+    return report[start:end if end >= 0 else None]
+
+
 def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     for name, text in (("ov", OVERHEAD), ("sc", SCALING), ("suite", SUITE)):
         (tmp_path / f"{name}.toml").write_text(text.format(out=tmp_path))
@@ -66,7 +73,16 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
                      "## Scaling", "model: makespan", "### Why, from the counts"):
         assert expected in report, expected
     assert (tmp_path / "suite" / "latest" / "scaling.png").exists()
+    # the scaling run kept one VM's trace per mode, recorded after its runs, and the
+    # validation replays those, the hand-off and cores fitted on its 2-VM runs
+    kept = sorted(p.name for p in (tmp_path / "sc" / "latest" / "traces").iterdir())
+    assert kept == ["about.json", "idle_default_fv-opt_direct.npz", "idle_default_pv_pv.npz"]
+    validation = _section(report, "### Validation")
+    assert "recorded right after these runs" in validation
+    assert validation.count("| fv-opt |") == 2 and validation.count("| pv |") == 2
     again = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "suite" / "latest"))
     assert again.returncode == 0, again.stderr[-2000:]
+    rebuilt = (tmp_path / "suite" / "latest" / "report.md").read_text()
+    assert _section(rebuilt, "### Validation") == validation  # the same traces, replayed
     wrong = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "ov" / "latest"))
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1

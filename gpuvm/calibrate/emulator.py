@@ -96,7 +96,8 @@ def profile_from(costs: Mapping[str, float], name: str = "emulator", cores: int 
         io_exit_ns=costs["io_exit_ns"])
 
 
-def _runs(rows: Iterable) -> dict[tuple[str, str, int], list]:
+def runs_of(rows: Iterable) -> dict[tuple[str, str, int], list]:
+    """The passed rows by run: (scenario, mode, repetition) -> its VMs' rows."""
     runs: dict[tuple[str, str, int], list] = {}
     for r in rows:
         if _get(r, "passed", True):
@@ -110,7 +111,7 @@ def fastest_reps(rows: Iterable) -> list:
     host's other load only ever adds wall time, so the fastest rep is the least
     disturbed one).  Counts are identical across reps; only wall times differ."""
     best: dict[tuple[str, str], list] = {}
-    for (scenario, mode, _), run in _runs(rows).items():
+    for (scenario, mode, _), run in runs_of(rows).items():
         key = (scenario, mode)
         if key not in best or measured_makespan_ns(run) < measured_makespan_ns(best[key]):
             best[key] = run
@@ -135,7 +136,7 @@ def fit_serialised_share(multi_vm_rows: Iterable, profile: CostProfile,
                          steps: int = 20) -> CostProfile:
     """The trap_mediator_ns (between 0 and trap_ns) for which the model's makespans of
     the given multi-VM runs match the measured ones in sum (bisection)."""
-    runs = [run for run in _runs(fastest_reps(multi_vm_rows)).values()
+    runs = [run for run in runs_of(fastest_reps(multi_vm_rows)).values()
             if len(run) > 1 and MODES[_get(run[0], "mode")].mediated]
     if not runs:
         return profile
@@ -171,7 +172,7 @@ class ValidationPoint:
 def validate(rows: Iterable, profile: CostProfile) -> list[ValidationPoint]:
     """Model vs emulator makespan for every scenario x mode in `rows` (its fastest rep)."""
     points = []
-    for (scenario, mode, rep), run in _runs(fastest_reps(rows)).items():
+    for (scenario, mode, rep), run in runs_of(fastest_reps(rows)).items():
         if rep:
             continue
         points.append(ValidationPoint(mode, len(run), measured_makespan_ns(run) / 1e6,
@@ -333,7 +334,7 @@ def validate_traces(rows: Iterable, profile: CostProfile,
     the model replaying the recorded per-event trace `trace_of(mode, scenario)` once per
     VM of the run (a run's VMs all run that one benchmark)."""
     points = []
-    for (scenario, mode, rep), run in _runs(fastest_reps(rows)).items():
+    for (scenario, mode, rep), run in runs_of(fastest_reps(rows)).items():
         if rep:
             continue
         trace = trace_of(mode, scenario)
@@ -351,7 +352,7 @@ def fit_host_cores(runs_rows: Iterable, profile: CostProfile,
     measured ones in sum.  On a quiet host it is the core count; where other processes
     load the host, fewer -- a measured value, like every other in the profile."""
     runs = [(scenario, mode, run) for (scenario, mode, _), run
-            in _runs(fastest_reps(runs_rows)).items() if len(run) > 1]
+            in runs_of(fastest_reps(runs_rows)).items() if len(run) > 1]
     if not runs:
         return profile
     target = sum(measured_makespan_ns(run) for _, _, run in runs)

@@ -181,6 +181,17 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     return out
 
 
+def measured_from_rows(rows: Sequence, trace_of: Callable[[str, str], Mapping]
+                       ) -> list[Measured]:
+    """An experiment's runs of one benchmark at several VM counts as measurements to
+    validate on: each (scenario, mode, repetition) its makespan, with the trace
+    `trace_of(mode, scenario)` of one VM of it -- the paper report's scaling runs and
+    the traces recorded right after them (gpuvm.experiment.run_traces)."""
+    from gpuvm.calibrate.emulator import measured_makespan_ns, runs_of
+    return [Measured(mode, len(run), rep, measured_makespan_ns(run), trace_of(mode, scenario))
+            for (scenario, mode, rep), run in runs_of(rows).items()]
+
+
 def trace_ns(trace: Mapping) -> int:
     """A recorded trace's own time: its runs' handler and between-event time."""
     events = trace["events"]

@@ -189,6 +189,10 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             with _progress_bar(console, len(plan(exp)) - len(done)) as report_line:
                 new = execute(exp, run, progress=report_line, skip=done,
                               deferred=stop.deferred)
+            if exp.kind == "scaling":  # what the report's validation replays
+                from gpuvm.experiment import run_traces
+                run_traces.record(exp, run.path, exp.backend,
+                                  progress=lambda line: console.print(line))
             rows = _rows(run, kept) + new
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)
