@@ -86,3 +86,20 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     assert _section(rebuilt, "### Validation") == validation  # the same traces, replayed
     wrong = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "ov" / "latest"))
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+
+
+def test_a_scaling_run_keeps_the_traces_of_vms_run_as_it_ran_them():
+    """Traces of VMs in processes of their own (`isolated`) for a run of such VMs: the
+    model replays the server's share of those (gpuvm.sim.replay)."""
+    from gpuvm.experiment import run_traces
+    from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+
+    scenarios = (Scenario("1vm", (VmConfig("vm", "idle", ()),)),
+                 Scenario("2vm", (VmConfig("vm", "idle", ()), VmConfig("vm2", "idle", ()))))
+    for isolated in (False, True):
+        keys = run_traces.keys(Experiment("sc", "scaling", scenarios, modes=("fv-opt", "pv"),
+                                          isolated=isolated))
+        assert sorted(keys) == [("fv-opt", "1vm"), ("fv-opt", "2vm"), ("pv", "1vm"),
+                                ("pv", "2vm")]
+        assert len(set(keys.values())) == 2  # one trace per mode serves every count
+        assert all(k.isolated == isolated for k in keys.values())

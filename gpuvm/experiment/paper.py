@@ -307,9 +307,11 @@ def _validation(part: SuitePart) -> list[str]:
     md = ["### Validation: the model predicts this emulator", "",
           f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
           f"what one VM's trace of its mode took, recorded right after these runs and kept "
-          f"with them (`traces/` in `{part.path}`); the interpreter lock's hand-off "
-          f"({p.lock_handoff_ns / 1e3:.1f} us) and the host cores ({p.host_cores:g} of "
-          f"{cpus}) fitted on the {FIT_VMS}-VM runs, the other counts predicted.  Without "
+          f"with them (`traces/` in `{part.path}`); "
+          + ("" if part.exp.isolated else  # processes of their own share no such lock
+             f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
+          + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
+          f"runs, the other counts predicted.  Without "
           f"the lock's timed rounds and the host's wake-up curve that `gpuvm calibrate "
           f"--emulator` measures beside its runs, and with one run of each point, this is "
           f"the rougher table: that command's is the model's validation (README).", "",

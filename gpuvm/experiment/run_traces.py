@@ -26,10 +26,11 @@ ABOUT = "about.json"  # the host they were recorded on: {"cpus": N}
 
 def keys(exp: Experiment) -> dict[tuple[str, str], Any]:
     """Per (mode, scenario) the TraceKey of one VM of the scenario's benchmark (a
-    scaling scenario's VMs all run one benchmark)."""
+    scaling scenario's VMs all run one benchmark), in its own VMM process where the
+    experiment's VMs are (`isolated`)."""
     from gpuvm.sim.traces import TraceKey
 
-    return {(mode, s.name): TraceKey(s.vms[0].benchmark, s.vms[0].params, mode)
+    return {(mode, s.name): TraceKey(s.vms[0].benchmark, s.vms[0].params, mode, exp.isolated)
             for mode in exp.modes for s in exp.scenarios if s.vms}
 
 
