@@ -16,20 +16,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from gpuvm.experiment.config import Experiment
+from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
 
 TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N}
 
 
-def keys(exp: Experiment) -> dict[tuple[str, str], Any]:
+def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
     """Per (mode, scenario) the TraceKey of one VM of the scenario's benchmark (a
     scaling scenario's VMs all run one benchmark), in its own VMM process where the
     experiment's VMs are (`isolated`)."""
-    from gpuvm.sim.traces import TraceKey
-
     return {(mode, s.name): TraceKey(s.vms[0].benchmark, s.vms[0].params, mode, exp.isolated)
             for mode in exp.modes for s in exp.scenarios if s.vms}
 
@@ -38,8 +37,6 @@ def record(exp: Experiment, run_path: Path, backend: str,
            progress: Callable[[str], None] = lambda line: None) -> None:
     """Record each trace `exp`'s scenarios need that `run_path` has not got yet (a
     resumed run records only what is missing)."""
-    from gpuvm.sim.traces import record_fastest
-
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     for key in dict.fromkeys(keys(exp).values()):
@@ -54,8 +51,6 @@ def load(exp: Experiment, run_path: Path
     """`trace_of(mode, scenario)` over the traces `run_path` kept, and the core count of
     the host they were recorded on; None where the run kept none (runs from before, or
     an incomplete set)."""
-    from gpuvm.sim.traces import read_trace
-
     directory = run_path / TRACES
     try:
         cpus = int(json.loads((directory / ABOUT).read_text())["cpus"])
