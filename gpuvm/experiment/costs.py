@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuvm.device import regs
+from gpuvm.mediator.modes import MODES
 
 # the checkout's experiments/costs/, or the copy a `pip install .` puts in the package
 _CHECKOUT_COSTS = Path(__file__).resolve().parents[2] / "experiments" / "costs"
@@ -42,9 +43,10 @@ def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
 
 
 # the modes whose work under the lock grows by a scale of their own where one was timed
-# (gpuvm.calibrate.lock_use); every other mode's by lock_work_scale
-LOCK_WORK_SCALE_OF = {"pv": "pv_lock_work_scale", "pv-naive": "pv_lock_work_scale",
-                      "fv-opt": "fv_opt_lock_work_scale"}
+# (gpuvm.calibrate.lock_use): every PV mode by pv's, fv-opt by its own; every other
+# mode's by lock_work_scale
+LOCK_WORK_SCALE_OF = {mode: "pv_lock_work_scale" for mode, spec in MODES.items() if spec.pv} \
+    | {"fv-opt": "fv_opt_lock_work_scale"}
 MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # each once
 
 

@@ -304,19 +304,18 @@ def _validation(part: SuitePart) -> list[str]:
     analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], trace_of),
                        cores=cpus, with_spread=False, with_halves=False)
     p = analysis.profile
-    md = ["### Validation: the model predicts this emulator", "",
-          f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
-          f"what one VM's trace of its mode took, recorded right after these runs and kept "
-          f"with them (`traces/` in `{part.path}`); "
-          + ("" if part.exp.isolated else  # processes of their own share no such lock
-             f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
-          + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
-          f"runs, the other counts predicted.  Without "
-          f"the lock's timed rounds and the host's wake-up curve that `gpuvm calibrate "
-          f"--emulator` measures beside its runs, and with one run of each point, this is "
-          f"the rougher table: that command's is the model's validation (README).", "",
-          "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|"]
-    return md + _point_rows(analysis.points)
+    return _validation_table(
+        f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
+        f"what one VM's trace of its mode took, recorded right after these runs and kept "
+        f"with them (`traces/` in `{part.path}`); "
+        + ("" if part.exp.isolated else  # processes of their own share no such lock
+           f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
+        + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
+        f"runs, the other counts predicted.  Without "
+        f"the lock's timed rounds and the host's wake-up curve that `gpuvm calibrate "
+        f"--emulator` measures beside its runs, and with one run of each point, this is "
+        f"the rougher table: that command's is the model's validation (README).",
+        analysis.points)
 
 
 def _validation_by_profile(part: SuitePart) -> list[str]:
@@ -336,26 +335,27 @@ def _validation_by_profile(part: SuitePart) -> list[str]:
         vm = scenarios[scenario].vms[0]
         return load_trace(TraceKey(vm.benchmark, vm.params, mode), part.exp.backend)
 
-    points = validate_traces([asdict(r) for r in part.rows], profile, trace_of)
-    md = ["### Validation: the model predicts this emulator", "",
-          f"The same model priced by `{EMULATOR_PROFILE}` (this emulator's per-event wall "
-          f"costs, the interpreter lock and the host cores its VMs got, measured by `gpuvm "
-          f"calibrate --emulator`), replaying each VM's cached per-event trace "
-          f"(results/traces/), against the emulator's measured makespan.  The traces were "
-          f"recorded at another moment than these runs: on a loaded host the errors here "
-          f"include the load's change; `gpuvm calibrate --emulator` prints the table "
-          f"measured with each run right after its trace.", "",
-          "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|"]
-    return md + _point_rows(points)
+    return _validation_table(
+        f"The same model priced by `{EMULATOR_PROFILE}` (this emulator's per-event wall "
+        f"costs, the interpreter lock and the host cores its VMs got, measured by `gpuvm "
+        f"calibrate --emulator`), replaying each VM's cached per-event trace "
+        f"(results/traces/), against the emulator's measured makespan.  The traces were "
+        f"recorded at another moment than these runs: on a loaded host the errors here "
+        f"include the load's change; `gpuvm calibrate --emulator` prints the table "
+        f"measured with each run right after its trace.",
+        validate_traces([asdict(r) for r in part.rows], profile, trace_of))
 
 
-def _point_rows(points: list) -> list[str]:
-    """The validation table's rows and its summary line."""
+def _validation_table(how: str, points: list) -> list[str]:
+    """The validation section: its heading, how the model was priced, a row per point
+    and the summary line."""
     from gpuvm.calibrate.emulator import summary
 
-    rows = [f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
-            f"| {p.error_pct:+.1f} |" for p in points]
-    return rows + ["", summary(points) + ".", ""]
+    return ["### Validation: the model predicts this emulator", "", how, "",
+            "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|",
+            *(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
+              f"| {p.error_pct:+.1f} |" for p in points),
+            "", summary(points) + ".", ""]
 
 
 # ------------------------------------------------------------------------- isolation
