@@ -280,3 +280,46 @@ def test_host_cores_come_from_the_two_vm_runs_and_ties_keep_the_most():
     assert serial.host_cores == 1  # two VMs took twice one: they shared one core
     parallel = validation.fit_cores(_measured(50.0), profile, most=8)
     assert parallel.host_cores == 8  # 2..8 predict alike for 2 VMs: the most is kept
+
+
+def test_the_recorders_own_time_comes_off_the_exit_loop_and_no_more():
+    """CostProfile.record_event_ns: what recording cost per event, which an unrecorded
+    run does not spend, is taken off each run's exit-loop time (gap less KVM_RUN): the
+    lock-held part; never below zero, and nothing with none measured."""
+    costs = replace(XEN, trap_ns=10_000.0, trap_mediator_ns=0.0, exit_free_ns=0.0,
+                    recorded_times=1.0, interpreter_lock=1.0)
+    # 100 traps: 1 ms of handlers, 2 ms between them of which 0.5 ms around KVM_RUN
+    trace = _trace([(1, 100, 1_000_000, 2_000_000, {"exits.mmio.bar0.write": 100})],
+                   in_kvm_run=0.75)
+
+    def totals(record_event_ns: float) -> dict[str, int]:
+        steps = event_steps(trace, replace(costs, record_event_ns=record_event_ns),
+                            mediated=True)
+        return {r: sum(s.ns for s in steps if s.resource == r) for r in (CPU, FREE, SLEEP)}
+    assert totals(0.0) == {CPU: 1_500_000, FREE: 1_500_000, SLEEP: 0}
+    assert totals(3_000.0) == {CPU: 1_200_000, FREE: 1_500_000, SLEEP: 0}
+    # more than the loop took: the loop's time, not the handlers' or the guest's
+    assert totals(50_000.0) == {CPU: 1_000_000, FREE: 1_500_000, SLEEP: 0}
+
+
+def test_the_recorders_cost_is_timed_on_its_own_hot_path():
+    """gpuvm.calibrate.record_cost times the recorder as the vCPU loop runs it: a
+    recorder whose clock is slower costs that much more per event (four reads)."""
+    import time
+
+    from gpuvm.calibrate import record_cost
+
+    def slow_clock() -> int:
+        until = time.perf_counter_ns() + 5_000
+        while time.perf_counter_ns() < until:
+            pass
+        return time.perf_counter_ns()
+
+    plain = record_cost.measure(events=2_000, rounds=3)
+    slow = record_cost.measure(events=2_000, rounds=3, clock=slow_clock)
+    assert plain > 0
+    assert slow - plain > 3 * 5_000
+    assert record_cost.from_about({}) == 0.0
+    assert record_cost.from_about({record_cost.ABOUT_KEY: 2500.0}) == 2500.0
+    with pytest.raises(ValueError, match=record_cost.ABOUT_KEY):
+        record_cost.from_about({record_cost.ABOUT_KEY: -1})

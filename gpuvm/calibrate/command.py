@@ -274,7 +274,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuvm.calibrate import emulator, lock_use, validation
+    from gpuvm.calibrate import emulator, lock_use, record_cost, validation
     from gpuvm.calibrate.wake import WakeCurve
     from gpuvm.experiment.config import REPO
 
@@ -309,10 +309,12 @@ def main_emulator(args: argparse.Namespace) -> int:
         title = f"{about['benchmark']} (fastest of {_reps_per_mode(measured)})"
     try:
         wake = WakeCurve.from_about(about)
+        recorder = record_cost.from_about(about)
     except ValueError as exc:
         raise UserError(f"{source}: {exc}") from None
     uses = lock_use.from_about(about)
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake, uses)
+    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake, uses,
+                                  record_event_ns=recorder)
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -348,6 +350,10 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
+    print("what recording a trace cost per event, taken off its exit loop (timed apart, "
+          "gpuvm.calibrate.record_cost): "
+          + (f"{recorder / 1e3:.2f} us" if recorder else "not measured (the traces are "
+             "replayed as recorded)"))
     own = lock_use.handoff_curve(uses)
     if own is not None:
         print(f"  priced instead as the lock sat free per exit of the lock's own timed runs "
@@ -451,7 +457,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
                            ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts,
     the lock's timed rounds among them."""
-    from gpuvm.calibrate import lock_turns, lock_use, validation
+    from gpuvm.calibrate import lock_turns, lock_use, record_cost, validation
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -469,6 +475,8 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
                   "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
     wake = lock_turns.through_lock(on_exits, turns)
+    _progress("timing the trace recorder's own work per event")
+    recorder = record_cost.measure()
     modes = args.emulator_modes.split(",") if args.emulator_modes else list(scaling.modes)
     unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
     if unknown:
@@ -497,6 +505,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
              "lock_use": lock_use.to_about(uses), "host": validation.this_host(),
+             record_cost.ABOUT_KEY: round(recorder, 1),
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
 

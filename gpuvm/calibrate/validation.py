@@ -578,7 +578,7 @@ def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
             cores: int | None = None, wake: WakeCurve | None = None,
             lock_use: Sequence[LockUse] = (), with_spread: bool = True,
-            with_halves: bool = True) -> Analysis:
+            with_halves: bool = True, record_event_ns: float = 0.0) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
@@ -588,7 +588,9 @@ def analyse(measured: Sequence[Measured],
     the work under the lock grows with the VM count as it did there (`priced_growth`:
     each timed mode's own, from one VM where the runs timed one alone), and
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
-    `wake`'s latency, whose exits' work the timed growth holds already).  Without
+    `wake`'s latency, whose exits' work the timed growth holds already).
+    `record_event_ns`: what recording the traces cost per event (timed apart,
+    gpuvm.calibrate.record_cost), taken off their exit loops' time.  Without
     `with_spread` the repetitions are not replayed one by one: a third to a half of the
     replays, for a caller that wants the kept points alone.  `with_halves`: each point
     measured again by half of its repetitions against the other half, and the model
@@ -598,7 +600,7 @@ def analyse(measured: Sequence[Measured],
     from gpuvm.calibrate.lock_use import handoff_curve
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
-                      recorded_times=1.0)
+                      recorded_times=1.0, record_event_ns=record_event_ns)
     wake = handoff_curve(lock_use) or wake
     if wake is not None:
         profile = wake.priced_in(profile)

@@ -101,6 +101,11 @@ class CostProfile:
     # It is how the model is validated on a host whose load moves the prices between
     # calibration and validation: the trace is recorded just before the runs it predicts.
     recorded_times: float = 0.0
+    # What recording the trace cost per event (the recorder's Python around each exit,
+    # timed apart: gpuvm.calibrate.record_cost), which a run that records nothing does
+    # not spend: a replay of recorded times takes it off each run's exit-loop time.  0:
+    # the traces are replayed as recorded (profiles and bundles from before).
+    record_event_ns: float = 0.0
     # What passing the interpreter lock to another thread costs beyond the work done
     # under it, per event that takes it while another thread holds or wants it: the
     # waiter sleeps and must be woken (in a virtual machine a wake-up is an

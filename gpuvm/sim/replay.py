@@ -220,6 +220,9 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         counts = {n: int(v) for n, v in zip(names, events.deltas[r]) if v}
         engine = counts.get("engine.busy_ns", 0)
         mediator = int(costs.mediator_ns(counts, mediated))
+        # the recorder's own time around the run's exits (taken off where the times
+        # are replayed as recorded)
+        recorder_ns = int(events.events[r] * costs.record_event_ns)
         if isolated:
             # a VM in its own process: its handlers are round trips to the server, one
             # thread that answers every VM -- the server's part holds it (the lock);
@@ -232,6 +235,7 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             cpu = min(handler, counts.get(SERVER_ACCESS_COUNTER, 0))
             own = handler - cpu
             gap = int(events.gap_ns[r])
+            gap -= min(recorder_ns, max(0, gap))
             waited = engine or counts.get("port.wait", 0)
             sleep = own if waited else 0
             free = gap + (0 if waited else own)
@@ -249,9 +253,11 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
             cpu = min(handler - mediator, max(0, work))
             sleep = handler - mediator - cpu
             # between handlers: the guest inside KVM_RUN holds nothing but a core; the
-            # VMM's exit loop around it is Python, on the lock like a handler
+            # VMM's exit loop around it is Python, on the lock like a handler -- less what
+            # the recorder spent there, which an unrecorded run does not
             free = int(events.guest_ns[r])
-            cpu += int(events.gap_ns[r]) - free
+            loop = int(events.gap_ns[r]) - free
+            cpu += loop - min(recorder_ns, max(0, loop))
             # the engine thread running the VM's channels holds the lock too (traces
             # from before it was recorded have none)
             cpu, sleep, free = _channels_on_lock(counts.get(SERVER_ENGINE_COUNTER, 0),
