@@ -3,6 +3,7 @@ directory, then writes one report beside the paper's numbers; `--report` rebuild
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,11 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     assert kept == ["about.json", "idle_default_fv-opt_direct.npz", "idle_default_pv_pv.npz"]
     validation = _section(report, "### Validation")
     assert "recorded right after these runs" in validation
+    # with what recording cost per event on this host, timed beside them
+    about = json.loads((tmp_path / "sc" / "latest" / "traces" / "about.json").read_text())
+    assert about["record_event_ns"] > 0
+    assert f"less what recording took per event ({about['record_event_ns'] / 1e3:.1f} us" \
+        in validation
     assert validation.count("| fv-opt |") == 2 and validation.count("| pv |") == 2
     again = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "suite" / "latest"))
     assert again.returncode == 0, again.stderr[-2000:]

@@ -300,14 +300,17 @@ def _validation(part: SuitePart) -> list[str]:
         return _validation_by_profile(part)
     from gpuvm.calibrate.validation import FIT_VMS, analyse, measured_from_rows
 
-    trace_of, cpus = kept
-    analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], trace_of),
-                       cores=cpus, with_spread=False, with_halves=False)
+    cpus = kept.cpus
+    analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], kept.trace_of),
+                       cores=cpus, with_spread=False, with_halves=False,
+                       record_event_ns=kept.record_event_ns)
     p = analysis.profile
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded right after these runs and kept "
-        f"with them (`traces/` in `{part.path}`); "
+        f"with them (`traces/` in `{part.path}`), "
+        + (f"less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
+           f"timed apart); " if kept.record_event_ns else "")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
            f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "

@@ -7,22 +7,34 @@ recording was made first -- hours or sessions before, under another load -- and 
 host a cached fv-opt trace ran 40% slower than the runs it was to predict (make paper,
 2026-11-27).  So once a scaling run's VMs are done, one VM of each (benchmark, mode) is
 recorded right after them and kept in the run directory (`traces/`), with the host's
-core count; the report's validation replays those (`gpuvm.experiment.paper`), and a
-report rebuilt later replays the same ones.
+core count and what recording cost per event there (gpuvm.calibrate.record_cost); the
+report's validation replays those (`gpuvm.experiment.paper`), and a report rebuilt
+later replays the same ones.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from gpuvm.calibrate import record_cost
 from gpuvm.experiment.config import Experiment
 from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
 
 TRACES = "traces"  # in the run directory
-ABOUT = "about.json"  # the host they were recorded on: {"cpus": N}
+ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns}
+
+
+@dataclass(frozen=True)
+class KeptTraces:
+    """What a run kept for its validation."""
+
+    trace_of: Callable[[str, str], Mapping]  # (mode, scenario) -> one VM's trace
+    cpus: int  # the host's cores
+    record_event_ns: float  # the recorder's own time per event there (0: not measured)
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -39,25 +51,32 @@ def record(exp: Experiment, run_path: Path, backend: str,
     resumed run records only what is missing)."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
+    recorded = False
     for key in dict.fromkeys(keys(exp).values()):
         if not (directory / key.file_name).is_file():
             progress(f"recording one VM's trace for the validation: {key.file_name}")
             record_fastest(key, 1, backend, cache=directory)
-    (directory / ABOUT).write_text(json.dumps({"cpus": os.cpu_count()}))
+            recorded = True
+    if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
+        (directory / ABOUT).write_text(json.dumps(
+            {"cpus": os.cpu_count(),
+             record_cost.ABOUT_KEY: round(record_cost.measure(), 1)}))
 
 
-def load(exp: Experiment, run_path: Path
-         ) -> tuple[Callable[[str, str], Mapping], int] | None:
-    """`trace_of(mode, scenario)` over the traces `run_path` kept, and the core count of
-    the host they were recorded on; None where the run kept none (runs from before, or
-    an incomplete set)."""
+def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
+    """The traces `run_path` kept, with the host they were recorded on; None where the
+    run kept none (runs from before, or an incomplete set).  Runs from before the
+    recorder's cost was measured replay their traces as recorded."""
     directory = run_path / TRACES
     try:
-        cpus = int(json.loads((directory / ABOUT).read_text())["cpus"])
-    except (OSError, ValueError, KeyError, TypeError):
+        about = json.loads((directory / ABOUT).read_text())
+        cpus = int(about["cpus"])
+        recorder = record_cost.from_about(about)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
     traces = {key: read_trace(directory / key.file_name) for key in set(by_point.values())}
     if any(trace is None for trace in traces.values()):
         return None
-    return (lambda mode, scenario: traces[by_point[(mode, scenario)]]), cpus
+    return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
+                      recorder)
