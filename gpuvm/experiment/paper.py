@@ -308,9 +308,9 @@ def _validation(part: SuitePart) -> list[str]:
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded right after these runs and kept "
-        f"with them (`traces/` in `{part.path}`), "
-        + (f"less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
-           f"timed apart); " if kept.record_event_ns else "")
+        f"with them (`traces/` in `{part.path}`)"
+        + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
+           f"timed apart); " if kept.record_event_ns else "; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
            f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
