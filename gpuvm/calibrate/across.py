@@ -77,18 +77,14 @@ def bundle_analysis(directory: Path) -> BundleAnalysis:
     """The kept points of one bundle and its halves, analysed as `--from DIR` analyses
     it (without the repetitions' spread, which this comparison does not show);
     ValueError naming the bundle where it cannot be read."""
-    from gpuvm.calibrate import lock_use, record_cost, validation
-    from gpuvm.calibrate.wake import WakeCurve
+    from gpuvm.calibrate import validation
 
     measured, fit_traces, about = validation.load(directory)
     try:
-        wake = WakeCurve.from_about(about)
-        recorder = record_cost.from_about(about)
+        aside = validation.AsideMeasures.from_about(about)
     except ValueError as exc:
         raise ValueError(f"{directory}: {exc}") from None
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake,
-                                  lock_use.from_about(about), with_spread=False,
-                                  record_event_ns=recorder)
+    analysis = aside.analyse(measured, fit_traces, about.get("cpus"), with_spread=False)
     return BundleAnalysis(analysis.points, analysis.halves)
 
 

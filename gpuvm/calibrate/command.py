@@ -275,7 +275,6 @@ def main_emulator(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuvm.calibrate import emulator, lock_use, record_cost, validation
-    from gpuvm.calibrate.wake import WakeCurve
     from gpuvm.experiment.config import REPO
 
     reps = args.emulator_reps
@@ -308,13 +307,11 @@ def main_emulator(args: argparse.Namespace) -> int:
                                  fit_traces, about, cores)
         title = f"{about['benchmark']} (fastest of {_reps_per_mode(measured)})"
     try:
-        wake = WakeCurve.from_about(about)
-        recorder = record_cost.from_about(about)
+        aside = validation.AsideMeasures.from_about(about)
     except ValueError as exc:
-        raise UserError(f"{source}: {exc}") from None
-    uses = lock_use.from_about(about)
-    analysis = validation.analyse(measured, fit_traces, about.get("cpus"), wake, uses,
-                                  record_event_ns=recorder)
+        raise UserError(f"{source or bundle}: {exc}") from None
+    wake, uses, recorder = aside.wake, aside.lock_use, aside.record_event_ns
+    analysis = aside.analyse(measured, fit_traces, about.get("cpus"))
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -353,7 +350,12 @@ def main_emulator(args: argparse.Namespace) -> int:
     print("what recording a trace cost per event, taken off its exit loop (timed apart, "
           "gpuvm.calibrate.record_cost): "
           + (f"{recorder / 1e3:.2f} us" if recorder else "not measured (the traces are "
-             "replayed as recorded)"))
+             "replayed as recorded)")
+          + ("; in place, on plain and recorded runs of "
+             f"{record_cost.IN_SITU_BENCHMARK} VMs (each mode's traces take their own): "
+             + ", ".join(f"{mode} {ns / 1e3:.2f} us"
+                         for mode, ns in aside.record_event_in_situ.items())
+             if aside.record_event_in_situ else ""))
     own = lock_use.handoff_curve(uses)
     if own is not None:
         print(f"  priced instead as the lock sat free per exit of the lock's own timed runs "
@@ -481,6 +483,10 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     unknown = [m for m in modes if m not in scaling.modes and m not in fit_exp.modes]
     if unknown:
         raise UserError(f"--modes: unknown mode {unknown[0]!r}")
+    _progress(f"timing the trace recorder in place: plain and recorded "
+              f"{record_cost.IN_SITU_BENCHMARK} VMs of each mode by turns")
+    in_situ = record_cost.in_situ(modes, isolated=args.emulator_isolated,
+                                  progress=_progress)
     counts = sorted({len(s.vms) for s in scaling.scenarios})
     lock_round, uses = _lock_rounds(args.emulator_isolated, modes, counts, _progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
@@ -506,6 +512,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
              "lock_use": lock_use.to_about(uses), "host": validation.this_host(),
              record_cost.ABOUT_KEY: round(recorder, 1),
+             record_cost.IN_SITU_KEY: {mode: round(ns, 1) for mode, ns in in_situ.items()},
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     return measured, fit_traces, about
 

@@ -23,7 +23,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpuvm.experiment.costs import MODE_LOCK_WORK_SCALES, CostProfile, mmio_exits
+from gpuvm.experiment.costs import (MODE_LOCK_WORK_SCALES, MODE_RECORD_EVENTS, CostProfile,
+                                   mmio_exits)
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.replay import ReplayResult, replay, traces_for_run
 
@@ -205,7 +206,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
         "# (interpreter_lock = 1) and the guests' own time is replayed from the traces",
         "# (guest_time = 1); a replay of a trace takes its recorded times, the prices",
         "# telling lock-held work from blocked time (recorded_times = 1), less the",
-        "# recorder's own time per event (record_event_ns).  Used by the",
+        "# recorder's own time per event (record_event_ns; fv_opt_ and pv_record_event_ns",
+        "# where measured per mode).  Used by the",
         "# model of the whole system to predict this",
         "# emulator's makespans; not a statement about the paper's platform.  Host load",
         "# moves these numbers.",
@@ -214,7 +216,8 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "io_exit_ns", "hypercall_ns", "hcall_entry_ns", "pt_alloc_ns", "pt_zero_word_ns",
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores",
                 "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
-                "record_event_ns", "lock_handoff_ns", "lock_release_takes"):
+                "record_event_ns", *MODE_RECORD_EVENTS, "lock_handoff_ns",
+                "lock_release_takes"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \

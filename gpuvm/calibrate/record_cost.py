@@ -20,19 +20,39 @@ without one; the difference per event is kept (CostProfile.record_event_ns) and 
 replay takes it off each run's exit-loop time.  Rounds alternate the two loops and the
 fastest of each is kept.  It is a lower bound: a loop this small runs with warm caches,
 where a guest's exit does not.
+
+And it is: on the lent machine of bundle 20261127-161919 it timed 0.68 us while that
+bundle's fastest 1-VM traces were 2.1-2.4 us an event over its fastest plain runs, and
+on this 2-core host 1.9 us against 3.8-7.2 (each exit enters the guest, which leaves the
+interpreter's caches cold for the Python after it).  So `in_situ` also measures it in
+place, per mode: VMs of IN_SITU_BENCHMARK run plainly and recorded by turns, the fastest
+trace's own time over the fastest plain run, per event -- the quantity the model's
+1-VM point leaned by, on a benchmark the validation does not run.  Where a bundle has
+it, the model takes each mode's own (CostProfile.record_event_ns_of).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from gpuvm.vmm.event_trace import EventRecorder
 
 EVENTS = 20_000  # events a round (0.04-0.06 s a recorded round on the 2-core host)
 ROUNDS = 5
 ABOUT_KEY = "record_event_ns"  # in a bundle's "about" and a paper run's traces/about.json
+IN_SITU_KEY = "record_event_in_situ_ns"  # {mode: ns} in a bundle's "about"
+# What `in_situ` runs: a guest that initialises the GPU and closes it, launching nothing
+# (experiments/calibrate-emulator.toml's idle-1vm) -- the driver's exits that make most
+# of every benchmark's time under fv and fv-opt, and not the benchmark the model is
+# validated on (experiments/scaling.toml's mmul).
+IN_SITU_BENCHMARK = "idle"
+# Plain and recorded runs of each mode, by turns, the fastest of each kept: as many pairs
+# as fit IN_SITU_S by the mode's first (unmeasured) run, as validation.measure takes its
+# 1-VM samples -- pv's 132 events in ~35 ms give a difference of a few ms, which one
+# pair does not tell from the run's own noise (one pair here: 0 us; four: 23 us an event)
+IN_SITU_S = 12.0
 
 
 class _NullDevice:
@@ -104,3 +124,57 @@ def from_about(about: dict) -> float:
     if not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{ABOUT_KEY} must be a non-negative number, got {value!r}")
     return float(value)
+
+
+def in_situ(modes: Sequence[str], budget_s: float = IN_SITU_S, backend: str = "auto",
+            isolated: bool = False, benchmark: str = IN_SITU_BENCHMARK,
+            params: tuple[int, ...] = (),
+            progress: Callable[[str], None] = lambda line: None) -> dict[str, float]:
+    """Per mode, what recording a VM's trace costs per event where it runs: plain runs
+    of one VM of `benchmark` and as many recorded, by turns (as many pairs as fit
+    `budget_s`, at least one), the fastest recorded trace's own time (its handlers and
+    between-event time, what a replay of one VM adds up) less the fastest plain run's,
+    over the trace's events (ns; never below 0).  The fastest of each, as `measure`
+    keeps them: load only ever adds time.  Each mode runs once first, unmeasured: a
+    first run after another mode's is slower (validation.measure)."""
+    from gpuvm.calibrate.stats import run_samples
+    from gpuvm.calibrate.validation import trace_ns
+    from gpuvm.experiment.execute import run_alike
+    from gpuvm.run.spec import RunOptions
+
+    out: dict[str, float] = {}
+    for mode in modes:
+        def run(record: bool):
+            (result,) = run_alike(benchmark, params, 1, RunOptions(
+                mode=mode, backend=backend, isolated=isolated, record_events=record),
+                f"the recorder's cost in place ({mode}, {benchmark})")
+            return result
+        started = time.monotonic()
+        run(False)
+        samples = run_samples(2 * (time.monotonic() - started), budget_s)
+        plain_ns: list[int] = []
+        traces = []
+        for _ in range(samples):
+            for record in (False, True):
+                result = run(record)
+                if record:
+                    traces.append(result.session.recorder.trace())
+                else:
+                    plain_ns.append(result.wall_ns)
+        fastest = min(traces, key=lambda t: trace_ns({"events": t}))
+        events = int(fastest.events.sum())
+        out[mode] = max(0.0, (trace_ns({"events": fastest}) - min(plain_ns))
+                        / max(1, events))
+        progress(f"recording {mode} in place: {out[mode] / 1e3:.2f} us an event "
+                 f"({events:,} events, fastest of {samples})")
+    return out
+
+
+def in_situ_from_about(about: dict) -> dict[str, float]:
+    """The per-mode cost a bundle kept (`in_situ`); empty where it kept none."""
+    value = about.get(IN_SITU_KEY, {})
+    if not isinstance(value, dict) or not all(
+            isinstance(v, (int, float)) and v >= 0 for v in value.values()):
+        raise ValueError(f"{IN_SITU_KEY} must map modes to non-negative numbers, "
+                         f"got {value!r}")
+    return {str(k): float(v) for k, v in value.items()}

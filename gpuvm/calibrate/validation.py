@@ -552,6 +552,32 @@ class Analysis:
     halves: list[HalfPoint] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class AsideMeasures:
+    """What a bundle keeps in its "about" beside its runs, measured apart from them, that
+    `analyse` takes: the host's wake-up curve, the lock's timed rounds, and what
+    recording a trace cost per event (timed apart; per mode in place, where measured)."""
+    wake: WakeCurve | None
+    lock_use: list[LockUse]
+    record_event_ns: float
+    record_event_in_situ: dict[str, float]
+
+    @classmethod
+    def from_about(cls, about: Mapping[str, Any]) -> "AsideMeasures":
+        """ValueError naming the key a bundle got wrong."""
+        from gpuvm.calibrate import lock_use, record_cost
+        return cls(WakeCurve.from_about(about), lock_use.from_about(about),
+                   record_cost.from_about(about), record_cost.in_situ_from_about(about))
+
+    def analyse(self, measured: Sequence[Measured],
+                fit_traces: Sequence[tuple[str, Mapping]], cores: int | None,
+                **options: bool) -> "Analysis":
+        """`analyse` with these (`options`: with_spread, with_halves)."""
+        return analyse(measured, fit_traces, cores, self.wake, self.lock_use,
+                       record_event_ns=self.record_event_ns,
+                       record_event_in_situ=self.record_event_in_situ, **options)
+
+
 def priced_growth(profile: CostProfile, lock_use: Sequence[LockUse]) -> CostProfile:
     """`profile` with the work under the lock growing with the VMs as the lock's timed
     rounds (gpuvm.calibrate.lock_use) had it: each mode's own, beside ONE VM's work,
@@ -578,7 +604,8 @@ def analyse(measured: Sequence[Measured],
             fit_traces: Sequence[tuple[str, Mapping]] = (),
             cores: int | None = None, wake: WakeCurve | None = None,
             lock_use: Sequence[LockUse] = (), with_spread: bool = True,
-            with_halves: bool = True, record_event_ns: float = 0.0) -> Analysis:
+            with_halves: bool = True, record_event_ns: float = 0.0,
+            record_event_in_situ: Mapping[str, float] | None = None) -> Analysis:
     """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
@@ -590,7 +617,9 @@ def analyse(measured: Sequence[Measured],
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
     `wake`'s latency, whose exits' work the timed growth holds already).
     `record_event_ns`: what recording the traces cost per event (timed apart,
-    gpuvm.calibrate.record_cost), taken off their exit loops' time.  Without
+    gpuvm.calibrate.record_cost), taken off their exit loops' time;
+    `record_event_in_situ`: the same per mode, measured in place (record_cost.in_situ),
+    which each mode's traces take instead where it has one.  Without
     `with_spread` the repetitions are not replayed one by one: a third to a half of the
     replays, for a caller that wants the kept points alone.  `with_halves`: each point
     measured again by half of its repetitions against the other half, and the model
@@ -600,7 +629,8 @@ def analyse(measured: Sequence[Measured],
     from gpuvm.calibrate.lock_use import handoff_curve
     traces = list(fit_traces) + [(m.mode, m.trace) for m in measured if m.vms == 1]
     profile = replace(emulator.trace_profile(emulator.fit_trace_costs(traces)),
-                      recorded_times=1.0, record_event_ns=record_event_ns)
+                      recorded_times=1.0, record_event_ns=record_event_ns
+                      ).with_record_costs(record_event_in_situ or {})
     wake = handoff_curve(lock_use) or wake
     if wake is not None:
         profile = wake.priced_in(profile)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import tomllib
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -48,6 +48,12 @@ def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
 LOCK_WORK_SCALE_OF = {mode: "pv_lock_work_scale" for mode, spec in MODES.items() if spec.pv} \
     | {"fv-opt": "fv_opt_lock_work_scale"}
 MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # each once
+# the modes whose traces' recorder cost was measured on runs of their own mode
+# (gpuvm.calibrate.record_cost.in_situ): every PV mode by pv's, fv-opt by its own; every
+# other mode's by record_event_ns
+RECORD_EVENT_OF = {mode: "pv_record_event_ns" for mode, spec in MODES.items() if spec.pv} \
+    | {"fv-opt": "fv_opt_record_event_ns"}
+MODE_RECORD_EVENTS = tuple(dict.fromkeys(RECORD_EVENT_OF.values()))  # each once
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,13 @@ class CostProfile:
     # What recording the trace cost per event (the recorder's Python around each exit,
     # timed apart: gpuvm.calibrate.record_cost), which a run that records nothing does
     # not spend: a replay of recorded times takes it off each run's exit-loop time.  0:
-    # the traces are replayed as recorded (profiles and bundles from before).
+    # the traces are replayed as recorded (profiles and bundles from before).  Where it
+    # was measured in place, on plain and recorded runs of each mode (record_cost.in_situ),
+    # record_event_ns is fv's and these are fv-opt's and pv's (RECORD_EVENT_OF); 0: the
+    # mode's traces take record_event_ns.
     record_event_ns: float = 0.0
+    fv_opt_record_event_ns: float = 0.0
+    pv_record_event_ns: float = 0.0
     # What passing the interpreter lock to another thread costs beyond the work done
     # under it, per event that takes it while another thread holds or wants it: the
     # waiter sleeps and must be woken (in a virtual machine a wake-up is an
@@ -185,6 +196,21 @@ class CostProfile:
         if self.wake_work_ns:
             extra += _beyond_first(xs, self.wake_work_ns, slept_ns)
         return max(0.0, extra)
+
+    def record_event_ns_of(self, mode: str | None) -> float:
+        """What recording `mode`'s trace cost per event: the field RECORD_EVENT_OF names
+        for the mode where measured, else record_event_ns."""
+        own = RECORD_EVENT_OF.get(mode or "")
+        return (getattr(self, own) if own else 0.0) or self.record_event_ns
+
+    def with_record_costs(self, by_mode: Mapping[str, float]) -> "CostProfile":
+        """This profile with the recorder's cost per event measured per mode (`by_mode`,
+        record_cost.in_situ): fv's (else any mode's without a field of its own) as
+        record_event_ns, fv-opt's and pv's in theirs; a mode not in `by_mode` leaves its
+        field as it is."""
+        fields_of = {mode: RECORD_EVENT_OF.get(mode, "record_event_ns") for mode in by_mode}
+        return replace(self, **{field: float(by_mode[mode])
+                                for mode, field in fields_of.items()})
 
     def lock_work_factor(self, vms: int, mode: str = "fv") -> float:
         """How much longer the work under the interpreter lock takes with `vms` VMs of

@@ -179,8 +179,13 @@ def _channels_on_lock(channels: int, cpu: int, sleep: int, free: int
     return cpu + from_sleep + from_free, sleep - from_sleep, free - from_free
 
 
-def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[Step]:
-    """A per-event trace as steps, in its order (see the module docstring)."""
+def event_steps(events: EventTrace, costs: CostProfile, mediated: bool,
+                record_event_ns: float | None = None) -> list[Step]:
+    """A per-event trace as steps, in its order (see the module docstring).
+    `record_event_ns`: what recording it cost per event (default: costs.record_event_ns;
+    trace_from_events gives the trace's mode's)."""
+    if record_event_ns is None:
+        record_event_ns = costs.record_event_ns
     names = events.names
     exits = _mmio_exits(names, events.deltas) + events.counter("exits.io")
     steps: list[Step] = []
@@ -222,7 +227,7 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
         mediator = int(costs.mediator_ns(counts, mediated))
         # the recorder's own time around the run's exits (taken off where the times
         # are replayed as recorded)
-        recorder_ns = int(events.events[r] * costs.record_event_ns)
+        recorder_ns = int(events.events[r] * record_event_ns)
         if isolated:
             # a VM in its own process: its handlers are round trips to the server, one
             # thread that answers every VM -- the server's part holds it (the lock);
@@ -290,8 +295,11 @@ def event_steps(events: EventTrace, costs: CostProfile, mediated: bool) -> list[
 
 def trace_from_events(name: str, trace: Mapping, costs: CostProfile, mediated: bool,
                       start_ns: int = 0, share: float = 1.0) -> VmTrace:
-    """A VM's trace from a recorded per-event trace (gpuvm.sim.traces.load_trace)."""
-    return VmTrace(name, tuple(event_steps(trace["events"], costs, mediated)), start_ns, share)
+    """A VM's trace from a recorded per-event trace (gpuvm.sim.traces.load_trace), less
+    what recording it cost per event in its mode (its key's)."""
+    mode = trace.get("key", {}).get("mode")
+    return VmTrace(name, tuple(event_steps(trace["events"], costs, mediated,
+                                           costs.record_event_ns_of(mode))), start_ns, share)
 
 
 class _Holders:
