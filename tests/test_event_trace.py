@@ -338,6 +338,12 @@ def test_each_mode_replays_less_its_own_recorder_cost():
                                                      "pv-naive", None)] == \
         [500.0, 500.0, 2_000.0, 4_000.0, 4_000.0, 500.0]
     assert costs.with_record_costs({"pv": 0.0}).record_event_ns_of("pv") == 1_000.0
+    # modes sharing a field: the field's own mode is kept, whichever comes last
+    shared = costs.with_record_costs({"pv": 3_000.0, "pv-naive": 9_000.0,
+                                      "fv+lazy": 7_000.0, "fv": 2_000.0})
+    assert (shared.record_event_ns_of("pv"), shared.record_event_ns_of("fv")) == \
+        (3_000.0, 2_000.0)
+    assert costs.with_record_costs({"pv-naive": 9_000.0}).record_event_ns_of("pv") == 9_000.0
     events = _trace([(1, 100, 1_000_000, 2_000_000, {"exits.mmio.bar0.write": 100})],
                     in_kvm_run=0.75)
 

@@ -54,6 +54,8 @@ MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # eac
 RECORD_EVENT_OF = {mode: "pv_record_event_ns" for mode, spec in MODES.items() if spec.pv} \
     | {"fv-opt": "fv_opt_record_event_ns"}
 MODE_RECORD_EVENTS = tuple(dict.fromkeys(RECORD_EVENT_OF.values()))  # each once
+RECORD_EVENT_MODE = {"record_event_ns": "fv", "fv_opt_record_event_ns": "fv-opt",
+                     "pv_record_event_ns": "pv"}  # the mode each field is measured on
 
 
 @dataclass(frozen=True)
@@ -207,10 +209,14 @@ class CostProfile:
         """This profile with the recorder's cost per event measured per mode (`by_mode`,
         record_cost.in_situ): fv's (else any mode's without a field of its own) as
         record_event_ns, fv-opt's and pv's in theirs; a mode not in `by_mode` leaves its
-        field as it is."""
-        fields_of = {mode: RECORD_EVENT_OF.get(mode, "record_event_ns") for mode in by_mode}
-        return replace(self, **{field: float(by_mode[mode])
-                                for mode, field in fields_of.items()})
+        field as it is.  Where two modes share a field (fv and fv+lazy; pv and pv-naive)
+        the one named like the field's own mode (RECORD_EVENT_MODE) is kept."""
+        values: dict[str, float] = {}
+        for mode, ns in by_mode.items():
+            field = RECORD_EVENT_OF.get(mode, "record_event_ns")
+            if field not in values or mode == RECORD_EVENT_MODE[field]:
+                values[field] = float(ns)
+        return replace(self, **values)
 
     def lock_work_factor(self, vms: int, mode: str = "fv") -> float:
         """How much longer the work under the interpreter lock takes with `vms` VMs of
