@@ -141,30 +141,27 @@ def in_situ(modes: Sequence[str], budget_s: float = IN_SITU_S, backend: str = "a
     from gpuvm.calibrate.validation import trace_ns
     from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
+    from gpuvm.sim.traces import TraceKey, record_run
 
     out: dict[str, float] = {}
     for mode in modes:
-        def run(record: bool):
+        def plain_run() -> int:
             (result,) = run_alike(benchmark, params, 1, RunOptions(
-                mode=mode, backend=backend, isolated=isolated, record_events=record),
+                mode=mode, backend=backend, isolated=isolated),
                 f"the recorder's cost in place ({mode}, {benchmark})")
-            return result
+            return result.wall_ns
+        key = TraceKey(benchmark, params, mode, isolated)
         started = time.monotonic()
-        run(False)
+        plain_run()
         samples = run_samples(2 * (time.monotonic() - started), budget_s)
         plain_ns: list[int] = []
         traces = []
         for _ in range(samples):
-            for record in (False, True):
-                result = run(record)
-                if record:
-                    traces.append(result.session.recorder.trace())
-                else:
-                    plain_ns.append(result.wall_ns)
-        fastest = min(traces, key=lambda t: trace_ns({"events": t}))
-        events = int(fastest.events.sum())
-        out[mode] = max(0.0, (trace_ns({"events": fastest}) - min(plain_ns))
-                        / max(1, events))
+            plain_ns.append(plain_run())
+            traces.append(record_run(key, backend))
+        fastest = min(traces, key=trace_ns)
+        events = int(fastest["events"].events.sum())
+        out[mode] = max(0.0, (trace_ns(fastest) - min(plain_ns)) / max(1, events))
         progress(f"recording {mode} in place: {out[mode] / 1e3:.2f} us an event "
                  f"({events:,} events, fastest of {samples})")
     return out
