@@ -42,20 +42,22 @@ def _beyond_first(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> flo
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0) - ys[0]
 
 
-# the modes whose work under the lock grows by a scale of their own where one was timed
-# (gpuvm.calibrate.lock_use): every PV mode by pv's, fv-opt by its own; every other
-# mode's by lock_work_scale
-LOCK_WORK_SCALE_OF = {mode: "pv_lock_work_scale" for mode, spec in MODES.items() if spec.pv} \
-    | {"fv-opt": "fv_opt_lock_work_scale"}
+# The modes that take a measured quantity from a field of their own where one was
+# measured on their runs: every PV mode pv's (pv_...), fv-opt its own (fv_opt_...);
+# every other mode takes the plain field, measured on fv
+OWN_FIELD_PREFIX = {mode: "pv_" for mode, spec in MODES.items() if spec.pv} \
+    | {"fv-opt": "fv_opt_"}
+OWN_FIELD_MODES = ("fv-opt", "pv")  # the modes those fields are measured on
+# the work under the lock's growth with the VMs, timed (gpuvm.calibrate.lock_use)
+LOCK_WORK_SCALE_OF = {mode: f"{prefix}lock_work_scale"
+                      for mode, prefix in OWN_FIELD_PREFIX.items()}
 MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # each once
-# the modes whose traces' recorder cost was measured on runs of their own mode
-# (gpuvm.calibrate.record_cost.in_situ): every PV mode by pv's, fv-opt by its own; every
-# other mode's by record_event_ns
-RECORD_EVENT_OF = {mode: "pv_record_event_ns" for mode, spec in MODES.items() if spec.pv} \
-    | {"fv-opt": "fv_opt_record_event_ns"}
+# the recorder's cost per event, measured in place (gpuvm.calibrate.record_cost.in_situ)
+RECORD_EVENT_OF = {mode: f"{prefix}record_event_ns"
+                   for mode, prefix in OWN_FIELD_PREFIX.items()}
 MODE_RECORD_EVENTS = tuple(dict.fromkeys(RECORD_EVENT_OF.values()))  # each once
-RECORD_EVENT_MODE = {"record_event_ns": "fv", "fv_opt_record_event_ns": "fv-opt",
-                     "pv_record_event_ns": "pv"}  # the mode each field is measured on
+RECORD_EVENT_MODE = {"record_event_ns": "fv"} \
+    | {RECORD_EVENT_OF[mode]: mode for mode in OWN_FIELD_MODES}  # measured on
 
 
 @dataclass(frozen=True)
