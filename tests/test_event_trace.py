@@ -380,3 +380,18 @@ def test_the_recorders_cost_is_measured_in_place(monkeypatch):
     assert record_cost.in_situ_from_about(about) == {"fv": 2_000.0, "pv": 8_000.0}
     with pytest.raises(ValueError, match=record_cost.IN_SITU_KEY):
         record_cost.in_situ_from_about({record_cost.IN_SITU_KEY: {"fv": -1}})
+
+
+def test_the_in_place_recorder_cost_is_taken_only_when_asked(monkeypatch):
+    """A bundle's in-place recorder costs reach the analysis only with in_place (the
+    `--recorder-cost in-place` choice); by default the timed-apart cost alone."""
+    from gpuvm.calibrate import record_cost
+
+    seen = []
+    monkeypatch.setattr(validation, "analyse",
+                        lambda *a, **kw: seen.append(kw["record_event_in_situ"]))
+    aside = validation.AsideMeasures.from_about(
+        {record_cost.ABOUT_KEY: 700.0, record_cost.IN_SITU_KEY: {"fv": 2_000.0}})
+    aside.analyse([], [], None)
+    aside.analyse([], [], None, in_place=True)
+    assert seen == [None, {"fv": 2_000.0}]

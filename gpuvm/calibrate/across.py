@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -73,9 +74,10 @@ class BundleAnalysis:
     halves: list[HalfPoint]  # the emulator against itself (gpuvm.calibrate.halves)
 
 
-def bundle_analysis(directory: Path) -> BundleAnalysis:
+def bundle_analysis(directory: Path, in_place: bool = False) -> BundleAnalysis:
     """The kept points of one bundle and its halves, analysed as `--from DIR` analyses
-    it (without the repetitions' spread, which this comparison does not show);
+    it (without the repetitions' spread, which this comparison does not show; with the
+    recorder's in-place cost where `in_place`, as `--recorder-cost in-place`);
     ValueError naming the bundle where it cannot be read."""
     from gpuvm.calibrate import validation
 
@@ -84,7 +86,8 @@ def bundle_analysis(directory: Path) -> BundleAnalysis:
         aside = validation.AsideMeasures.from_about(about)
     except ValueError as exc:
         raise ValueError(f"{directory}: {exc}") from None
-    analysis = aside.analyse(measured, fit_traces, about.get("cpus"), with_spread=False)
+    analysis = aside.analyse(measured, fit_traces, about.get("cpus"), in_place=in_place,
+                             with_spread=False)
     return BundleAnalysis(analysis.points, analysis.halves)
 
 
@@ -107,7 +110,8 @@ def scores(directories: Sequence[Path],
     return out
 
 
-def reanalysed(directories: Sequence[Path]) -> list[BundleAnalysis]:
+def reanalysed(directories: Sequence[Path], in_place: bool = False
+               ) -> list[BundleAnalysis]:
     """Each bundle's points and halves, in the bundles' order.  Every bundle is read
     once here first, so an unreadable one is reported (ValueError naming it) before
     any analysis starts."""
@@ -115,4 +119,5 @@ def reanalysed(directories: Sequence[Path]) -> list[BundleAnalysis]:
 
     for directory in directories:
         validation.load(directory)
-    return validation.in_parallel(bundle_analysis, list(directories))
+    return validation.in_parallel(partial(bundle_analysis, in_place=in_place),
+                                  list(directories))

@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run --trace-reps more repetitions of the bundle in DIR, on the "
                         "machine that measured it, and write them with DIR's as a new "
                         "bundle (DIR is left as it is)")
+    e.add_argument("--recorder-cost", dest="emulator_recorder_cost",
+                   choices=("apart", "in-place"), default="apart",
+                   help="what recording a trace cost per event, taken off the traces: "
+                        "timed apart (default), or per mode in place on idle VMs where the "
+                        "bundle has it -- measured and shown either way; on the lent "
+                        "machines of 2026-11-27 the in-place values moved the points "
+                        "further from the emulator, never closer (README)")
     u = parser.add_argument_group("--lock-use")
     u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
                    help="runs of each mode and VM count (default 2)")
@@ -311,7 +318,8 @@ def main_emulator(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"{source or bundle}: {exc}") from None
     wake, uses, recorder = aside.wake, aside.lock_use, aside.record_event_ns
-    analysis = aside.analyse(measured, fit_traces, about.get("cpus"))
+    in_place = args.emulator_recorder_cost == "in-place"
+    analysis = aside.analyse(measured, fit_traces, about.get("cpus"), in_place=in_place)
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
     if profile_out is None and bundle is not None:
@@ -352,7 +360,9 @@ def main_emulator(args: argparse.Namespace) -> int:
           + (f"{recorder / 1e3:.2f} us" if recorder else "not measured (the traces are "
              "replayed as recorded)")
           + ("; in place, on plain and recorded runs of "
-             f"{record_cost.IN_SITU_BENCHMARK} VMs (each mode's traces take their own): "
+             f"{record_cost.IN_SITU_BENCHMARK} VMs ("
+             + ("each mode's traces take their own" if in_place else
+                "shown, not taken off: --recorder-cost in-place takes them") + "): "
              + ", ".join(f"{mode} {ns / 1e3:.2f} us"
                          for mode, ns in aside.record_event_in_situ.items())
              if aside.record_event_in_situ else ""))
@@ -406,7 +416,8 @@ def main_across(args: argparse.Namespace) -> int:
                         f"{len(args.emulator_from)}")
     directories = list(args.emulator_from)
     try:
-        analysed = across.reanalysed(directories)
+        analysed = across.reanalysed(
+            directories, in_place=args.emulator_recorder_cost == "in-place")
     except ValueError as exc:
         raise UserError(str(exc)) from None
     per_bundle = [a.points for a in analysed]
