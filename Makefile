@@ -38,8 +38,10 @@ run: guest
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 
+# Two workers (CI has two cores); whole files to each (--dist loadfile), so a module's
+# fixture -- a run of isolated VMs, a recorded bundle -- is built once, not per worker.
 test: guest
-	$(VPY) -m pytest -q -p no:cacheprovider tests
+	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 bench: guest
 	$(VPY) -m gpuvm bench device
