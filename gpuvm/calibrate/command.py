@@ -271,6 +271,12 @@ def _reps_per_mode(measured) -> str:
         for mode, per_count in more.items())
 
 
+def recorder_cost_in_place(args: argparse.Namespace) -> bool:
+    """Whether `--recorder-cost in-place` asked for each mode's in-place recorder cost
+    (one bundle or several `--from`: both read it here)."""
+    return args.emulator_recorder_cost == "in-place"
+
+
 def main_emulator(args: argparse.Namespace) -> int:
     """Fit this emulator's per-event costs from per-event traces, then validate the model
     on 1/2/4/8-VM runs each predicted from a trace recorded just before it
@@ -318,7 +324,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"{source or bundle}: {exc}") from None
     wake, uses, recorder = aside.wake, aside.lock_use, aside.record_event_ns
-    in_place = args.emulator_recorder_cost == "in-place"
+    in_place = recorder_cost_in_place(args)
     analysis = aside.analyse(measured, fit_traces, about.get("cpus"), in_place=in_place)
     profile, kept, points = analysis.profile, analysis.kept, analysis.points
     profile_out = args.profile_out
@@ -416,8 +422,7 @@ def main_across(args: argparse.Namespace) -> int:
                         f"{len(args.emulator_from)}")
     directories = list(args.emulator_from)
     try:
-        analysed = across.reanalysed(
-            directories, in_place=args.emulator_recorder_cost == "in-place")
+        analysed = across.reanalysed(directories, in_place=recorder_cost_in_place(args))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     per_bundle = [a.points for a in analysed]
