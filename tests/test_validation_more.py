@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpuvm import cli
-from gpuvm.calibrate import validation
+from gpuvm.calibrate import command, lock_use, validation
+from gpuvm.vmm.kvm import kvm_usable
 
 DATA = Path(__file__).parent / "data"
 
@@ -70,6 +71,8 @@ def test_more_repetitions_go_into_a_new_bundle_beside_the_first(one_rep, tmp_pat
         new = [m for m in measured if m.rep == 1]
         assert all(m.trace is not fits[0][1] for m in new)
         assert (written / "points.json").exists()
+        if kvm_usable()[0]:  # VMs as threads: the sitting timed its own lock round
+            assert {u["rep"] for u in about["lock_use"]} == {1}
         assert (one_rep / validation.BUNDLE_RUNS).read_bytes() == runs_before
         assert not (one_rep / "points.json").exists()
     finally:
@@ -110,3 +113,28 @@ def test_repetitions_are_numbered_from_the_first_asked(tmp_path):
                                   run_samples_s=0, trace_cache=tmp_path,
                                   before_rep=before.append, first_rep=3)
     assert before == [3] and [m.rep for m in measured] == [3]
+
+
+@pytest.mark.parametrize("first_rep", [0, 3])
+def test_each_sitting_times_the_lock_before_its_own_first_repetitions(monkeypatch,
+                                                                     first_rep):
+    """A `--more-of` sitting's repetitions go on from its bundle's last; its lock rounds
+    are timed before the first GROWTH_REPS of them all the same (more rounds pooled
+    price the growth better), and their rows carry the repetition they came before."""
+    monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
+    timed: list[tuple[str, int]] = []
+
+    def measure(benchmark, params, modes, counts, reps, progress=None):
+        timed.append((benchmark, reps))
+        return [lock_use.LockUse(m, n, 0, 1, 1, 1, 0, 0, 0, benchmark)
+                for m in modes for n in counts]
+
+    monkeypatch.setattr(lock_use, "measure", measure)
+    lock_round, uses = command._lock_rounds(False, ["fv", "pv"], [1, 2, 4],
+                                            lambda line: None, first_rep)
+    for rep in range(first_rep, first_rep + lock_use.GROWTH_REPS + 2):
+        lock_round(rep)
+    rounds = list(range(first_rep, first_rep + lock_use.GROWTH_REPS))
+    assert sorted({u.rep for u in uses}) == rounds
+    assert timed == [(lock_use.GROWTH_BENCHMARK, 1),
+                     (lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_ROUNDS)] * len(rounds)

@@ -558,11 +558,19 @@ def _progress(line: str) -> None:
 
 
 def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
-                 progress: Callable[[str], None]) -> tuple[Callable[[int], None], list]:
+                 progress: Callable[[str], None], first_rep: int = 0
+                 ) -> tuple[Callable[[int], None], list]:
     """What runs before each repetition (`validation.measure`'s `before_rep`), and the
     list it fills: one round of the lock's timed runs (gpuvm.calibrate.lock_use) before
-    each of the first GROWTH_REPS repetitions, where VMs are threads under KVM -- pv's
-    runs too where `modes` has pv, and fv-opt's beside fv's where it has fv-opt."""
+    each of the first GROWTH_REPS repetitions of this sitting (numbered from
+    `first_rep`: a `--more-of` sitting times its own rounds, pooled with its bundle's),
+    where VMs are threads under KVM -- pv's runs too where `modes` has pv, and fv-opt's
+    beside fv's where it has fv-opt.
+
+    Why each sitting: the growth is a ratio of a few runs' times, and more of them
+    price it better -- over eight bundles of 2026-11-27, both rounds pooled put 83 of
+    96 points within 10% (mean |error| 5.5%), either round alone 78 and 79 (6.3%,
+    6.0%; scratch `.scratch/ab_rounds.py`)."""
     from dataclasses import replace
 
     from gpuvm.calibrate import lock_use, validation
@@ -583,7 +591,7 @@ def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
         rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one run and
         0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short (runs
         20261126-142007, -142902)."""
-        if not time_the_lock or rep >= lock_use.GROWTH_REPS:
+        if not time_the_lock or rep - first_rep >= lock_use.GROWTH_REPS:
             return
         progress(f"timing how the work under the lock grows with the VMs "
                  f"({'/'.join(timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
@@ -636,12 +644,12 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     counts = sorted({m.vms for m in before})
     isolated = bool(about.get("isolated"))
     load_before = round(os.getloadavg()[0], 2)
-    lock_round, uses = _lock_rounds(isolated, modes, counts, _progress)
+    first_rep = max(m.rep for m in before) + 1
+    lock_round, uses = _lock_rounds(isolated, modes, counts, _progress, first_rep)
     with CoreProbe() as probe:
         more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=isolated,
-                                  before_rep=lock_round,
-                                  first_rep=max(m.rep for m in before) + 1)
+                                  before_rep=lock_round, first_rep=first_rep)
     cores = probe.samples.joined(cores_before) if probe.samples is not None \
         else cores_before
     added = {"command": f"gpuvm calibrate --emulator --more-of {source}"
