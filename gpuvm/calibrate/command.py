@@ -504,7 +504,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     in_situ = record_cost.in_situ(modes, isolated=args.emulator_isolated,
                                   progress=_progress)
     counts = sorted({len(s.vms) for s in scaling.scenarios})
-    lock_round, uses = _lock_rounds(args.emulator_isolated, modes, counts, _progress)
+    rounds = _LockRounds(args.emulator_isolated, modes, counts, _progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -518,7 +518,8 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     # 2. the scaling runs, each VM count right after a trace of one VM
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=args.emulator_isolated,
-                                  before_rep=lock_round)
+                                  before_rep=rounds.before_rep)
+    rounds.after(max(m.rep for m in measured))
     command = "gpuvm calibrate --emulator" + _trace_reps_flag(reps) \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
         + (" --isolated" if args.emulator_isolated else "")
@@ -526,7 +527,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
-             "lock_use": lock_use.to_about(uses), "host": validation.this_host(),
+             "lock_use": lock_use.to_about(rounds.uses), "host": validation.this_host(),
              record_cost.ABOUT_KEY: round(recorder, 1),
              record_cost.IN_SITU_KEY: {mode: round(ns, 1) for mode, ns in in_situ.items()},
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -557,54 +558,77 @@ def _progress(line: str) -> None:
     print(f"… {line}", file=sys.stderr, flush=True)
 
 
-def _lock_rounds(isolated: bool, modes: list[str], counts: list[int],
-                 progress: Callable[[str], None], first_rep: int = 0
-                 ) -> tuple[Callable[[int], None], list]:
-    """What runs before each repetition (`validation.measure`'s `before_rep`), and the
-    list it fills: one round of the lock's timed runs (gpuvm.calibrate.lock_use) before
-    each of the first GROWTH_REPS repetitions of this sitting (numbered from
-    `first_rep`: a `--more-of` sitting times its own rounds, pooled with its bundle's),
-    where VMs are threads under KVM -- pv's runs too where `modes` has pv, and fv-opt's
-    beside fv's where it has fv-opt.
+class _LockRounds:
+    """The lock's timed rounds (gpuvm.calibrate.lock_use) of one sitting, where VMs are
+    threads under KVM: one before each of its first GROWTH_REPS repetitions
+    (`before_rep`, `validation.measure`'s hook; numbered from `first_rep`: a
+    `--more-of` sitting times its own rounds, pooled with its bundle's), and after the
+    last (`after`) as many as a sitting of fewer repetitions left untimed -- pv's runs
+    too where `modes` has pv, and fv-opt's beside fv's where it has fv-opt.  `uses`
+    holds their runs, each labelled with the repetition it was timed beside.
 
-    Why each sitting: the growth is a ratio of a few runs' times, and more of them
-    price it better -- over eight bundles of 2026-11-27, both rounds pooled put 83 of
-    96 points within 10% (mean |error| 5.5%), either round alone 78 and 79 (6.3%,
-    6.0%; scratch `.scratch/ab_rounds.py`)."""
-    from dataclasses import replace
+    Why GROWTH_REPS rounds every sitting: the growth is a ratio of a few runs' times,
+    and more of them price it better -- over eight bundles of 2026-11-27, both rounds
+    pooled put 83 of 96 points within 10% (mean |error| 5.5%), either round alone 78
+    and 79 (6.3%, 6.0%; scratch `.scratch/ab_rounds.py`); and a one-repetition sitting
+    on a lent machine (2026-11-28) timed one round, whose fv-opt 2-VM run of 37.5 us
+    per exit against 28.0 priced fv-opt's growth to two VMs at 1.53x, and that sitting
+    came within 10% at 6 of 12 points."""
 
-    from gpuvm.calibrate import lock_use, validation
-    from gpuvm.vmm.kvm import kvm_usable
+    def __init__(self, isolated: bool, modes: list[str], counts: list[int],
+                 progress: Callable[[str], None], first_rep: int = 0) -> None:
+        from gpuvm.calibrate import lock_use, validation
+        from gpuvm.vmm.kvm import kvm_usable
 
-    uses: list[lock_use.LockUse] = []
-    # one VM alone first (the runs `growths_beside_one` divides by), then the base count
-    grown = [lock_use.ALONE_VMS] * lock_use.BASE_RUNS + \
-        [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
-        [n for n in counts if n >= validation.FIT_VMS]
-    time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
-    with_pv = lock_use.PV_GROWTH_MODE in modes
-    timed = [lock_use.GROWTH_MODE, *[m for m in lock_use.BESIDE_MODES if m in modes]]
+        self.uses: list[lock_use.LockUse] = []
+        self._first_rep = first_rep
+        self._rounds = 0
+        self._progress = progress
+        # one VM alone first (the runs `growths_beside_one` divides by), then the base
+        self._grown = [lock_use.ALONE_VMS] * lock_use.BASE_RUNS + \
+            [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
+            [n for n in counts if n >= validation.FIT_VMS]
+        self._time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
+        self._with_pv = lock_use.PV_GROWTH_MODE in modes
+        self._timed = [lock_use.GROWTH_MODE,
+                       *[m for m in lock_use.BESIDE_MODES if m in modes]]
 
-    def lock_round(rep: int) -> None:
+    def before_rep(self, rep: int) -> None:
         """Beside the runs they predict, not minutes before them -- the lent machine's
         speed drifts (one VM of fv took 2.4 s, then 2.0 s ten minutes later), and two
         rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one run and
         0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short (runs
         20261126-142007, -142902)."""
-        if not time_the_lock or rep - first_rep >= lock_use.GROWTH_REPS:
+        from gpuvm.calibrate import lock_use
+        if rep - self._first_rep < lock_use.GROWTH_REPS:
+            self._round(rep)
+
+    def after(self, last_rep: int) -> None:
+        """The rounds a sitting of fewer than GROWTH_REPS repetitions has not timed."""
+        from gpuvm.calibrate import lock_use
+        while self._time_the_lock and self._rounds < lock_use.GROWTH_REPS:
+            self._round(last_rep)
+
+    def _round(self, rep: int) -> None:
+        from dataclasses import replace
+
+        from gpuvm.calibrate import lock_use
+        if not self._time_the_lock:
             return
-        progress(f"timing how the work under the lock grows with the VMs "
-                 f"({'/'.join(timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
-                 + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
-                    f"{lock_use.PV_GROWTH_ROUNDS} times" if with_pv else "")
-                 + f": {', '.join(map(str, grown))})")
-        uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (), timed, grown, 1))
-        if with_pv:
-            uses.extend(replace(u, rep=rep) for u in lock_use.measure(
+        self._rounds += 1
+        grown = self._grown
+        self._progress(
+            f"timing how the work under the lock grows with the VMs "
+            f"({'/'.join(self._timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
+            + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
+               f"{lock_use.PV_GROWTH_ROUNDS} times" if self._with_pv else "")
+            + f": {', '.join(map(str, grown))})")
+        self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
+            lock_use.GROWTH_BENCHMARK, (), self._timed, grown, 1))
+        if self._with_pv:
+            self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
                 lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
                 [lock_use.PV_GROWTH_MODE], grown, lock_use.PV_GROWTH_ROUNDS))
-    return lock_round, uses
 
 
 def _measure_more(args: argparse.Namespace, reps: int, source: Path
@@ -645,11 +669,12 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     isolated = bool(about.get("isolated"))
     load_before = round(os.getloadavg()[0], 2)
     first_rep = max(m.rep for m in before) + 1
-    lock_round, uses = _lock_rounds(isolated, modes, counts, _progress, first_rep)
+    rounds = _LockRounds(isolated, modes, counts, _progress, first_rep)
     with CoreProbe() as probe:
         more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=isolated,
-                                  before_rep=lock_round, first_rep=first_rep)
+                                  before_rep=rounds.before_rep, first_rep=first_rep)
+        rounds.after(max(m.rep for m in more))
     cores = probe.samples.joined(cores_before) if probe.samples is not None \
         else cores_before
     added = {"command": f"gpuvm calibrate --emulator --more-of {source}"
@@ -657,7 +682,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
              "load": load_before, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     about = dict(about) | {
         "command": f"{about.get('command', '?')}; {added['command']}",
-        "lock_use": list(about.get("lock_use", ())) + lock_use.to_about(uses),
+        "lock_use": list(about.get("lock_use", ())) + lock_use.to_about(rounds.uses),
         "more": list(about.get("more", ())) + [added]}
     return before + more, fit_traces, about, cores
 
