@@ -63,7 +63,7 @@ PV_GROWTH_MODE = "pv"
 BESIDE_MODES = ("fv-opt",)
 ALONE_VMS = 1  # the count `growths_beside_one` divides by: the traces' own
 PV_GROWTH_ROUNDS = 5  # runs of each count a round, against fv's one (3 s a run here)
-GROWTH_REPS = 2  # rounds over the counts; each count's runs pooled
+GROWTH_REPS = 2  # rounds over the counts a sitting (command._LockRounds); each count's runs pooled
 # runs of the base count (2 VMs) a round: every other count's time per exit is divided by
 # its, and it is the noisiest -- on one lent machine 2-VM fv runs of one lease took 34.5
 # and 44.0 us per exit, and one round's growth at 8 VMs was 1.14x in one round and 1.39x
