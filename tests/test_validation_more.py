@@ -130,7 +130,7 @@ def test_each_sitting_times_the_lock_before_its_own_first_repetitions(monkeypatc
     last = first_rep + lock_use.GROWTH_REPS + 1
     for rep in range(first_rep, last + 1):
         rounds.before_rep(rep)
-    rounds.after(last)
+    rounds.after()
     reps = list(range(first_rep, first_rep + lock_use.GROWTH_REPS))
     assert sorted({u.rep for u in rounds.uses}) == reps
     assert timed == [(lock_use.GROWTH_BENCHMARK, 1),
@@ -144,12 +144,12 @@ def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch
     timed = _fake_rounds(monkeypatch)
     rounds = command._LockRounds(False, ["fv"], [1, 2], lambda line: None, 5)
     rounds.before_rep(5)
-    rounds.after(5)
+    rounds.after()
     assert len(timed) == lock_use.GROWTH_REPS
     assert {u.rep for u in rounds.uses} == {5}
     isolated = command._LockRounds(True, ["fv"], [1, 2], lambda line: None)
     isolated.before_rep(0)
-    isolated.after(0)  # VMs in processes of their own share no lock: nothing timed
+    isolated.after()  # VMs in processes of their own share no lock: nothing timed
     assert len(timed) == lock_use.GROWTH_REPS and not isolated.uses
 
 

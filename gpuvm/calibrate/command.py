@@ -519,7 +519,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     measured = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=args.emulator_isolated,
                                   before_rep=rounds.before_rep)
-    rounds.after(max(m.rep for m in measured))
+    rounds.after()
     command = "gpuvm calibrate --emulator" + _trace_reps_flag(reps) \
         + (f" --modes {args.emulator_modes}" if args.emulator_modes else "") \
         + (" --isolated" if args.emulator_isolated else "")
@@ -582,6 +582,7 @@ class _LockRounds:
 
         self.uses: list[lock_use.LockUse] = []
         self._first_rep = first_rep
+        self._last_rep = first_rep  # the last repetition `before_rep` was called for
         self._rounds = 0
         self._progress = progress
         # one VM alone first (the runs `growths_beside_one` divides by), then the base
@@ -600,14 +601,16 @@ class _LockRounds:
         0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short (runs
         20261126-142007, -142902)."""
         from gpuvm.calibrate import lock_use
+        self._last_rep = rep
         if rep - self._first_rep < lock_use.GROWTH_REPS:
             self._round(rep)
 
-    def after(self, last_rep: int) -> None:
-        """The rounds a sitting of fewer than GROWTH_REPS repetitions has not timed."""
+    def after(self) -> None:
+        """The rounds a sitting of fewer than GROWTH_REPS repetitions has not timed,
+        labelled with its last."""
         from gpuvm.calibrate import lock_use
         while self._time_the_lock and self._rounds < lock_use.GROWTH_REPS:
-            self._round(last_rep)
+            self._round(self._last_rep)
 
     def _round(self, rep: int) -> None:
         from dataclasses import replace
@@ -616,19 +619,18 @@ class _LockRounds:
         if not self._time_the_lock:
             return
         self._rounds += 1
-        grown = self._grown
         self._progress(
             f"timing how the work under the lock grows with the VMs "
             f"({'/'.join(self._timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
             + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
                f"{lock_use.PV_GROWTH_ROUNDS} times" if self._with_pv else "")
-            + f": {', '.join(map(str, grown))})")
+            + f": {', '.join(map(str, self._grown))})")
         self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (), self._timed, grown, 1))
+            lock_use.GROWTH_BENCHMARK, (), self._timed, self._grown, 1))
         if self._with_pv:
             self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
                 lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
-                [lock_use.PV_GROWTH_MODE], grown, lock_use.PV_GROWTH_ROUNDS))
+                [lock_use.PV_GROWTH_MODE], self._grown, lock_use.PV_GROWTH_ROUNDS))
 
 
 def _measure_more(args: argparse.Namespace, reps: int, source: Path
@@ -674,7 +676,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
         more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=isolated,
                                   before_rep=rounds.before_rep, first_rep=first_rep)
-        rounds.after(max(m.rep for m in more))
+        rounds.after()
     cores = probe.samples.joined(cores_before) if probe.samples is not None \
         else cores_before
     added = {"command": f"gpuvm calibrate --emulator --more-of {source}"
