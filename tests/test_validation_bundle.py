@@ -141,13 +141,16 @@ def test_eight_isolated_vms_wait_for_the_server_and_nothing_else(isolated_analys
 def test_a_bundle_saved_again_loads_the_same(tmp_path):
     measured, fits, about = validation.load(BUNDLE)
     assert {m.samples for m in measured} == {1}  # measured before 1-VM samples were kept
-    # a 1-VM run that was the fastest of several says so, and keeps saying so
-    measured = [replace(m, samples=4) if m.vms == 1 else m for m in measured]
+    assert {m.runs_ns for m in measured} == {()}  # ... and before every run was kept
+    # a 1-VM run that was the fastest of several says so, and keeps its runs' makespans
+    measured = [replace(m, samples=4, runs_ns=(m.makespan_ns + 3, m.makespan_ns,
+                                               m.makespan_ns + 1, m.makespan_ns + 2))
+                if m.vms == 1 else m for m in measured]
     validation.save(tmp_path / "again", measured, fits, about)
     again, fits_again, about_again = validation.load(tmp_path / "again")
     assert about_again == about and len(fits_again) == len(fits)
-    assert [(m.mode, m.vms, m.rep, m.makespan_ns, m.samples) for m in again] == \
-        [(m.mode, m.vms, m.rep, m.makespan_ns, m.samples) for m in measured]
+    assert [(m.mode, m.vms, m.rep, m.makespan_ns, m.samples, m.runs_ns) for m in again] == \
+        [(m.mode, m.vms, m.rep, m.makespan_ns, m.samples, m.runs_ns) for m in measured]
     assert all(a.trace["events"] == b.trace["events"] for a, b in zip(again, measured))
 
 

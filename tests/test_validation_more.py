@@ -166,3 +166,16 @@ def _fake_rounds(monkeypatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(lock_use, "measure", measure)
     return timed
+
+
+def test_every_run_of_a_repetition_is_kept_beside_its_fastest(tmp_path):
+    """A point kept as the fastest of several runs keeps them all, so that points can be
+    compared at equal counts: a fastest of fewer runs is slower."""
+    measured = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
+                                  run_samples_s=60, trace_cache=tmp_path)
+    assert any(m.samples > 1 for m in measured)  # short runs: several each
+    for m in measured:
+        if m.samples == 1:
+            assert m.runs_ns == ()
+        else:
+            assert len(m.runs_ns) == m.samples and min(m.runs_ns) == m.makespan_ns

@@ -89,6 +89,12 @@ class Measured:
     # then (0: not kept)
     at_s: float = 0.0
     took_s: float = 0.0
+    # every run's makespan of the repetition, in the order run (ns; () where one ran, and
+    # in bundles from before): `makespan_ns` is their fastest.  Kept because a point's
+    # fastest of fewer runs is slower -- over thirteen bundles the points kept from one
+    # run a repetition (fv at 4 and 8 VMs) came out 3-6% short on average, those from six
+    # within 2% -- and comparing at equal counts needs the runs themselves
+    runs_ns: tuple[int, ...] = ()
 
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
@@ -173,7 +179,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 span, served, sleeps, cpu = min(runs)
                 took = time.monotonic() - t0
                 out.append(Measured(mode, n, rep, span, trace, served, sleeps, cpu, taken,
-                                    at, took))
+                                    at, took, tuple(r[0] for r in runs) if taken > 1 else ()))
                 progress(f"rep {rep} {mode} x{n}: {span / 1e6:,.1f} ms "
                          + (f"(fastest of {taken}, " if taken > 1 else "(")
                          + f"{took:.1f} s)")
@@ -689,6 +695,7 @@ def save(directory: Path, measured: Sequence[Measured],
             | ({"vcpu_cpu_ns": m.vcpu_cpu_ns} if m.vcpu_cpu_ns else {})
             | ({"samples": m.samples} if m.samples > 1 else {})
             | ({"at_s": m.at_s, "took_s": m.took_s} if m.at_s else {})
+            | ({"runs_ns": list(m.runs_ns)} if m.runs_ns else {})
             for m in measured]
     fits = [{"mode": mode, "trace": stored(t)} for mode, t in fit_traces]
     (directory / BUNDLE_RUNS).write_text(json.dumps(
@@ -764,7 +771,8 @@ def load(directory: Path) -> tuple[list[Measured], list[tuple[str, Mapping]], di
                              int(r["makespan_ns"]), trace(str(r["trace"])),
                              int(r.get("served_ns", 0)), int(r.get("vcpu_sleeps", 0)),
                              int(r.get("vcpu_cpu_ns", 0)), int(r.get("samples", 1)),
-                             float(r.get("at_s", 0.0)), float(r.get("took_s", 0.0)))
+                             float(r.get("at_s", 0.0)), float(r.get("took_s", 0.0)),
+                             tuple(int(ns) for ns in r.get("runs_ns", ())))
                     for r in runs]
         fit = [(str(f["mode"]), trace(str(f["trace"]))) for f in fits]
     except (KeyError, TypeError) as exc:
