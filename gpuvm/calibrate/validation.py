@@ -91,9 +91,9 @@ class Measured:
     took_s: float = 0.0
     # every run's makespan of the repetition, in the order run (ns; () where one ran, and
     # in bundles from before): `makespan_ns` is their fastest.  Kept because a point's
-    # fastest of fewer runs is slower -- over thirteen bundles the points kept from one
-    # run a repetition (fv at 4 and 8 VMs) came out 3-6% short on average, those from six
-    # within 2% -- and comparing at equal counts needs the runs themselves
+    # fastest of fewer runs is slower -- over thirteen bundles the model fell 3-6% short
+    # on average of the points kept from one run a repetition (fv at 4 and 8 VMs), within
+    # 2% of those kept from six -- and comparing at equal counts needs the runs themselves
     runs_ns: tuple[int, ...] = ()
 
 
