@@ -90,10 +90,10 @@ class Measured:
     at_s: float = 0.0
     took_s: float = 0.0
     # every run's makespan of the repetition, in the order run (ns; () where one ran, and
-    # in bundles from before): `makespan_ns` is their fastest.  Kept because a point's
-    # fastest of fewer runs is slower -- over thirteen bundles the model fell 3-6% short
-    # on average of the points kept from one run a repetition (fv at 4 and 8 VMs), within
-    # 2% of those kept from six -- and comparing at equal counts needs the runs themselves
+    # in bundles from before): `makespan_ns` is their fastest.  Kept to say how far one
+    # point's runs differ inside a sitting (on one lent machine, 2026-11-28: two 3 s runs
+    # of 8 fv-opt VMs by 1-3%, six 24-50 ms runs of 1 and 2 pv VMs by 19-83%) and to
+    # compare points at equal run counts (which there added noise and removed no bias)
     runs_ns: tuple[int, ...] = ()
 
 
