@@ -169,8 +169,8 @@ def _fake_rounds(monkeypatch) -> list[tuple[str, int]]:
 
 
 def test_every_run_of_a_repetition_is_kept_beside_its_fastest(tmp_path):
-    """A point kept as the fastest of several runs keeps them all, so that points can be
-    compared at equal counts: a fastest of fewer runs is slower."""
+    """A point kept as the fastest of several runs keeps them all: how far a point's runs
+    differ inside a sitting, and points compared at equal run counts, need them."""
     measured = validation.measure("mmul", (16,), ["pv"], (1, 2), reps=1, short_mode_s=0,
                                   run_samples_s=60, trace_cache=tmp_path)
     assert any(m.samples > 1 for m in measured)  # short runs: several each
