@@ -60,6 +60,16 @@ def test_short_single_vm_runs_are_taken_several_times_per_repetition():
     assert stats.run_samples(0.25, 0) == stats.run_samples(0.0, 0) == 1  # no budget
 
 
+def test_the_fitted_vm_count_gets_more_runs_than_the_others():
+    """The 2-VM point anchors the cores and hand-off fit, so at fv's ~4 s a run it takes
+    the most runs where 4 VMs at the same time a run take two; no budget: one each."""
+    budget = stats.RUN_SAMPLES_S
+    assert validation.runs_taken(validation.FIT_VMS, 4.3, budget) == stats.MAX_RUN_SAMPLES
+    assert validation.runs_taken(4, 4.3, budget) == stats.run_samples(4.3, budget) == 2
+    assert validation.runs_taken(8, 20.0, budget) == 1
+    assert validation.runs_taken(validation.FIT_VMS, 4.3, 0) == 1
+
+
 def test_a_short_run_is_the_fastest_of_its_samples(tmp_path):
     """Each repetition keeps one point per VM count, the fastest of as many runs as fit
     the budget where a run is that short (1 VM: as many as the trace's recordings), and

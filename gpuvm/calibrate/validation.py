@@ -59,8 +59,8 @@ from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_
 from gpuvm.calibrate.halves import HalfPoint
 from gpuvm.calibrate.lock_use import (BESIDE_MODES, GROWTH_MODE, PV_GROWTH_MODE, LockUse,
                                       growth, growths_beside_one)
-from gpuvm.calibrate.stats import (MAX_REPS_FACTOR, RUN_SAMPLES_S, SHORT_MODE_S,
-                                  run_samples, repeats)
+from gpuvm.calibrate.stats import (FIT_SAMPLES_FACTOR, MAX_REPS_FACTOR, RUN_SAMPLES_S,
+                                  SHORT_MODE_S, run_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.experiment.costs import LOCK_WORK_SCALE_OF, CostProfile
 
@@ -173,8 +173,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                 runs = [makespan(mode, n)]
                 # as many as the trace, where one run is that short; more VMs: as many
                 # as fit the budget by the first's time
-                taken = samples if n == 1 else run_samples(time.monotonic() - t0,
-                                                           run_samples_s)
+                taken = samples if n == 1 else runs_taken(n, time.monotonic() - t0,
+                                                          run_samples_s)
                 runs += [makespan(mode, n) for _ in range(taken - 1)]
                 span, served, sleeps, cpu = min(runs)
                 took = time.monotonic() - t0
@@ -185,6 +185,16 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                          + f"{took:.1f} s)")
             spent[mode] += time.monotonic() - started
     return out
+
+
+def runs_taken(vms: int, one_run_s: float, budget_s: float) -> int:
+    """How many runs of `vms` VMs a repetition takes when the first took `one_run_s`:
+    as many as fit `budget_s` (stats.run_samples), and FIT_SAMPLES_FACTOR times the
+    budget for the VM count the cores and the hand-off are fitted on -- a slow patch over
+    all of its runs moves every 4- and 8-VM prediction, one over another point's only
+    that point."""
+    factor = FIT_SAMPLES_FACTOR if vms == FIT_VMS else 1
+    return run_samples(one_run_s, budget_s * factor)
 
 
 def measured_from_rows(rows: Sequence, trace_of: Callable[[str, str], Mapping]
