@@ -354,3 +354,20 @@ def test_the_reports_replays_come_out_the_same_in_worker_processes():
     assert validation.needed_handoffs(kept, profile, min_cores=1) == \
         validation.needed_handoffs(kept, profile, min_cores=10**6)
     assert validation.in_parallel(abs, [-1, 2, -3], min_cores=1) == [1, 2, 3]
+
+
+def test_each_point_shows_how_far_apart_its_runs_back_to_back_were(analysis):
+    """The runs' spread is each repetition's slowest run over its fastest (median over
+    the repetitions), absent where every repetition ran once -- and the summary says it
+    even where one repetition gives no spread between repetitions."""
+    measured = [replace(m, runs_ns=(m.makespan_ns, m.makespan_ns * 11 // 10))
+                if m.vms == 2 and m.rep == 0 else m for m in validation.load(BUNDLE)[0]]
+    spread = validation.spreads(measured, analysis.profile, min_cores=10**6)
+    by_point = {(s.mode, s.vms): s for s in spread}
+    twos = [s for (mode, vms), s in by_point.items() if vms == 2]
+    assert twos and all(s.runs_spread_pct == pytest.approx(10, abs=1e-6) for s in twos)
+    assert all(s.runs_spread_pct is None for (mode, vms), s in by_point.items() if vms != 2)
+    only_first = [m for m in measured if m.rep == 0]
+    summary = validation.spread_summary(validation.spreads(only_first, analysis.profile,
+                                                           min_cores=10**6))
+    assert summary.startswith("runs of one point back to back: the slowest 10%"), summary

@@ -778,7 +778,8 @@ def print_wake(wake, about: dict) -> None:
 
 def print_validation(console, points, spread, title: str, speeds=None) -> None:
     """The kept points beside their spread: a point's error means little where its
-    repetitions' own errors range wider than it.  With `speeds` (validation.core_speeds),
+    repetitions' own errors range wider than it, or its runs back to back ("runs'
+    spread %": Spread.runs_spread_pct) differ by more.  With `speeds` (validation.core_speeds),
     the share of the host's sampled cores that ran slow during each kept run."""
     from rich.table import Table
 
@@ -789,7 +790,8 @@ def print_validation(console, points, spread, title: str, speeds=None) -> None:
     speeds = speeds or {}
     t = Table(title=title)
     for col in ("mode", "VMs", "emulator ms", "model ms", "error %", "each rep's error %",
-                "their median %", "reps' spread %") + (("server per VM",) if server else ()) \
+                "their median %", "reps' spread %", "runs' spread %") \
+            + (("server per VM",) if server else ()) \
             + (("cores slow %",) if speeds else ()):
         t.add_column(col, justify="right")
     for p in points:
@@ -801,6 +803,7 @@ def print_validation(console, points, spread, title: str, speeds=None) -> None:
                   " ".join(f"{e:+.0f}" for e in s.rep_errors_pct) if s else "-",
                   f"{s.median_error_pct:+.1f}" if s else "-",
                   f"{s.measured_spread_pct:.0f}" if s else "-",
+                  f"{s.runs_spread_pct:.0f}" if s and s.runs_spread_pct is not None else "-",
                   *((f"{ratio:.2f}x" if ratio is not None else "-",) if server else ()),
                   *((f"{100 * speed.slow_share:.0f}" if speed else "-",) if speeds else ()))
     console.print(t)

@@ -489,6 +489,13 @@ class Spread:
     # the hand-offs it paid (None: not measured)
     cpu_per_vm_ns: float | None = None
     model_cpu_per_vm_ns: float | None = None
+    # inside one repetition, the point's slowest run over its fastest, back to back
+    # (Measured.runs_ns; median over the repetitions that ran more than one; None: each
+    # ran one) -- the noise no model fitted apart can follow: on one lent machine
+    # (2026-11-28, 44 blocks of runs over nine minutes, scratch .scratch/pair_state.py)
+    # single runs of 2 fv-opt VMs varied by 5.8% (CV) with no correlation from one run
+    # to the next, and 8 VMs' over 2 VMs' makespan by 6.1%
+    runs_spread_pct: float | None = None
 
     @property
     def median_error_pct(self) -> float:
@@ -527,6 +534,8 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
         ratios = [served / vms / alone for served, alone in traced if served and alone]
         sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
         cpu = [m.vcpu_cpu_ns / vms for m in reps if m.vcpu_cpu_ns]
+        within = [100 * (max(m.runs_ns) / min(m.runs_ns) - 1)
+                  for m in reps if len(m.runs_ns) > 1]
         out.append(Spread(mode, vms,
                           tuple(ValidationPoint(mode, vms, m.makespan_ns / 1e6,
                                                 r.makespan_ns / 1e6).error_pct
@@ -538,22 +547,28 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
                           if sleeps else None,
                           statistics.median(cpu) if cpu else None,
                           statistics.median(r.core_ns / vms for r in models)
-                          if cpu else None))
+                          if cpu else None,
+                          statistics.median(within) if within else None))
     return out
 
 
 def spread_summary(spread: Sequence[Spread]) -> str:
-    """One line: how far apart repetitions of one point were (the emulator's own noise)."""
+    """One line: how far apart repetitions of one point were, and runs inside one
+    repetition (the emulator's own noise)."""
     moved = sorted(s.measured_spread_pct for s in spread if len(s.rep_errors_pct) > 1)
+    runs = sorted(s.runs_spread_pct for s in spread if s.runs_spread_pct is not None)
+    within_rep = (f"runs of one point back to back: the slowest {statistics.median(runs):.0f}% "
+                  f"over the fastest (median over {len(runs)} points), {runs[-1]:.0f}% at most"
+                  if runs else "")
     if not moved:
-        return "one repetition per point: no spread to show"
+        return within_rep or "one repetition per point: no spread to show"
     errors = [abs(s.median_error_pct) for s in spread]
     within = sum(e <= GOAL_ERROR_PCT for e in errors)
     return (f"repetitions of one point: the slowest {statistics.median(moved):.0f}% over "
             f"the fastest (median), {moved[-1]:.0f}% at most; each repetition predicted "
             f"from its own trace, the median error is {statistics.mean(errors):.1f}% "
             f"(mean |error| over the points), {within}/{len(errors)} points within "
-            f"{GOAL_ERROR_PCT:g}%")
+            f"{GOAL_ERROR_PCT:g}%" + (f"; {within_rep}" if within_rep else ""))
 
 
 # ------------------------------------------------------------------ the analysis
