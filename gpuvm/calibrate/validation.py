@@ -491,10 +491,11 @@ class Spread:
     model_cpu_per_vm_ns: float | None = None
     # inside one repetition, the point's slowest run over its fastest, back to back
     # (Measured.runs_ns; median over the repetitions that ran more than one; None: each
-    # ran one) -- the noise no model fitted apart can follow: on one lent machine
-    # (2026-11-28, 44 blocks of runs over nine minutes, scratch .scratch/pair_state.py)
-    # single runs of 2 fv-opt VMs varied by 5.8% (CV) with no correlation from one run
-    # to the next, and 8 VMs' over 2 VMs' makespan by 6.1%
+    # ran one) -- the noise no model fitted apart can follow: on two lent machines
+    # (2026-11-28, 44 and 53 blocks of runs over eight minutes each, scratch
+    # .scratch/pair_state.py) single runs of 2 fv-opt VMs varied by 5.8 and 9.4% (CV)
+    # with no correlation from one run to the next, and 8 VMs' over 2 VMs' makespan by
+    # 6.1 and 9.2%
     runs_spread_pct: float | None = None
 
     @property
