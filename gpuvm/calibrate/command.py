@@ -779,8 +779,9 @@ def print_wake(wake, about: dict) -> None:
 def print_validation(console, points, spread, title: str, speeds=None) -> None:
     """The kept points beside their spread: a point's error means little where its
     repetitions' own errors range wider than it, or its runs back to back ("runs'
-    spread %": Spread.runs_spread_pct) differ by more.  With `speeds` (validation.core_speeds),
-    the share of the host's sampled cores that ran slow during each kept run."""
+    spread %": Spread.runs_spread_pct) differ by more.  With `speeds`
+    (validation.core_speeds), the share of the host's sampled cores that ran slow during
+    each kept run."""
     from rich.table import Table
 
     from gpuvm.calibrate import emulator, validation

@@ -535,8 +535,8 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
         ratios = [served / vms / alone for served, alone in traced if served and alone]
         sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
         cpu = [m.vcpu_cpu_ns / vms for m in reps if m.vcpu_cpu_ns]
-        within = [100 * (max(m.runs_ns) / min(m.runs_ns) - 1)
-                  for m in reps if len(m.runs_ns) > 1]
+        run_spreads = [100 * (max(m.runs_ns) / min(m.runs_ns) - 1)
+                       for m in reps if len(m.runs_ns) > 1]
         out.append(Spread(mode, vms,
                           tuple(ValidationPoint(mode, vms, m.makespan_ns / 1e6,
                                                 r.makespan_ns / 1e6).error_pct
@@ -549,7 +549,7 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
                           statistics.median(cpu) if cpu else None,
                           statistics.median(r.core_ns / vms for r in models)
                           if cpu else None,
-                          statistics.median(within) if within else None))
+                          statistics.median(run_spreads) if run_spreads else None))
     return out
 
 
