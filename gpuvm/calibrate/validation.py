@@ -535,13 +535,13 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
         ratios = [served / vms / alone for served, alone in traced if served and alone]
         sleeps = [m.vcpu_sleeps / vms for m in reps if m.vcpu_sleeps]
         cpu = [m.vcpu_cpu_ns / vms for m in reps if m.vcpu_cpu_ns]
-        run_spreads = [100 * (max(m.runs_ns) / min(m.runs_ns) - 1)
-                       for m in reps if len(m.runs_ns) > 1]
+        run_spreads = [_slowest_over_fastest_pct(m.runs_ns) for m in reps
+                       if len(m.runs_ns) > 1]
         out.append(Spread(mode, vms,
                           tuple(ValidationPoint(mode, vms, m.makespan_ns / 1e6,
                                                 r.makespan_ns / 1e6).error_pct
                                 for m, r in zip(reps, models)),
-                          100 * (max(spans) / min(spans) - 1),
+                          _slowest_over_fastest_pct(spans),
                           statistics.median(ratios) if ratios else None,
                           statistics.median(sleeps) if sleeps else None,
                           statistics.median(r.lock_sleeps / vms for r in models)
@@ -551,6 +551,11 @@ def spreads(measured: Sequence[Measured], profile: CostProfile,
                           if cpu else None,
                           statistics.median(run_spreads) if run_spreads else None))
     return out
+
+
+def _slowest_over_fastest_pct(spans: Sequence[int]) -> float:
+    """How much slower the slowest of these makespans was than the fastest, %."""
+    return 100 * (max(spans) / min(spans) - 1)
 
 
 def spread_summary(spread: Sequence[Spread]) -> str:
