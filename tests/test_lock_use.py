@@ -354,7 +354,7 @@ def test_each_modes_growth_from_one_vm_closes_fvs_lean_on_real_runs():
     17% short at 8 VMs; each mode's own growth from one VM brought both 2-VM points
     within 3% and fv's 4- and 8-VM points within 7%, with half the hand-off (10.7 ->
     5.3 us) -- fv's 8-VM point came closer so in each of the nine bundles with the
-    rounds (README)."""
+    rounds (docs/model-validation.md)."""
     measured, fits, about = validation.load(ONE_VM_BUNDLE)
     uses = lock_use.from_about(about)
     wake = WakeCurve.from_about(about)

@@ -65,7 +65,7 @@ def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
 
 
 def test_the_lock_costs_more_per_exit_with_more_vms_and_in_pv(analysis):
-    """What the one fitted hand-off misses (README): the hand-off each point alone would
+    """What the one fitted hand-off misses (docs/model-validation.md): the hand-off each point alone would
     need grows from 2 to 8 VMs in both modes, and pv needs about three times fv-opt's
     -- its handlers take the lock several times per exit (numpy and ioctls release it
     inside), which the model does not count."""
@@ -196,7 +196,7 @@ def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
 
 
 def test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt(isolated_analysis):
-    """What the model does not know (README): per VM, the one server thread's time grew
+    """What the model does not know (docs/model-validation.md): per VM, the one server thread's time grew
     with the VM count -- in this bundle's run fv-opt's, whose 4- and 8-VM runs are
     predicted short by that much (the next run of the same command, pv's instead).
     fv's grew too before interrupts were routed to their own VM; in this bundle, from

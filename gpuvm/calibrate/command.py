@@ -121,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "timed apart (default), or per mode in place on idle VMs where the "
                         "bundle has it -- measured and shown either way; on the lent "
                         "machines of 2026-11-27 the in-place values moved the points "
-                        "further from the emulator, never closer (README)")
+                        "further from the emulator, never closer "
+                        "(docs/model-validation.md)")
     u = parser.add_argument_group("--lock-use")
     u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
                    help="runs of each mode and VM count (default 2)")

@@ -128,7 +128,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     short (pv at 4 and 8 VMs: 0.1-0.3 s): it is the fastest of as many runs as fit the
     budget by its first run's time -- with one run each, pv's 4- and 8-VM errors
     scattered by 9-12 points (standard deviation) over ten runs, its 1- and 2-VM ones by
-    2-3 (`gpuvm calibrate --emulator --from` ten bundles of 2026-11-26; README).
+    2-3 (`gpuvm calibrate --emulator --from` ten bundles of 2026-11-26;
+    docs/model-validation.md).
 
     The traces are cached in `trace_cache` (default: gpuvm.sim.traces.CACHE);
     `before_rep(rep)` runs before each repetition (what else the model needs measured
@@ -428,7 +429,7 @@ def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
     that point alone would come out right.  One cost is fitted for every mode and
     count (`fit_handoff`); where these differ -- by mode, or growing with the VM
     count -- the lock's cost depends on more than the exits the model charges it for
-    (README, "The model against the emulator").  Replays each point about six times
+    (docs/model-validation.md).  Replays each point about six times
     (`_handoff_where_zero`): half a minute for fv's eight VMs, so the points go to
     worker processes where the host has the cores (`in_parallel`)."""
     from gpuvm.sim.replay import served

@@ -63,7 +63,7 @@ CHUNK_NS = 1_000_000  # replay grain of a per-event trace
 # still be waking.  Over 24 lent-machine bundles (2026-11-26/27), 2 put 238 of 288
 # points within 10% (mean |error| 6.5%); 1, 3 and every waiter 228, 232 and 228, the
 # runs' pv at 4 and 8 VMs -8.5/-5.0%, +0.7/+4.3% and +0.4/+8.4% on average against
-# 2's -1.9/+1.3% (scratch .scratch/ab_bundles.py, the README).
+# 2's -1.9/+1.3% (scratch .scratch/ab_bundles.py; docs/model-validation.md).
 RACING_WAITERS = 2
 
 
