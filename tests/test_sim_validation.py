@@ -60,12 +60,16 @@ def test_short_single_vm_runs_are_taken_several_times_per_repetition():
     assert stats.run_samples(0.25, 0) == stats.run_samples(0.0, 0) == 1  # no budget
 
 
-def test_the_fitted_vm_count_gets_more_runs_than_the_others():
+def test_the_fitted_vm_count_and_those_predicted_from_it_get_more_runs():
     """The 2-VM point anchors the cores and hand-off fit, so at fv's ~4 s a run it takes
-    the most runs where 4 VMs at the same time a run take two; no budget: one each."""
+    the most runs where one run of that length alone would take two; the 4- and 8-VM
+    points predicted from it take as many for their length (fv at 4 VMs, ~9 s a run:
+    three, not one); no budget: one each."""
     budget = stats.RUN_SAMPLES_S
+    assert stats.run_samples(4.3, budget) == 2
     assert validation.runs_taken(validation.FIT_VMS, 4.3, budget) == stats.MAX_RUN_SAMPLES
-    assert validation.runs_taken(4, 4.3, budget) == stats.run_samples(4.3, budget) == 2
+    assert validation.runs_taken(4, 4.3, budget) == stats.MAX_RUN_SAMPLES
+    assert validation.runs_taken(4, 9.0, budget) == 4 > stats.run_samples(9.0, budget) == 1
     assert validation.runs_taken(8, 20.0, budget) == 1
     assert validation.runs_taken(validation.FIT_VMS, 4.3, 0) == 1
 

@@ -32,7 +32,15 @@ MAX_RUN_SAMPLES = 6
 # (2026-11-28, 08:04-08:26) the fastest of six came 3-9% under the fastest of the first
 # two, the hand-off fitted 0.7-1.7 us lower, and 25 of 36 points came within 10%
 # against 24 with the first two alone (mean |error| 7.8% against 8.0%): a small gain,
-# and no sitting had every point within 10% either way
+# and no sitting had every point within 10% either way.  The 4- and 8-VM points, predicted
+# from those, get the same budget, so that both sides of the comparison are the fastest
+# of about as many runs: with 12 s fv at 4 VMs (8-9 s a run) kept its one run, and on
+# the three lent sittings where it first had the budget (2026-11-28, 12:15-12:42, two
+# machines) its fastest of 3, 4 and 3 came 3, 9 and 4% under its first, moving its error
+# from -13.2 / -10.0 / -8.1% to -10.6 / -1.0 / -4.4% (on this 2-core host the first of 2
+# was the fastest); fv-opt at 8 VMs
+# (~4 s a run) went from 2-3 runs to 5-6, its fastest among the first ones each time
+# (+30-35 s a sitting)
 FIT_SAMPLES_FACTOR = 3
 
 

@@ -191,10 +191,11 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
 def runs_taken(vms: int, one_run_s: float, budget_s: float) -> int:
     """How many runs of `vms` VMs a repetition takes when the first took `one_run_s`:
     as many as fit `budget_s` (stats.run_samples), and FIT_SAMPLES_FACTOR times the
-    budget for the VM count the cores and the hand-off are fitted on -- a slow patch over
-    all of its runs moves every 4- and 8-VM prediction, one over another point's only
-    that point."""
-    factor = FIT_SAMPLES_FACTOR if vms == FIT_VMS else 1
+    budget from the VM count the cores and the hand-off are fitted on up -- a slow patch
+    over all of its runs moves every 4- and 8-VM prediction, and those points, predicted
+    from its fastest, are then the fastest of about as many runs (1 VM: as many as its
+    trace, which records one VM, `measure`)."""
+    factor = FIT_SAMPLES_FACTOR if vms >= FIT_VMS else 1
     return run_samples(one_run_s, budget_s * factor)
 
 
