@@ -38,9 +38,8 @@ MAX_RUN_SAMPLES = 6
 # the three lent sittings where it first had the budget (2026-11-28, 12:15-12:42, two
 # machines) its fastest of 3, 4 and 3 came 3, 9 and 4% under its first, moving its error
 # from -13.2 / -10.0 / -8.1% to -10.6 / -1.0 / -4.4% (on this 2-core host the first of 2
-# was the fastest); fv-opt at 8 VMs
-# (~4 s a run) went from 2-3 runs to 5-6, its fastest among the first ones each time
-# (+30-35 s a sitting)
+# was the fastest); fv-opt at 8 VMs (~4 s a run) went from 2-3 runs to 5-6, its fastest
+# among the first ones each time (+30-35 s a sitting)
 FIT_SAMPLES_FACTOR = 3
 
 
