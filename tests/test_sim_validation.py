@@ -64,7 +64,7 @@ def test_the_fitted_vm_count_and_those_predicted_from_it_get_more_runs():
     """The 2-VM point anchors the cores and hand-off fit, so at fv's ~4 s a run it takes
     the most runs where one run of that length alone would take two; the 4- and 8-VM
     points predicted from it take as many for their length (fv at 4 VMs, ~9 s a run:
-    three, not one); no budget: one each."""
+    four, not one); no budget: one each."""
     budget = stats.RUN_SAMPLES_S
     assert stats.run_samples(4.3, budget) == 2
     assert validation.runs_taken(validation.FIT_VMS, 4.3, budget) == stats.MAX_RUN_SAMPLES

@@ -19,8 +19,8 @@ the goal, no prediction of that point can be held to the goal either; where the 
 half is close and the model is not, the miss is the model's.
 
 Run over the thirteen bundles of 2026-11-26 (`gpuvm calibrate --emulator --from ...`),
-the other half had every point within 10% in none of the 26 halves (docs/model-validation.md,
-"The emulator against itself").
+the other half had every point within 10% in none of the 26 halves
+(docs/model-validation.md, "The emulator against itself").
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ trace's own time over the fastest plain run, per event -- the quantity the model
 1-VM point leaned by, on a benchmark the validation does not run.  Where a bundle has
 it and `--recorder-cost in-place` asks, the model takes each mode's own
 (CostProfile.record_event_ns_of).  It is not the default: on five bundles of four lent
-machines (docs/model-validation.md, 2026-11-27) it never brought the points closer than the timed-apart
-cost and once moved them well away -- timed on idle VMs it scattered (fv-opt 1.05-3.45
+machines (docs/model-validation.md, 2026-11-27) it never brought the points closer than
+the timed-apart cost and once moved them well away -- timed on idle VMs it scattered (fv-opt 1.05-3.45
 us, pv's 132 events 0-52 us) and did not follow what mmul's own runs implied.
 """
 
