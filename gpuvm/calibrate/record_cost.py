@@ -31,8 +31,9 @@ trace's own time over the fastest plain run, per event -- the quantity the model
 it and `--recorder-cost in-place` asks, the model takes each mode's own
 (CostProfile.record_event_ns_of).  It is not the default: on five bundles of four lent
 machines (docs/model-validation.md, 2026-11-27) it never brought the points closer than
-the timed-apart cost and once moved them well away -- timed on idle VMs it scattered (fv-opt 1.05-3.45
-us, pv's 132 events 0-52 us) and did not follow what mmul's own runs implied.
+the timed-apart cost and once moved them well away -- timed on idle VMs it scattered
+(fv-opt 1.05-3.45 us, pv's 132 events 0-52 us) and did not follow what mmul's own runs
+implied.
 """
 
 from __future__ import annotations
