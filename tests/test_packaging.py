@@ -44,7 +44,10 @@ def test_pip_install_into_a_fresh_venv_gives_a_working_gpuvm_run(tmp_path) -> No
     assert p.returncode == 0, p.stderr[-2000:]
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+    # without PYTHONPATH: one naming a checkout (as a developer's shell may) would import
+    # gpuvm from there, and the test would check the checkout, not what pip installed
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+           "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
            "GPUVM_STATE_DIR": str(home / "state")}
     where = subprocess.run([str(py), "-c", "import gpuvm, shadow, scheduler; "
                             "print(gpuvm.__file__, shadow.__file__, scheduler.__file__)"],
