@@ -65,10 +65,10 @@ def test_the_lock_handoff_fitted_on_two_vms_improves_the_larger_runs(analysis):
 
 
 def test_the_lock_costs_more_per_exit_with_more_vms_and_in_pv(analysis):
-    """What the one fitted hand-off misses (docs/model-validation.md): the hand-off each point alone would
-    need grows from 2 to 8 VMs in both modes, and pv needs about three times fv-opt's
-    -- its handlers take the lock several times per exit (numpy and ioctls release it
-    inside), which the model does not count."""
+    """What the one fitted hand-off misses (docs/model-validation.md): the hand-off each
+    point alone would need grows from 2 to 8 VMs in both modes, and pv needs about three
+    times fv-opt's -- its handlers take the lock several times per exit (numpy and
+    ioctls release it inside), which the model does not count."""
     needed = validation.needed_handoffs(analysis.kept, analysis.profile)
     assert set(needed) == {(m, n) for m in ("fv-opt", "pv") for n in (2, 4, 8)}
     for mode in ("fv-opt", "pv"):
@@ -196,11 +196,11 @@ def test_each_point_shows_how_its_repetitions_moved(isolated_analysis):
 
 
 def test_the_server_took_longer_per_vm_with_more_vms_in_fv_opt(isolated_analysis):
-    """What the model does not know (docs/model-validation.md): per VM, the one server thread's time grew
-    with the VM count -- in this bundle's run fv-opt's, whose 4- and 8-VM runs are
-    predicted short by that much (the next run of the same command, pv's instead).
-    fv's grew too before interrupts were routed to their own VM; in this bundle, from
-    after, it stays near the trace's."""
+    """What the model does not know (docs/model-validation.md): per VM, the one server
+    thread's time grew with the VM count -- in this bundle's run fv-opt's, whose 4- and
+    8-VM runs are predicted short by that much (the next run of the same command, pv's
+    instead).  fv's grew too before interrupts were routed to their own VM; in this
+    bundle, from after, it stays near the trace's."""
     growth = {(s.mode, s.vms): s.server_per_vm for s in isolated_analysis.spread}
     assert all(r is not None for r in growth.values()), growth
     assert growth["fv-opt", 4] > 1.3 and growth["fv-opt", 8] > 1.3, growth
