@@ -400,6 +400,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
         print_needed_handoffs(validation.needed_handoffs(kept, profile),
                               profile.lock_handoff_ns, validation.FIT_VMS)
+        print_handoff_pull(validation.handoff_pull(kept, profile), profile.lock_handoff_ns)
         print_vcpu_usage(analysis.spread)
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
@@ -861,6 +862,23 @@ def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
         print(f"  {mode}: " + ", ".join(f"{vms} VMs {ns / 1e3:.1f}"
                                         for (m, vms), ns in sorted(needed.items())
                                         if m == mode))
+
+
+def print_handoff_pull(pulls, fitted: float) -> None:
+    """One line: the error of each point the hand-off is fitted on, priced at the
+    fitted cost less and plus validation.HANDOFF_PULL_NS and at it -- whether those
+    points fix the cost the 4- and 8-VM points are predicted with."""
+    from gpuvm.calibrate import validation
+    if not pulls:
+        return
+    step = validation.HANDOFF_PULL_NS / 1e3
+    low = max(0.0, fitted / 1e3 - step)
+    print(f"the points the hand-off is fitted on, their error (%) priced at {low:.1f} / "
+          f"{fitted / 1e3:.1f} / {fitted / 1e3 + step:.1f} us (one that barely moves does "
+          f"not fix the cost):")
+    for p in pulls:
+        print(f"  {p.mode}: {validation.FIT_VMS} VMs {p.below_pct:+.1f} / {p.at_pct:+.1f} / "
+              f"{p.above_pct:+.1f}")
 
 
 def print_vcpu_usage(spread) -> None:

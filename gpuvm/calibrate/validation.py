@@ -281,8 +281,7 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
             seen[key] = sum(predicted_from_traces(m.mode, m.vms, m.trace, p)
                             / m.makespan_ns - 1 for m in of) / len(of)
         return seen[key]
-    few = [m for m in fit if releases_per_exit(m.trace) < FEW_RELEASES]
-    many = [m for m in fit if m not in few]
+    few, many = _by_releases(fit)
     if not few or not many:
         profile = replace(profile, lock_release_takes=1.0)
         return replace(profile, lock_handoff_ns=_handoff_where_zero(
@@ -306,6 +305,23 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
 FEW_RELEASES = 0.5  # releases per exit below which a mode's runs fit the hand-off cost
 FIT_TURNS = 4  # fits of the cost and the share by turns, at most
 SHARE_RESOLUTION = 1 / 128  # how close to its crossing a fitted share is
+
+
+def _by_releases(fit: Sequence[Measured]) -> tuple[list[Measured], list[Measured]]:
+    """`fit`'s points whose handlers seldom let the lock go (fewer than FEW_RELEASES
+    per exit), and the others."""
+    few = [m for m in fit if releases_per_exit(m.trace) < FEW_RELEASES]
+    return few, [m for m in fit if m not in few]
+
+
+def handoff_fit_points(points: Sequence[Measured]) -> list[Measured]:
+    """The FIT_VMS-VM points of VMs as threads that `fit_handoff` fits the hand-off
+    cost on: those whose handlers seldom let the lock go, or all where every mode is of
+    one kind."""
+    from gpuvm.sim.replay import served
+    fit = [m for m in points if m.vms == FIT_VMS and not served(m.trace["events"])]
+    few, many = _by_releases(fit)
+    return few if few and many else fit
 
 
 def _share_where_zero(error: Callable[[float], float]) -> float:
@@ -437,6 +453,45 @@ def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
     threaded = [m for m in points if m.vms >= 2 and not served(m.trace["events"])]
     needed = in_parallel(partial(_needed_handoff, profile=profile), threaded, min_cores)
     return {(m.mode, m.vms): ns for m, ns in zip(threaded, needed)}
+
+
+HANDOFF_PULL_NS = 5_000  # how far either side of the fitted hand-off `handoff_pull` prices
+
+
+@dataclass(frozen=True)
+class HandoffPull:
+    """One point the hand-off is fitted on, its relative error (%) priced at the fitted
+    cost less and plus HANDOFF_PULL_NS, and at it.  A point whose error barely moves
+    across that does not fix the cost: on a 2-core host where fv's VMs spend three
+    quarters of their time inside KVM_RUN, fv's and fv-opt's 2-VM errors moved by at
+    most 1.5 points from 0 to 10 us, fv-opt's then by 46 by 20 us, and the fitted cost
+    came out at 15 us in one sitting and 0 in the next (docs/model-validation.md,
+    "Another 2-core host")."""
+
+    mode: str
+    below_pct: float
+    at_pct: float
+    above_pct: float
+
+
+def _error_pct(point_and_profile: tuple[Measured, CostProfile]) -> float:
+    m, profile = point_and_profile
+    return 100 * (predicted_from_traces(m.mode, m.vms, m.trace, profile) / m.makespan_ns - 1)
+
+
+def handoff_pull(points: Sequence[Measured], profile: CostProfile,
+                 step_ns: float = HANDOFF_PULL_NS, min_cores: int = PARALLEL_MIN_CORES
+                 ) -> list[HandoffPull]:
+    """How far the points the hand-off is fitted on (`handoff_fit_points`) move with
+    it: each priced `step_ns` either side of the fitted cost (no lower than 1 ns, the
+    least `fit_handoff` tries).  Three replays a point, in worker processes where the
+    host has the cores (`in_parallel`)."""
+    fit = handoff_fit_points(points)
+    at = profile.lock_handoff_ns
+    costs = (max(1.0, at - step_ns), at, at + step_ns)
+    errors = in_parallel(_error_pct, [(m, replace(profile, lock_handoff_ns=c))
+                                      for m in fit for c in costs], min_cores)
+    return [HandoffPull(m.mode, *errors[3 * i:3 * i + 3]) for i, m in enumerate(fit)]
 
 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
