@@ -865,8 +865,8 @@ def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
 
 
 def print_handoff_pull(pulls, fitted: float) -> None:
-    """One line: the error of each point the hand-off is fitted on, priced at the
-    fitted cost less and plus validation.HANDOFF_PULL_NS and at it -- whether those
+    """A line per point the hand-off is fitted on, under a header: its error priced at
+    the fitted cost less and plus validation.HANDOFF_PULL_NS and at it -- whether those
     points fix the cost the 4- and 8-VM points are predicted with."""
     from gpuvm.calibrate import validation
     if not pulls:
