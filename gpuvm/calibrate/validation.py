@@ -278,8 +278,7 @@ def fit_handoff(points: Sequence[Measured], profile: CostProfile,
     def mean_error(p: CostProfile, of: Sequence[Measured]) -> float:
         key = (p.lock_handoff_ns, p.lock_release_takes, tuple(id(m) for m in of))
         if key not in seen:
-            seen[key] = sum(predicted_from_traces(m.mode, m.vms, m.trace, p)
-                            / m.makespan_ns - 1 for m in of) / len(of)
+            seen[key] = sum(relative_error(m, p) for m in of) / len(of)
         return seen[key]
     few, many = _by_releases(fit)
     if not few or not many:
@@ -433,11 +432,15 @@ def _replayed(m: Measured, profile: CostProfile):
     return replayed_from_traces(m.mode, m.vms, m.trace, profile)
 
 
+def relative_error(m: Measured, profile: CostProfile) -> float:
+    """The model's makespan for point `m` under `profile` over the measured one, less 1
+    (what every fit here drives to 0 or least)."""
+    return predicted_from_traces(m.mode, m.vms, m.trace, profile) / m.makespan_ns - 1
+
+
 def _needed_handoff(m: Measured, profile: CostProfile) -> float:
-    def error(handoff: float) -> float:
-        p = replace(profile, lock_handoff_ns=handoff)
-        return predicted_from_traces(m.mode, m.vms, m.trace, p) / m.makespan_ns - 1
-    return _handoff_where_zero(error)
+    return _handoff_where_zero(
+        lambda handoff: relative_error(m, replace(profile, lock_handoff_ns=handoff)))
 
 
 def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
@@ -475,8 +478,7 @@ class HandoffPull:
 
 
 def _error_pct(point_and_profile: tuple[Measured, CostProfile]) -> float:
-    m, profile = point_and_profile
-    return 100 * (predicted_from_traces(m.mode, m.vms, m.trace, profile) / m.makespan_ns - 1)
+    return 100 * relative_error(*point_and_profile)
 
 
 def handoff_pull(points: Sequence[Measured], profile: CostProfile,
@@ -512,8 +514,7 @@ def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None
             errors[cores] = errors[FIT_VMS]
             continue
         p = replace(profile, host_cores=float(cores))
-        errors[cores] = sum(abs(predicted_from_traces(m.mode, m.vms, m.trace, p)
-                                / m.makespan_ns - 1) for m in fit) / len(fit)
+        errors[cores] = sum(abs(relative_error(m, p)) for m in fit) / len(fit)
     least = min(errors.values())
     cores = max(c for c, e in errors.items() if e <= least + TIE)
     return replace(profile, host_cores=float(cores))
