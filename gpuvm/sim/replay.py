@@ -412,7 +412,7 @@ class _System:
         thread behind it slept for the lock.  With 4 fv VMs on 2 cores the model had
         nearly every exit sleep (+49,570 a VM beyond one VM's) where the run's threads
         slept at one exit in four (+11,531 of 49,409) (docs/model-validation.md,
-        "The lock holder does not queue for a core")."""
+        "The lock's holder does not queue for a core")."""
         if self.cores.free:
             yield from self.on_core(ns)
             return
