@@ -428,12 +428,13 @@ class _System:
         """Spend the step on a core holding the interpreter lock (or on a core alone
         when there is none).  The lock is taken first: a thread waiting for it sleeps,
         and leaves the cores to the guests in KVM_RUN; holding it, the thread does not
-        queue for a core but preempts a guest (holder_on_core).  Where another VM holds or wants
-        the lock, each of the step's exits pays a hand-off (CostProfile.lock_handoff_ns)
-        while holding it: it slept, and waking it takes that long -- longer the longer it
-        slept, where the profile measured how waking depends on that
-        (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll window wakes late, and
-        a thread whose core idled that long works cold for a while).  The work itself
+        queue for a core but preempts a guest (holder_on_core).  Where another VM holds
+        or wants the lock, each of the step's exits pays a hand-off
+        (CostProfile.lock_handoff_ns) while holding it: it slept, and waking it takes
+        that long -- longer the longer it slept, where the profile measured how waking
+        depends on that (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll
+        window wakes late, and a thread whose core idled that long works cold for a
+        while).  The work itself
         takes lock_work_factor times what the trace says (CostProfile.lock_work_factor:
         Python under the lock runs slower with more threads taking turns at it).
 
@@ -506,7 +507,9 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
             yield env.timeout(step.ns)
             continue
         if step.resource == FREE:
-            yield from system.guest_on_core(step.ns, trace.name)
+            # only a lock's holder preempts a guest: without one, no guest is tracked
+            yield from (system.on_core(step.ns) if system.gil is None
+                        else system.guest_on_core(step.ns, trace.name))
         elif step.resource == MEDIATOR:
             wait = system.mediator.take()
             if wait is not None:
