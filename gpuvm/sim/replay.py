@@ -434,9 +434,9 @@ class _System:
         that long -- longer the longer it slept, where the profile measured how waking
         depends on that (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll
         window wakes late, and a thread whose core idled that long works cold for a
-        while).  The work itself
-        takes lock_work_factor times what the trace says (CostProfile.lock_work_factor:
-        Python under the lock runs slower with more threads taking turns at it).
+        while).  The work itself takes lock_work_factor times what the trace says
+        (CostProfile.lock_work_factor: Python under the lock runs slower with more
+        threads taking turns at it).
 
         Each of the step's releases inside its handlers (Step.releases) lets the lock
         go for a moment (a numpy loop, an ioctl).  A waiting thread takes it then with
