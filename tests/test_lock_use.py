@@ -38,6 +38,20 @@ def test_per_exit_figures_come_from_the_summed_times():
     assert LockUse("pv", 1, 0, 1_000, 10, 5_000, 0, 0, 0).free_per_exit_us == 0
 
 
+def test_switches_per_exit_pool_a_counts_runs_and_say_nothing_for_bundles_from_before():
+    def use(vms: int, exits: int, sleeps: int, lost: int, mode: str = "fv") -> LockUse:
+        return LockUse(mode, vms, 0, 1, exits, 0, 0, 0, sleeps, preemptions=lost)
+    uses = [use(8, 1_000, 1_200, 300), use(8, 3_000, 4_000, 500), use(1, 2_000, 10, 4),
+            use(8, 1_000, 999, 999, mode="pv")]
+    assert lock_use.switches_text(uses) == "1 VM 0.01 / 0.00, 8 VMs 1.30 / 0.20"
+    assert lock_use.switches_text(uses, "pv") == "8 VMs 1.00 / 1.00"
+    # a bundle from before kept no preemptions: nothing to say, rather than 0.00
+    old = [{k: v for k, v in row.items() if k != "preemptions"}
+           for row in lock_use.to_about([use(2, 100, 50, 0)])]
+    assert lock_use.from_about({"lock_use": old})[0].preemptions == 0
+    assert lock_use.switches_text(lock_use.from_about({"lock_use": old})) == ""
+
+
 @pytest.mark.kvm
 @needs_kvm
 def test_timing_kvm_run_counts_every_exit_and_splits_the_cpu():

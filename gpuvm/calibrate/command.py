@@ -378,6 +378,11 @@ def main_emulator(args: argparse.Namespace) -> int:
         print(f"  priced instead as the lock sat free per exit of the lock's own timed runs "
               f"({lock_use.GROWTH_MODE} VMs of {lock_use.GROWTH_BENCHMARK}), by the wait "
               f"per sleep (us): {own.text()}")
+    switches = [f"{mode} {line}" for mode in sorted({u.mode for u in uses})
+                if (line := lock_use.switches_text(uses, mode))]
+    if switches:
+        print("the lock's timed runs, per exit: sleeps / cores lost (the vCPU threads' "
+              "voluntary / involuntary context switches): " + "; ".join(switches))
     if profile.lock_work_vms:
         print_growth(profile)
     # one VM per phase, priced by counts (not by its recorded times): where prices miss

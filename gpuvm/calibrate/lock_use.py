@@ -85,6 +85,9 @@ class LockUse:
     in_run_wall_ns: int  # their wall time inside KVM_RUN
     sleeps: int  # their voluntary context switches
     benchmark: str = GROWTH_BENCHMARK  # what the VMs ran (rows from before: idle)
+    # their involuntary context switches: the scheduler took a runnable thread's core
+    # (rows from before: not counted, 0)
+    preemptions: int = 0
 
     @property
     def held_ns(self) -> int:
@@ -134,7 +137,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                               max(r.wall_ns for r in results),
                               sum(t.runs for t in timers), sum(u.cpu_ns for u in vcpus),
                               sum(t.cpu_ns for t in timers), sum(t.wall_ns for t in timers),
-                              sum(u.voluntary_switches for u in vcpus), benchmark)
+                              sum(u.voluntary_switches for u in vcpus), benchmark,
+                              sum(u.involuntary_switches for u in vcpus))
                 out.append(use)
                 progress(f"rep {rep} {mode} x{n}: {use.makespan_ns / 1e6:,.1f} ms")
     return out
@@ -196,6 +200,31 @@ def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:
     if len(points) < 2:
         return None
     return WakeCurve(tuple(round(w) for w, _ in points), tuple(round(f) for _, f in points))
+
+
+def switches_text(uses: Sequence[LockUse], mode: str = GROWTH_MODE) -> str:
+    """`mode`'s runs per VM count (pooled): how often per exit its vCPU threads slept
+    and how often the scheduler took their core -- '1 VM 0.00 / 0.00, 8 VMs 1.29 /
+    0.40'; empty where the runs did not count the latter (bundles from before).
+
+    Why: on a host with fewer cores than vCPU threads the threads sleep at more exits
+    than the model's (on a 2-core host 1.2-1.3 per exit at 8 fv VMs, each 11-15 us of CPU,
+    where the model slept at a few hundred exits a VM): a thread that loses its core
+    while it holds the lock makes every exit meanwhile sleep.  The model's lock holder
+    never loses its core; how often the runs' threads did is what pricing that needs
+    (docs/model-validation.md, "Where the 2-core host's 4- and 8-VM time goes")."""
+    pooled: dict[int, list[int]] = {}
+    for u in uses:
+        if u.mode == mode:
+            p = pooled.setdefault(u.vms, [0, 0, 0])
+            p[0] += u.exits
+            p[1] += u.sleeps
+            p[2] += u.preemptions
+    if not any(p[2] for p in pooled.values()):
+        return ""
+    return ", ".join(f"{n} VM{'s' if n > 1 else ''} {slept / max(1, exits):.2f} / "
+                     f"{lost / max(1, exits):.2f}"
+                     for n, (exits, slept, lost) in sorted(pooled.items()))
 
 
 def to_about(uses: Sequence[LockUse]) -> list[dict[str, Any]]:
