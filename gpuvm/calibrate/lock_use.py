@@ -208,9 +208,9 @@ def switches_text(uses: Sequence[LockUse], mode: str = GROWTH_MODE) -> str:
     0.40'; empty where the runs did not count the latter (bundles from before).
 
     Why: on a host with fewer cores than vCPU threads the threads sleep at more exits
-    than the model's (on a 2-core host 1.2-1.3 per exit at 8 fv VMs, each 11-15 us of CPU,
-    where the model slept at a few hundred exits a VM): a thread that loses its core
-    while it holds the lock makes every exit meanwhile sleep.  The model's lock holder
+    than the model's (on a 2-core host 1.2-1.3 per exit at 8 fv VMs, each 11-15 us of
+    CPU, where the model slept at a few hundred exits a VM): a thread that loses its
+    core while it holds the lock makes every exit meanwhile sleep.  The model's lock holder
     never loses its core; how often the runs' threads did is what pricing that needs
     (docs/model-validation.md, "Where the 2-core host's 4- and 8-VM time goes")."""
     pooled: dict[int, list[int]] = {}
