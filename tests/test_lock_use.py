@@ -38,7 +38,7 @@ def test_per_exit_figures_come_from_the_summed_times():
     assert LockUse("pv", 1, 0, 1_000, 10, 5_000, 0, 0, 0).free_per_exit_us == 0
 
 
-def test_switches_per_exit_pool_a_counts_runs_and_say_nothing_for_bundles_from_before():
+def test_switches_per_exit_pool_the_runs_of_a_count_and_say_nothing_for_bundles_from_before():
     def use(vms: int, exits: int, sleeps: int, lost: int, mode: str = "fv") -> LockUse:
         return LockUse(mode, vms, 0, 1, exits, 0, 0, 0, sleeps, preemptions=lost)
     uses = [use(8, 1_000, 1_200, 300), use(8, 3_000, 4_000, 500), use(1, 2_000, 10, 4),
