@@ -144,18 +144,27 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     return out
 
 
+def _pooled(uses: Sequence[LockUse], mode: str, *fields: Callable[[LockUse], int]
+            ) -> dict[int, list[int]]:
+    """Per VM count, the sums of `fields` over `mode`'s runs of that count: each figure
+    here pools a count's runs before dividing, so a short run weighs as little as it
+    counts."""
+    pooled: dict[int, list[int]] = {}
+    for u in uses:
+        if u.mode == mode:
+            sums = pooled.setdefault(u.vms, [0] * len(fields))
+            for i, field in enumerate(fields):
+                sums[i] += field(u)
+    return pooled
+
+
 def growth(uses: Sequence[LockUse], base_vms: int, mode: str = GROWTH_MODE
            ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The VM counts from `base_vms` up and how much longer the work under the lock per
     exit took at each than at `base_vms`, in the runs of `mode` (the runs of a count
     pooled: their held time over their exits).  Empty where `base_vms` was not
     measured."""
-    pooled: dict[int, tuple[int, int]] = {}
-    for u in uses:
-        if u.mode != mode:
-            continue
-        held, exits = pooled.get(u.vms, (0, 0))
-        pooled[u.vms] = (held + u.held_ns, exits + u.exits)
+    pooled = _pooled(uses, mode, lambda u: u.held_ns, lambda u: u.exits)
     if base_vms not in pooled:
         return (), ()
     base = pooled[base_vms][0] / max(1, pooled[base_vms][1])
@@ -185,15 +194,11 @@ def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:
     after 370 us against 8.0 after 23 (two VMs) -- and fv at 8 VMs came out 17% short
     with it, 10% with this (run 20261126-115242).  The fv runs alone (GROWTH_MODE): a pv
     run's lock sits free mostly while its kernels run, not in hand-offs."""
-    pooled: dict[int, list[int]] = {}
-    for u in uses:
-        if u.mode != GROWTH_MODE:
-            continue
-        p = pooled.setdefault(u.vms, [0, 0, 0, 0])
-        p[0] += u.in_run_wall_ns - u.in_run_cpu_ns  # waited
-        p[1] += u.sleeps
-        p[2] += max(0, u.makespan_ns - u.held_ns)  # the lock free
-        p[3] += u.exits
+    pooled = _pooled(uses, GROWTH_MODE,
+                     lambda u: u.in_run_wall_ns - u.in_run_cpu_ns,  # waited
+                     lambda u: u.sleeps,
+                     lambda u: max(0, u.makespan_ns - u.held_ns),  # the lock free
+                     lambda u: u.exits)
     points = sorted((waited / sleeps, free / exits)
                     for waited, sleeps, free, exits in pooled.values()
                     if sleeps and exits and sleeps / exits >= MIN_SLEEPS_PER_TAKE)
@@ -213,13 +218,8 @@ def switches_text(uses: Sequence[LockUse], mode: str = GROWTH_MODE) -> str:
     core while it holds the lock makes every exit meanwhile sleep.  The model's lock holder
     never loses its core; how often the runs' threads did is what pricing that needs
     (docs/model-validation.md, "Where the 2-core host's 4- and 8-VM time goes")."""
-    pooled: dict[int, list[int]] = {}
-    for u in uses:
-        if u.mode == mode:
-            p = pooled.setdefault(u.vms, [0, 0, 0])
-            p[0] += u.exits
-            p[1] += u.sleeps
-            p[2] += u.preemptions
+    pooled = _pooled(uses, mode, lambda u: u.exits, lambda u: u.sleeps,
+                     lambda u: u.preemptions)
     if not any(p[2] for p in pooled.values()):
         return ""
     return ", ".join(f"{n} VM{'s' if n > 1 else ''} {slept / max(1, exits):.2f} / "
