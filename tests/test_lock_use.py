@@ -52,6 +52,31 @@ def test_switches_per_exit_pool_the_runs_of_a_count_and_say_nothing_for_bundles_
     assert lock_use.switches_text(lock_use.from_about({"lock_use": old})) == ""
 
 
+def test_switches_outside_kvm_run_are_the_holders_and_so_is_their_time_off_core():
+    """Rows that split their switches at KVM_RUN say what befell the lock's holders: the
+    switches outside, and the wall time outside that was not CPU -- per exit, a count's
+    runs pooled; a count with a row from before says only the totals."""
+    def use(vms: int, exits: int, lost: int, lost_in: int, outside_wall_us: float,
+            outside_cpu_us: float) -> LockUse:
+        # 10 us inside KVM_RUN per exit, all CPU; the outside as given
+        inside = 10_000 * exits
+        return LockUse("fv", vms, 0, 1, exits, 0, inside, inside, 3 * exits,
+                       preemptions=lost, in_run_sleeps=2 * exits, in_run_preemptions=lost_in,
+                       span_ns=inside + int(outside_wall_us * 1e3 * exits),
+                       span_cpu_ns=inside + int(outside_cpu_us * 1e3 * exits))
+    split = [use(8, 1_000, 500, 450, 30, 15), use(8, 3_000, 1_500, 1_430, 26, 15)]
+    assert lock_use.switches_text(split) == \
+        "8 VMs 3.00 / 0.50 (holding 1.00 / 0.03, 12.0 us off core)"
+    one = split[0]
+    assert one.split and one.held_preemptions == 50 and one.held_sleeps == 1_000
+    assert one.held_off_core_ns == 15_000 * 1_000
+    # the CPU outside above its wall (clock reads of another grain): none off core
+    assert use(1, 100, 0, 0, 10, 11).held_off_core_ns == 0
+    unsplit = LockUse("fv", 8, 1, 1, 1_000, 0, 0, 0, 3_000, preemptions=500)
+    assert not unsplit.split
+    assert lock_use.switches_text([*split, unsplit]) == "8 VMs 3.00 / 0.50"
+
+
 @pytest.mark.kvm
 @needs_kvm
 def test_timing_kvm_run_counts_every_exit_and_splits_the_cpu():
@@ -69,6 +94,13 @@ def test_timing_kvm_run_counts_every_exit_and_splits_the_cpu():
     assert exits <= timer.runs <= exits + 2
     assert 0 < timer.cpu_ns <= timer.wall_ns
     assert timer.cpu_ns < timed.outcome.vcpu.cpu_ns
+    # the switches inside are some of the thread's; the span holds every run, and its
+    # CPU is the thread's from the first run on
+    vcpu = timed.outcome.vcpu
+    assert 0 <= timer.sleeps <= vcpu.voluntary_switches
+    assert 0 <= timer.preemptions <= vcpu.involuntary_switches
+    assert timer.wall_ns <= timer.span_ns
+    assert timer.cpu_ns <= timer.span_cpu_ns <= vcpu.cpu_ns
     [plain] = run_vms(specs_for(scenario), RunOptions(mode="pv", backend="kvm"))
     assert plain.passed and plain.session.kvm_run_time is None
 
@@ -107,6 +139,7 @@ def test_the_command_prints_the_table_and_json(capsys):
     rc = cli.main(["calibrate", "--lock-use", "--modes", "pv", "--vms", "1,2", "--repeat", "1"])
     out = capsys.readouterr().out
     assert rc == 0 and "in KVM_RUN CPU" in out and "lock free" in out
+    assert "cores lost" in out and "holder off core" in out
 
 
 # ------------------------------------------------------------------ the work's growth

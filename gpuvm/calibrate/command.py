@@ -382,7 +382,9 @@ def main_emulator(args: argparse.Namespace) -> int:
                 if (line := lock_use.switches_text(uses, mode))]
     if switches:
         print("the lock's timed runs, per exit: sleeps / cores lost (the vCPU threads' "
-              "voluntary / involuntary context switches): " + "; ".join(switches))
+              "voluntary / involuntary context switches; in brackets those outside "
+              "KVM_RUN, holding the lock, and the holders' time off their cores): "
+              + "; ".join(switches))
     if profile.lock_work_vms:
         print_growth(profile)
     # one VM per phase, priced by counts (not by its recorded times): where prices miss
@@ -732,16 +734,22 @@ def main_lock_use(args: argparse.Namespace) -> int:
     t = Table(title=f"threaded VMs of {bench.benchmark} {list(bench.params)}, per exit "
                     f"(us), {os.cpu_count()} cores at load {load_before}")
     for col in ("mode", "VMs", "run", "makespan ms", "held", "in KVM_RUN CPU",
-                "waited per sleep", "sleeps per exit", "lock held %", "lock free"):
+                "waited per sleep", "sleeps per exit", "cores lost (holding)",
+                "holder off core", "lock held %", "lock free"):
         t.add_column(col, justify="right")
     for u in sorted(uses, key=lambda u: (modes.index(u.mode), u.vms, u.rep)):
+        exits = max(1, u.exits)
         t.add_row(u.mode, str(u.vms), str(u.rep), f"{u.makespan_ns / 1e6:,.1f}",
                   f"{u.per_exit_us(u.held_ns):.1f}", f"{u.per_exit_us(u.in_run_cpu_ns):.1f}",
-                  f"{u.waited_us:.1f}", f"{u.sleeps / max(1, u.exits):.2f}",
+                  f"{u.waited_us:.1f}", f"{u.sleeps / exits:.2f}",
+                  f"{u.preemptions / exits:.2f} ({u.held_preemptions / exits:.2f})",
+                  f"{u.per_exit_us(u.held_off_core_ns):.1f}",
                   f"{100 * u.lock_share:.0f}", f"{u.free_per_exit_us:.1f}")
-    Console(width=120).print(t)
+    Console(width=160).print(t)
     print("held: a vCPU thread's CPU outside KVM_RUN (its work under the interpreter "
-          "lock); lock free: the makespan less all held time, per exit")
+          "lock); cores lost: involuntary context switches, in brackets those outside "
+          "KVM_RUN (holding the lock); holder off core: wall time outside KVM_RUN that "
+          "was not CPU; lock free: the makespan less all held time, per exit")
     return 0
 
 
@@ -955,5 +963,5 @@ def main_footprint(args: argparse.Namespace) -> int:
         t.add_row(r.page, str(r.spaces), "shared" if r.shared else "own tables",
                   f"{r.ptes:,}", f"{r.pdes:,}", f"{r.entry_bytes:,} B ({human(r.entry_bytes)})",
                   str(r.pts), human(r.pt_bytes), "yes" if r in built else "not built")
-    Console(width=140).print(t)
+    Console(width=160).print(t)
     return 0

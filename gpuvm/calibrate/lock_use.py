@@ -88,6 +88,13 @@ class LockUse:
     # their involuntary context switches: the scheduler took a runnable thread's core
     # (rows from before: not counted, 0)
     preemptions: int = 0
+    # of the switches, those inside KVM_RUN, and the threads' wall and CPU time from
+    # their first KVM_RUN to their last, summed (guest_session.KvmRunTime; rows from
+    # before: not split, 0): what is outside KVM_RUN befell a thread holding the lock
+    in_run_sleeps: int = 0
+    in_run_preemptions: int = 0
+    span_ns: int = 0
+    span_cpu_ns: int = 0
 
     @property
     def held_ns(self) -> int:
@@ -107,6 +114,30 @@ class LockUse:
     def lock_share(self) -> float:
         """The share of the makespan some vCPU thread held the lock."""
         return self.held_ns / max(1, self.makespan_ns)
+
+    @property
+    def split(self) -> bool:
+        """Whether the run split its switches and time at KVM_RUN (rows from before not)."""
+        return self.span_ns > 0
+
+    @property
+    def held_preemptions(self) -> int:
+        """Cores lost outside KVM_RUN: by a thread holding the lock (or taking it back
+        inside a handler), so every thread wanting it meanwhile waited."""
+        return self.preemptions - self.in_run_preemptions
+
+    @property
+    def held_sleeps(self) -> int:
+        """Sleeps outside KVM_RUN: for the lock back after a release inside a handler."""
+        return self.sleeps - self.in_run_sleeps
+
+    @property
+    def held_off_core_ns(self) -> int:
+        """Wall time outside KVM_RUN that was not the threads' CPU: holders off their
+        cores (preempted, or asleep for the lock back inside a handler)."""
+        outside_wall = self.span_ns - self.in_run_wall_ns
+        outside_cpu = self.span_cpu_ns - self.in_run_cpu_ns
+        return max(0, outside_wall - outside_cpu)
 
     @property
     def free_per_exit_us(self) -> float:
@@ -138,7 +169,11 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                               sum(t.runs for t in timers), sum(u.cpu_ns for u in vcpus),
                               sum(t.cpu_ns for t in timers), sum(t.wall_ns for t in timers),
                               sum(u.voluntary_switches for u in vcpus), benchmark,
-                              sum(u.involuntary_switches for u in vcpus))
+                              sum(u.involuntary_switches for u in vcpus),
+                              sum(t.sleeps for t in timers),
+                              sum(t.preemptions for t in timers),
+                              sum(t.span_ns for t in timers),
+                              sum(t.span_cpu_ns for t in timers))
                 out.append(use)
                 progress(f"rep {rep} {mode} x{n}: {use.makespan_ns / 1e6:,.1f} ms")
     return out
@@ -209,22 +244,35 @@ def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:
 
 def switches_text(uses: Sequence[LockUse], mode: str = GROWTH_MODE) -> str:
     """`mode`'s runs per VM count (pooled): how often per exit its vCPU threads slept
-    and how often the scheduler took their core -- '1 VM 0.00 / 0.00, 8 VMs 1.29 /
-    0.40'; empty where the runs did not count the latter (bundles from before).
+    and how often the scheduler took their core -- '1 VM 0.00 / 0.00, 8 VMs 1.31 /
+    0.48' -- and, where the runs split them at KVM_RUN, how much of that befell a
+    thread holding the lock and how long holders sat off their cores per exit --
+    '8 VMs 1.31 / 0.48 (holding 0.07 / 0.03, 12.0 us off core)'; empty where the
+    runs did not count cores lost (bundles from before).
 
     Why: on a host with fewer cores than vCPU threads the threads sleep at more exits
     than the model's (on a 2-core host 1.2-1.3 per exit at 8 fv VMs, each 11-15 us of
-    CPU, where the model slept at a few hundred exits a VM): a thread that loses its
-    core while it holds the lock makes every exit meanwhile sleep.  The model's lock holder
-    never loses its core; how often the runs' threads did is what pricing that needs
-    (docs/model-validation.md, "Where the 2-core host's 4- and 8-VM time goes")."""
+    CPU, where the model slept at a few hundred exits a VM).  A thread that loses its
+    core while it holds the lock makes every exit meanwhile sleep; one that loses it
+    inside KVM_RUN delays only its guest.  The model's lock holder never loses its
+    core; the split says whether the runs' did (docs/model-validation.md, "Where the
+    2-core host's 4- and 8-VM time goes" and "Who loses a core")."""
     pooled = _pooled(uses, mode, lambda u: u.exits, lambda u: u.sleeps,
-                     lambda u: u.preemptions)
+                     lambda u: u.preemptions, lambda u: u.held_sleeps,
+                     lambda u: u.held_preemptions, lambda u: u.held_off_core_ns,
+                     lambda u: not u.split)
     if not any(p[2] for p in pooled.values()):
         return ""
-    return ", ".join(f"{n} VM{'s' if n > 1 else ''} {slept / max(1, exits):.2f} / "
-                     f"{lost / max(1, exits):.2f}"
-                     for n, (exits, slept, lost) in sorted(pooled.items()))
+    parts = []
+    for n, (exits, slept, lost, held_slept, held_lost, off_core, unsplit) \
+            in sorted(pooled.items()):
+        exits = max(1, exits)
+        part = f"{n} VM{'s' if n > 1 else ''} {slept / exits:.2f} / {lost / exits:.2f}"
+        if not unsplit:
+            part += (f" (holding {held_slept / exits:.2f} / {held_lost / exits:.2f}, "
+                     f"{off_core / exits / 1e3:.1f} us off core)")
+        parts.append(part)
+    return ", ".join(parts)
 
 
 def to_about(uses: Sequence[LockUse]) -> list[dict[str, Any]]:

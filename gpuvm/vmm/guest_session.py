@@ -297,28 +297,62 @@ class ThreadUsage:
 
 @dataclass
 class KvmRunTime:
-    """The vCPU thread's wall and CPU time inside KVM_RUN, summed over its runs.
+    """The vCPU thread's wall and CPU time inside KVM_RUN, summed over its runs, and how
+    often it slept or lost its core in there.
 
     Of VMs run as threads, KVM_RUN is where a vCPU thread lets the interpreter lock go:
     the guest runs, KVM handles the exit, and the thread waits to take the lock back.
     Its CPU time outside is then its Python work under the lock (the thread's CPU, from
     ThreadUsage, less `cpu_ns`), and the wall time inside that is not CPU time is
-    mostly that wait (gpuvm.calibrate.lock_use).  Two thread-clock reads per exit: only
-    where a run asks for it."""
+    mostly that wait (gpuvm.calibrate.lock_use).  The switches split the same way: one
+    outside KVM_RUN (the thread's, less `sleeps` / `preemptions`) happened while the
+    thread held the lock or took it back inside a handler -- a core lost there stalls
+    every thread that wants the lock, one lost inside stalls only this guest.  And the
+    wall time outside, `span_ns` less `wall_ns`, against its CPU says how long a holder
+    sat off its core.  Two thread-clock and two getrusage reads per exit, all inside the
+    timed window (so the CPU outside stays the handlers'): only where a run asks."""
 
     runs: int = 0
     wall_ns: int = 0
     cpu_ns: int = 0
+    sleeps: int = 0  # voluntary context switches inside KVM_RUN
+    preemptions: int = 0  # involuntary ones
+    first_ns: int = 0  # perf_counter_ns at the first run's start
+    last_ns: int = 0  # and at the last one's end
+    first_cpu_ns: int = 0  # the thread's CPU clock at the first run's start
+    last_cpu_ns: int = 0  # and at the last one's end
+
+    @property
+    def span_ns(self) -> int:
+        """Wall time from the first KVM_RUN's start to the last one's end."""
+        return self.last_ns - self.first_ns
+
+    @property
+    def span_cpu_ns(self) -> int:
+        """The thread's CPU time over span_ns (not its set-up before the first run)."""
+        return self.last_cpu_ns - self.first_cpu_ns
 
     def timed(self, ioctl: Callable, fd: int, request: int) -> None:
-        """`ioctl(fd, request)` (KVM_RUN) with its wall and CPU time added."""
+        """`ioctl(fd, request)` (KVM_RUN) with its wall and CPU time and its thread's
+        context switches added."""
         clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
-        t0, c0 = clock(), cpu_clock()
+        usage, thread = resource.getrusage, resource.RUSAGE_THREAD
+        t0 = clock()
+        c0 = cpu_clock()
+        before = usage(thread)
         try:
             ioctl(fd, request)
         finally:
-            self.cpu_ns += cpu_clock() - c0
-            self.wall_ns += clock() - t0
+            after = usage(thread)
+            c1 = cpu_clock()
+            t1 = clock()
+            self.cpu_ns += c1 - c0
+            self.wall_ns += t1 - t0
+            self.sleeps += after.ru_nvcsw - before.ru_nvcsw
+            self.preemptions += after.ru_nivcsw - before.ru_nivcsw
+            if not self.runs:
+                self.first_ns, self.first_cpu_ns = t0, c0
+            self.last_ns, self.last_cpu_ns = t1, c1
             self.runs += 1
 
 
