@@ -965,5 +965,5 @@ def main_footprint(args: argparse.Namespace) -> int:
         t.add_row(r.page, str(r.spaces), "shared" if r.shared else "own tables",
                   f"{r.ptes:,}", f"{r.pdes:,}", f"{r.entry_bytes:,} B ({human(r.entry_bytes)})",
                   str(r.pts), human(r.pt_bytes), "yes" if r in built else "not built")
-    Console(width=160).print(t)
+    Console(width=140).print(t)
     return 0

@@ -211,8 +211,7 @@ def fastest_runs(uses: Sequence[LockUse]) -> list[LockUse]:
         kept = best.get((u.mode, u.vms))
         if kept is None or u.makespan_ns < kept.makespan_ns:
             best[(u.mode, u.vms)] = u
-    chosen = {id(u) for u in best.values()}
-    return [u for u in uses if id(u) in chosen]
+    return [u for u in uses if best[(u.mode, u.vms)] is u]
 
 
 def growth(uses: Sequence[LockUse], base_vms: int, mode: str = GROWTH_MODE
