@@ -1,6 +1,7 @@
 """`gpuvm calibrate`: --gpu measures a real GPU; --pt-footprint computes page-table VRAM;
 --emulator measures this emulator's per-event costs and validates the model against it;
---lock-use times threaded VMs' work under the interpreter lock by VM count.
+--lock-use times threaded VMs' work under the interpreter lock by VM count;
+--lock-probe runs Python threads taking turns at that lock without KVM, beside the model.
 
 The GPU part needs an NVIDIA GPU and CuPy or PyTorch; without them it says so in one line
 and exits non-zero.  The footprint part runs anywhere.
@@ -46,14 +47,25 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(part) for part in parts] if parts else [parse_size(text)]
 
 
-def parse_counts(text: str) -> list[int]:
+def parse_counts(text: str, what: str = "VM counts") -> list[int]:
     try:
         counts = [int(part) for part in text.split(",")]
     except ValueError:
-        raise UserError(f"bad VM counts {text!r} (want e.g. 1,8)") from None
+        raise UserError(f"bad {what} {text!r} (want e.g. 1,8)") from None
     if not counts or min(counts) < 1:
-        raise UserError(f"bad VM counts {text!r}: each must be at least 1")
+        raise UserError(f"bad {what} {text!r}: each must be at least 1")
     return counts
+
+
+def parse_microseconds(text: str, what: str) -> list[float]:
+    """'4,8,28' -> [4.0, 8.0, 28.0]: one or more stretches in microseconds, each > 0."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UserError(f"bad {what} {text!r} (want microseconds, e.g. 4,28)") from None
+    if not values or min(values) <= 0:
+        raise UserError(f"bad {what} {text!r}: each must be above 0")
+    return values
 
 
 def human(nbytes: int) -> str:
@@ -77,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="time each vCPU thread of 1..8 threaded VMs inside and outside "
                            "KVM_RUN: work under the interpreter lock, and the lock's free "
                            "time, per exit")
+    what.add_argument("--lock-probe", action="store_true",
+                      help="Python threads taking turns at the interpreter lock without "
+                           "KVM (held / free stretches), beside the model's lock on the "
+                           "same loops")
     what.add_argument("--show", type=Path, metavar="PROFILE",
                       help="print a profile written by --gpu (no GPU needed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -126,6 +142,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     u = parser.add_argument_group("--lock-use")
     u.add_argument("--repeat", dest="lock_reps", type=int, default=2, metavar="N",
                    help="runs of each mode and VM count (default 2)")
+    p = parser.add_argument_group("--lock-probe")
+    p.add_argument("--threads", default="2,4,8", help="thread counts (default 2,4,8)")
+    p.add_argument("--free-us", default="4,8,14,20,28,40",
+                   help="stretches with the lock let go, us (default 4,8,14,20,28,40)")
+    p.add_argument("--held-us", type=float, default=12.0,
+                   help="the stretch holding it, us (default 12: an fv exit's handler)")
+    p.add_argument("--loops", type=int, default=5000, help="loops per thread a run "
+                   "(default 5000)")
+    p.add_argument("--handoff-us", type=float, default=None,
+                   help="the model's hand-off (default: the lock's idle time per take "
+                        "of 4 threads taking turns, measured first)")
     f = parser.add_argument_group("--pt-footprint")
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
     f.add_argument("--vms", default=None,
@@ -144,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         return main_show(args)
     if args.lock_use:
         return main_lock_use(args)
+    if args.lock_probe:
+        return main_lock_probe(args)
     return main_footprint(args)
 
 
@@ -753,6 +782,53 @@ def main_lock_use(args: argparse.Namespace) -> int:
           "KVM_RUN (holding the lock); holder off core: wall time outside KVM_RUN that "
           "was not CPU; lock free: the makespan less all held time, per exit")
     return 0
+
+
+def main_lock_probe(args: argparse.Namespace) -> int:
+    """Python threads taking turns at the interpreter lock without KVM, and the model's
+    lock on the same loops (gpuvm.calibrate.lock_probe)."""
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.calibrate import lock_probe, lock_turns
+
+    threads = parse_counts(args.threads, "--threads")
+    free = parse_microseconds(args.free_us, "--free-us")
+    if args.held_us <= 0 or args.loops < 1:
+        raise UserError(f"--held-us must be above 0 and --loops at least 1, got "
+                        f"{args.held_us:g} and {args.loops}")
+    if args.handoff_us is not None and args.handoff_us < 0:
+        raise UserError(f"--handoff-us must be >= 0, got {args.handoff_us:g}")
+    cores = os.cpu_count() or 1
+    load_before = round(os.getloadavg()[0], 2)
+    handoff_ns = round(args.handoff_us * 1e3) if args.handoff_us is not None else \
+        lock_turns.take_turns(lock_probe.HANDOFF_THREADS).idle_ns
+    runs = lock_probe.measure(threads, free, args.held_us, args.loops)
+    pairs = [(run, lock_probe.modelled(run, cores, handoff_ns)) for run in runs]
+    if args.json:
+        print(json.dumps({"cores": cores, "load": load_before, "handoff_ns": handoff_ns,
+                          "runs": [{"probe": asdict(r), "model": asdict(m)}
+                                   for r, m in pairs]}, indent=1))
+        return 0
+    t = Table(title=f"threads looping {args.held_us:g} us under the interpreter lock and a "
+                    f"free stretch off it, per loop: {cores} cores at load {load_before}; "
+                    f"the model's hand-off {handoff_ns / 1e3:.1f} us")
+    for col in ("threads", "free us", "probe us", "probe sleeps", "model us",
+                "model sleeps", "model error %"):
+        t.add_column(col, justify="right")
+    for run, model in pairs:
+        t.add_row(str(run.threads), f"{run.free_us:g}", f"{run.loop_ns / 1e3:.1f}",
+                  f"{run.sleeps_per_loop:.2f}", f"{model.loop_ns / 1e3:.1f}",
+                  f"{model.sleeps_per_loop:.2f}",
+                  f"{100 * (model.loop_ns / run.loop_ns - 1):+.1f}")
+    Console(width=120).print(t)
+    print(f"probe: the fastest of {lock_probe.ROUNDS} runs of {args.loops} loops a thread; "
+          "sleeps: voluntary context switches per loop and thread (the model: takes that "
+          "waited for the lock)")
+    return 0
+
 
 
 def print_growth(profile: CostProfile) -> None:

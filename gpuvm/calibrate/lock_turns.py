@@ -82,7 +82,7 @@ class _ThreadTimes:
     end_ns: int = 0
 
 
-def _held_work(objects: list[list[int]]) -> int:
+def held_work(objects: list[list[int]]) -> int:
     """A handler's worth of Python over the thread's own objects."""
     total = 0
     for pair in objects:
@@ -103,7 +103,7 @@ def _take_turns(times: _ThreadTimes, start: threading.Barrier, takes: int,
         hashlib.sha256(buffer).digest()  # the lock let go, as for KVM_RUN
         c1, t1 = cpu_clock(), clock()
         times.slept_ns += (t1 - t0) - (c1 - c0)
-        _held_work(objects)
+        held_work(objects)
         times.held_ns += clock() - t1
     times.end_ns = clock()
     times.sleeps = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - switches
