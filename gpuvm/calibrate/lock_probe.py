@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from gpuvm.bench.timing import best_of
 from gpuvm.calibrate.lock_turns import held_work
 
 THREADS = (2, 4, 8)  # threads taking turns
@@ -77,24 +78,14 @@ class Stretches:
         return max(1, round(us * self.held_objects_per_us))
 
 
-def _fastest_ns(fn, runs: int = SIZING_RUNS) -> int:
-    best = None
-    for _ in range(runs):
-        t0 = time.perf_counter_ns()
-        fn()
-        took = time.perf_counter_ns() - t0
-        best = took if best is None else min(best, took)
-    return max(1, best or 1)
-
-
 def size_stretches() -> Stretches:
     """Each stretch's work per microsecond on this host, one thread alone (the fastest
     of SIZING_RUNS timings of a large piece, so a slow moment does not size it)."""
     buffer = os.urandom(1 << 20)
     objects = [[i, 7 * i] for i in range(20_000)]
-    hashed = _fastest_ns(lambda: hashlib.sha256(buffer).digest())
-    walked = _fastest_ns(lambda: held_work(objects))
-    return Stretches(len(buffer) * 1e3 / hashed, len(objects) * 1e3 / walked)
+    hashed_s = best_of(lambda: hashlib.sha256(buffer).digest(), SIZING_RUNS)
+    walked_s = best_of(lambda: held_work(objects), SIZING_RUNS)
+    return Stretches(len(buffer) / (hashed_s * 1e6), len(objects) / (walked_s * 1e6))
 
 
 def _loop(start: threading.Barrier, loops: int, buffer: bytes, objects: list[list[int]],
