@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from gpuvm.bench.timing import best_of
-from gpuvm.calibrate.lock_turns import held_work
+from gpuvm.calibrate.lock_turns import handler_objects, held_work
 
 THREADS = (2, 4, 8)  # threads taking turns
 FREE_US = (4.0, 8.0, 14.0, 20.0, 28.0, 40.0)  # the stretch with the lock let go
@@ -82,7 +82,7 @@ def size_stretches() -> Stretches:
     """Each stretch's work per microsecond on this host, one thread alone (the fastest
     of SIZING_RUNS timings of a large piece, so a slow moment does not size it)."""
     buffer = os.urandom(1 << 20)
-    objects = [[i, 7 * i] for i in range(20_000)]
+    objects = handler_objects(20_000)
     hashed_s = best_of(lambda: hashlib.sha256(buffer).digest(), SIZING_RUNS)
     walked_s = best_of(lambda: held_work(objects), SIZING_RUNS)
     return Stretches(len(buffer) / (hashed_s * 1e6), len(objects) / (walked_s * 1e6))
@@ -111,7 +111,7 @@ def run_probe(threads: int, free_us: float, held_us: float, stretches: Stretches
     workers = [threading.Thread(
         target=_loop, name=f"lock-probe-{i}",
         args=(start, loops, buffer,
-              [[j, 7 * j] for j in range(stretches.held_objects(held_us))], out))
+              handler_objects(stretches.held_objects(held_us)), out))
         for i in range(threads)]
     for w in workers:
         w.start()

@@ -82,6 +82,11 @@ class _ThreadTimes:
     end_ns: int = 0
 
 
+def handler_objects(count: int) -> list[list[int]]:
+    """A thread's own objects for `held_work` to walk."""
+    return [[i, 7 * i] for i in range(count)]
+
+
 def held_work(objects: list[list[int]]) -> int:
     """A handler's worth of Python over the thread's own objects."""
     total = 0
@@ -93,7 +98,7 @@ def held_work(objects: list[list[int]]) -> int:
 
 def _take_turns(times: _ThreadTimes, start: threading.Barrier, takes: int,
                 buffer: bytes) -> None:
-    objects = [[i, 7 * i] for i in range(HELD_OBJECTS)]
+    objects = handler_objects(HELD_OBJECTS)
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
     switches = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
     start.wait()
