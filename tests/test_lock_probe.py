@@ -85,6 +85,15 @@ def test_the_command_prints_probe_and_model_side_by_side(capsys):
                    "--held-us", "5", "--loops", "200"])
     table = capsys.readouterr().out
     assert rc == 0 and "model error %" in table and "the model's hand-off" in table
+    assert "waking a sleeping thread costs the thread that wakes it" in table
+
+
+def test_the_command_keeps_what_a_wake_up_cost_the_waker(capsys):
+    rc = cli.main(["calibrate", "--lock-probe", "--threads", "2", "--free-us", "20",
+                   "--held-us", "5", "--loops", "50", "--handoff-us", "0", "--json"])
+    woken = json.loads(capsys.readouterr().out)["wake_cost"]
+    assert rc == 0 and woken["samples"] > 0
+    assert woken["waking_ns"] > woken["plain_ns"] > 0
 
 
 @pytest.mark.parametrize("argv, culprit", [

@@ -391,6 +391,7 @@ def main_emulator(args: argparse.Namespace) -> int:
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
+    print_wake_cost(about)
     print("what recording a trace cost per event, taken off its exit loop (timed apart, "
           "gpuvm.calibrate.record_cost): "
           + (f"{recorder / 1e3:.2f} us" if recorder else "not measured (the traces are "
@@ -513,7 +514,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
                            ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts,
     the lock's timed rounds among them."""
-    from gpuvm.calibrate import lock_turns, lock_use, record_cost, validation
+    from gpuvm.calibrate import lock_turns, lock_use, record_cost, validation, wake_cost
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -530,6 +531,8 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
         _progress("measuring how long the interpreter lock sits free between threads "
                   "taking turns at it, by how long they waited")
         turns = lock_turns.measure()
+    _progress("timing what waking a sleeping thread costs the thread that wakes it")
+    woken = wake_cost.measure()
     wake = lock_turns.through_lock(on_exits, turns)
     _progress("timing the trace recorder's own work per event")
     recorder = record_cost.measure()
@@ -565,6 +568,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "isolated": args.emulator_isolated,
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
+             wake_cost.ABOUT_KEY: woken.to_about(),
              "lock_use": lock_use.to_about(rounds.uses), "host": validation.this_host(),
              record_cost.ABOUT_KEY: round(recorder, 1),
              record_cost.IN_SITU_KEY: {mode: round(ns, 1) for mode, ns in in_situ.items()},
@@ -792,7 +796,7 @@ def main_lock_probe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuvm.calibrate import lock_probe, lock_turns
+    from gpuvm.calibrate import lock_probe, lock_turns, wake_cost
 
     threads = parse_counts(args.threads, "--threads")
     free = parse_microseconds(args.free_us, "--free-us")
@@ -807,8 +811,10 @@ def main_lock_probe(args: argparse.Namespace) -> int:
         lock_turns.take_turns(lock_probe.HANDOFF_THREADS).idle_ns
     runs = lock_probe.measure(threads, free, args.held_us, args.loops)
     pairs = [(run, lock_probe.modelled(run, cores, handoff_ns)) for run in runs]
+    woken = wake_cost.measure()
     if args.json:
         print(json.dumps({"cores": cores, "load": load_before, "handoff_ns": handoff_ns,
+                          wake_cost.ABOUT_KEY: woken.to_about(),
                           "runs": [{"probe": asdict(r), "model": asdict(m)}
                                    for r, m in pairs]}, indent=1))
         return 0
@@ -827,6 +833,7 @@ def main_lock_probe(args: argparse.Namespace) -> int:
     print(f"probe: the fastest of {lock_probe.ROUNDS} runs of {args.loops} loops a thread; "
           "sleeps: voluntary context switches per loop and thread (the model: takes that "
           "waited for the lock)")
+    print(f"waking a sleeping thread costs the thread that wakes it: {woken.text()}")
     return 0
 
 
@@ -847,6 +854,16 @@ def print_growth(profile: CostProfile) -> None:
     print(f"the work under the lock, beside {beside} (timed apart, VMs of each mode): "
           + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}) "
                       f"{lock_use.text(profile.lock_work_vms, scale)}" for mode, scale in scales))
+
+
+def print_wake_cost(about: dict) -> None:
+    """What waking a sleeping thread cost the waker in this sitting (measured since
+    2026-11-29 for the lock model to come: gpuvm.calibrate.wake_cost)."""
+    from gpuvm.calibrate.wake_cost import WakeCost
+
+    woken = WakeCost.from_about(about)
+    print("waking a sleeping thread costs the thread that wakes it: "
+          + (woken.text() if woken else "not measured in this bundle"))
 
 
 def print_wake(wake, about: dict) -> None:
