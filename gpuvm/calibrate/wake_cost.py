@@ -6,12 +6,13 @@ pays for that wake-up on its own core before it goes on -- while the lock is alr
 free, so a thread that runs meanwhile takes it (`take_gil` does not reserve it for the
 woken one).  On a virtual machine whose idle vCPUs halt, waking a thread whose vCPU
 halted goes through the hypervisor, and the waker pays several microseconds: this 2-core
-host (`guest_halt_poll_ns` 0: its idle vCPUs halt at once) 5.3-8.7 us, a lent 16-core
-machines 1.3-1.8 us (2026-11-29, `signal_ns`).  A model of the lock as CPython writes it needs this
-cost per drop that wakes a waiter: fitted to `gpuvm calibrate --lock-probe` on this host
-the lock came out at 6.9 us, and read into the validation bundles it put the most points
-within 10% at 6 us here and at 1.5-6 lent (docs/model-validation.md, "CPython's lock as
-it is written").  So each sitting measures it beside the lock's other costs.
+host (`guest_halt_poll_ns` 0: its idle vCPUs halt at once) 5.3-8.7 us, two lent 16-core
+machines 1.3-1.8 us (2026-11-29, `signal_ns`).  A model of the lock as CPython writes
+it needs this cost per drop that wakes a waiter: fitted to `gpuvm calibrate
+--lock-probe` on this host it came out at 6.9 us, and read into the validation bundles
+it put the most points within 10% at 6 us here and at 1.5-6 lent
+(docs/model-validation.md, "CPython's lock as it is written").  So each sitting
+measures it beside the lock's other costs.
 
 The measurement: a thread sleeps on a lock (threading.Lock.acquire blocks in the kernel
 with the interpreter lock let go); this thread waits SETTLE_US, so the sleeper is asleep
