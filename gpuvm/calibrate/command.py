@@ -837,7 +837,6 @@ def main_lock_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def print_growth(profile: CostProfile) -> None:
     """The work under the lock's growth as priced: each timed mode's, beside the count
     its scale begins at (one VM where the rounds timed one VM alone, else the

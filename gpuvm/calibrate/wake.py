@@ -129,7 +129,7 @@ def measure(slept_us: Sequence[int] = SLEPT_US, samples: int = SAMPLES) -> WakeC
     with _partner(_sleeper, "wake-sleeper", _WAKE) as ours:
         for _ in range(samples):  # rounds over every sleep: a slow moment hits them all
             for us, out in zip(sleeps, waits):
-                _busy(us)  # the sleeper's core idles
+                spin_us(us)  # the sleeper's core idles
                 sent = time.perf_counter_ns()
                 ours.send_bytes(_WAKE)
                 out.append(int.from_bytes(ours.recv_bytes(), "little") - sent)
@@ -156,8 +156,9 @@ def _partner(target: Callable[[Connection], None], name: str, hello: bytes
         ours.close()
 
 
-def _busy(us: int) -> None:
-    """Spin `us` microseconds on this core (the other side's core is left idle)."""
+def spin_us(us: float) -> None:
+    """Spin `us` microseconds on this core: a sleep would let this core idle too, where
+    only the other side's should (here, and gpuvm.calibrate.wake_cost)."""
     end = time.perf_counter_ns() + us * 1000
     while time.perf_counter_ns() < end:
         pass
@@ -226,7 +227,7 @@ def _waker(conn: Connection) -> None:
     """The waking side, in a process of its own: for each request busy-wait its
     microseconds (the requester's core idles), then send the time, until told to quit."""
     while (msg := conn.recv_bytes()) != b"q":
-        _busy(int.from_bytes(msg, "little"))
+        spin_us(int.from_bytes(msg, "little"))
         conn.send_bytes(time.perf_counter_ns().to_bytes(_STAMP, "little"))
 
 

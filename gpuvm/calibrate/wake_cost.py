@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from gpuvm.calibrate.wake import spin_us
+
 SAMPLES = 2000
 SETTLE_US = 100.0  # how long the sleeper sleeps before each wake-up
 ABOUT_KEY = "wake_cost"  # where a validation bundle's "about" keeps it
@@ -73,13 +75,6 @@ class WakeCost:
             raise ValueError(f"a bundle's {ABOUT_KEY!r} is malformed: {e!r}") from None
 
 
-def _wait_ns(ns: int) -> None:
-    """Busy-wait `ns` (a sleep would let this thread's own core idle too)."""
-    end = time.perf_counter_ns() + ns
-    while time.perf_counter_ns() < end:
-        pass
-
-
 def measure(samples: int = SAMPLES, settle_us: float = SETTLE_US) -> WakeCost:
     """Time `samples` releases that wake a thread asleep `settle_us`, and as many that
     wake nobody (see the module)."""
@@ -102,10 +97,9 @@ def measure(samples: int = SAMPLES, settle_us: float = SETTLE_US) -> WakeCost:
     thread.start()
     waking: list[int] = []
     plain: list[int] = []
-    settle_ns = round(settle_us * 1e3)
     try:
         for _ in range(samples):
-            _wait_ns(settle_ns)
+            spin_us(settle_us)
             t0 = time.perf_counter_ns()
             wake.release()
             waking.append(time.perf_counter_ns() - t0)
