@@ -36,25 +36,36 @@ def test_one_modelled_thread_loops_its_two_stretches_back_to_back():
 
 def test_modelled_threads_that_never_wait_run_at_one_threads_pace_and_cores_bound_more():
     """Two threads on two cores whose free stretch outlasts the held one find the lock
-    held once, as they start together, and never again with no hand-off to pay; four
-    share the two cores: at least twice as long a loop."""
-    two = lock_probe.modelled(ProbeRun(2, 28.0, 12.0, 0.0, 0.0), cores=2, handoff_ns=0,
+    held once, as they start together, and never again: the one woken then lands a
+    hand-off after the other's drop and stays that far out of step.  (With no hand-off
+    at all they stay exactly in step, one arriving at the instant the other drops, and
+    the model's tie goes to the arrival: a sleep a loop.)  Four share the two cores: at
+    least twice as long a loop."""
+    two = lock_probe.modelled(ProbeRun(2, 28.0, 12.0, 0.0, 0.0), cores=2, handoff_ns=US,
                               loops=1000)
-    assert two.loop_ns == pytest.approx(40 * US, abs=12 * US / 1000)
+    # the second thread ends a held stretch and a landing after the first
+    assert two.loop_ns == pytest.approx(40 * US, abs=(12 + 2) * US / 1000)
     assert two.sleeps_per_loop <= 1 / 1000
-    four = lock_probe.modelled(ProbeRun(4, 28.0, 12.0, 0.0, 0.0), cores=2, handoff_ns=0)
+    four = lock_probe.modelled(ProbeRun(4, 28.0, 12.0, 0.0, 0.0), cores=2, handoff_ns=US)
     assert four.loop_ns >= 80 * US
 
 
-def test_modelled_threads_whose_turns_overlap_wait_and_pay_the_handoff():
-    """A free stretch shorter than the held one: each take finds the lock held (one
-    sleep a loop) and the lock passes a thread at a time, each paying the hand-off."""
+def test_modelled_threads_whose_turns_overlap_take_the_lock_back_from_the_woken():
+    """A free stretch shorter than the held one: with no hand-off the lock passes a
+    thread at a time, every take a sleep, and a loop is both threads' held stretches.
+    With a hand-off longer than the free stretch the thread that let the lock go is back
+    before the woken one lands and takes it again (CPython lets it): the woken one
+    sleeps again and again, and the threads' loops run nearly one after the other --
+    a loop is about both threads' whole loops.  The waker's signal lengthens them."""
     run = ProbeRun(2, 4.0, 12.0, 0.0, 0.0)
     cheap = lock_probe.modelled(run, cores=2, handoff_ns=0)
     dear = lock_probe.modelled(run, cores=2, handoff_ns=10 * US)
-    assert cheap.sleeps_per_loop > 0.9 and dear.sleeps_per_loop > 0.9
-    assert dear.loop_ns == pytest.approx(2 * (12 + 10) * US, rel=0.01)
-    assert dear.loop_ns > cheap.loop_ns
+    assert cheap.sleeps_per_loop > 0.9
+    assert cheap.loop_ns == pytest.approx(2 * 12 * US, rel=0.01)
+    assert 0.6 < dear.sleeps_per_loop < 0.9
+    assert dear.loop_ns == pytest.approx(2 * (12 + 4) * US, rel=0.02)
+    signalled = lock_probe.modelled(run, cores=2, handoff_ns=10 * US, signal_ns=2 * US)
+    assert signalled.loop_ns > dear.loop_ns + US
 
 
 def test_real_threads_take_turns_and_the_fastest_round_is_kept():
@@ -72,9 +83,10 @@ def test_real_threads_take_turns_and_the_fastest_round_is_kept():
 
 def test_the_command_prints_probe_and_model_side_by_side(capsys):
     rc = cli.main(["calibrate", "--lock-probe", "--threads", "2", "--free-us", "20,28",
-                   "--held-us", "5", "--loops", "200", "--handoff-us", "0", "--json"])
+                   "--held-us", "5", "--loops", "200", "--handoff-us", "0",
+                   "--signal-us", "0", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["handoff_ns"] == 0
+    assert rc == 0 and out["handoff_ns"] == 0 and out["signal_ns"] == 0
     assert [(r["probe"]["threads"], r["probe"]["free_us"]) for r in out["runs"]] == \
         [(2, 20.0), (2, 28.0)]
     # with no hand-off to pay and the free stretch the longer, the model's two threads
@@ -85,6 +97,7 @@ def test_the_command_prints_probe_and_model_side_by_side(capsys):
                    "--held-us", "5", "--loops", "200"])
     table = capsys.readouterr().out
     assert rc == 0 and "model error %" in table and "the model's hand-off" in table
+    assert "signal" in table
     assert "waking a sleeping thread costs the thread that wakes it" in table
 
 
@@ -102,6 +115,7 @@ def test_the_command_keeps_what_a_wake_up_cost_the_waker(capsys):
     (["--threads", "0"], "--threads"),
     (["--held-us", "0"], "--held-us"),
     (["--handoff-us", "-1"], "--handoff-us"),
+    (["--signal-us", "-1"], "--signal-us"),
 ])
 def test_bad_probe_arguments_are_one_line(capsys, argv, culprit):
     rc = cli.main(["calibrate", "--lock-probe", *argv])

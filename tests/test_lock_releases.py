@@ -1,7 +1,6 @@
 """Where a vCPU thread lets the interpreter lock go inside its handlers: counted by a
-uprobe (gpuvm.vmm.lock_releases), carried by a trace (gpuvm.sim.traces), replayed as
-more takes of the lock (gpuvm.sim.replay), and the share of them that cost a take
-fitted on the 2-VM runs (gpuvm.calibrate.validation) -- against
+uprobe (gpuvm.vmm.lock_releases), carried by a trace (gpuvm.sim.traces), replayed as a
+drop and a take of the lock each (gpuvm.sim.replay) -- against
 tests/data/validation-h100-releases: fv-opt and pv of results/validation/
 20261126-035152 (lent 16-core machine, the releases counted there)."""
 
@@ -163,25 +162,27 @@ RELEASING = EventTrace(np.array([1]), np.zeros(1, dtype=np.int64), np.array([10]
                        ("exits.mmio.bar0.write", LOCK_RELEASES), np.array([[10, 30]]))
 
 
-def test_each_release_is_a_chance_for_a_waiting_vm_to_take_the_lock():
-    """The steps carry the releases; alone a VM loses none; beside one more, the share
-    says how many it loses; with more waiting (up to replay.RACING_WAITERS), more."""
+def test_each_release_inside_a_handler_is_a_drop_and_a_take():
+    """The steps carry the releases; alone a VM sleeps at none.  Beside another, each
+    release wakes the one asleep for the lock, which lands to find it taken back and
+    sleeps again: several times the sleeps of the same steps without releases.  Each
+    such wake-up costs the releasing thread the signal, where the steps without
+    releases wake one only as they end."""
     steps = tuple(event_steps(RELEASING, LOCKED_COSTS, mediated=True))
     held = [s for s in steps if s.resource == CPU]
     assert (sum(s.events for s in held), sum(s.releases for s in held)) == (10, 30)
+    kept = tuple(replace(s, releases=0) for s in steps)
 
-    def sleeps(share: float, vms: int, of: tuple = steps) -> int:
+    def run(of: tuple, vms: int, signal_ns: int = 0):
         return replay(replicate(VmTrace("vm", of), vms), cores=16, interpreter_lock=True,
-                      lock_handoff_ns=5_000, lock_release_takes=share).lock_sleeps
-    assert sleeps(1.0, 1) == 0
-    assert sleeps(1.0, 2) > sleeps(0.5, 2) > sleeps(0.0, 2)
-    kept = tuple(replace(s, releases=0) for s in steps)  # a release never lost: none
-    assert sleeps(0.0, 2) == sleeps(1.0, 2, kept)
-    lost = {n: (sleeps(0.3, n) - sleeps(0.0, n)) / n for n in (2, 4)}
-    assert lost[4] > 1.3 * lost[2], lost  # 1 - 0.7^2 = 0.51 a release against 0.3
+                      lock_handoff_ns=5_000, lock_signal_ns=signal_ns)
+    assert run(steps, 1).lock_sleeps == 0
+    assert run(steps, 2).lock_sleeps > 3 * run(kept, 2).lock_sleeps > 0
+    signalled = run(steps, 2, 5_000).makespan_ns - run(steps, 2).makespan_ns
+    assert signalled > 30 * 5_000, signalled
 
 
-def test_a_sweep_replays_with_the_profiles_share_of_releases_lost(tmp_path):
+def test_a_sweep_replays_with_the_profiles_signal(tmp_path):
     from gpuvm.calibrate.emulator import to_toml
     from gpuvm.sim.sweep import SweepPoint, run_point
 
@@ -189,12 +190,12 @@ def test_a_sweep_replays_with_the_profiles_share_of_releases_lost(tmp_path):
     vms = [{"name": "vm", "benchmark": "idle", "params": [], "start_s": 0.0,
             "share": 1.0}] * 2
 
-    def makespan(share: float) -> int:
-        path = tmp_path / f"share-{share}.toml"
-        path.write_text(to_toml(replace(LOCKED_COSTS, lock_release_takes=share), "test"))
+    def makespan(signal_ns: float) -> int:
+        path = tmp_path / f"signal-{signal_ns}.toml"
+        path.write_text(to_toml(replace(LOCKED_COSTS, lock_signal_ns=signal_ns), "test"))
         return run_point(SweepPoint("s", "fv", "fifo", 0, str(path)), vms,
                          {key: {"events": RELEASING}})["makespan_ns"]
-    assert makespan(1.0) > makespan(0.0)
+    assert makespan(20_000.0) > makespan(0.0)
 
 
 def _bundle_fit(bundle: Path):
@@ -213,26 +214,21 @@ def _without_releases(bundle: Path, into: Path) -> Path:
     return into
 
 
-def test_counted_releases_explain_pvs_dearer_handoff_and_its_short_eight_vms(tmp_path):
-    """Charged one take per exit, pv needed a hand-off 7x fv-opt's to come out right at
-    2 VMs (82 against 11 us when the bundle was added), and was 33% short at 8 VMs;
-    with its releases counted both modes need about the same, and pv at 8 VMs is within
-    5% (mean |error| 21.3% -> 7.4%).  Both on the bundle's 16 cores: fitted without the
-    releases, the host cores come out fewer than the machine has (one, since a lock
-    holder preempts a guest where no core is free: replay._System.holder_on_core) --
-    the fit makes pv's missing time up with a host it does not have."""
+def test_counted_releases_bring_pv_closer_on_the_bundles_cores(tmp_path):
+    """On the bundle's 16 cores, pv with its releases counted comes out closer at 2, 4
+    and 8 VMs than without them (-22 / -20 / -32% against -31 / -35 / -42% on
+    2026-11-29): each release lets a woken VM find the lock taken back.  The bundle
+    predates the wake cost and the guests' growth, so the model is short either way,
+    and the cores fitted on its 2-VM points come out at one -- where a thread owns the
+    one core until it blocks, none ever sleeps for the lock, and the releases change
+    nothing at all."""
     counted = _bundle_fit(RELEASES_BUNDLE)
     plain = _bundle_fit(_without_releases(RELEASES_BUNDLE, tmp_path / "plain"))
-    assert 0 < counted.profile.lock_release_takes <= 1
-    assert counted.profile.host_cores == HOST_CORES
+    assert counted.profile.host_cores == plain.profile.host_cores == 1
+    assert [p.error_pct for p in counted.points] == [p.error_pct for p in plain.points]
     at_host = {k: (a.kept, replace(a.profile, host_cores=float(HOST_CORES)))
                for k, a in {"counted": counted, "plain": plain}.items()}
     error = {k: {(m.mode, m.vms): 100 * validation.relative_error(m, profile) for m in kept}
              for k, (kept, profile) in at_host.items()}
-    assert abs(error["counted"][("pv", 8)]) < 10 < abs(error["plain"][("pv", 8)])
-    mean = {k: np.mean([abs(e) for e in errors.values()]) for k, errors in error.items()}
-    assert mean["counted"] < 12 < mean["plain"], mean
-    needed = {k: validation.needed_handoffs([m for m in kept if m.vms == 2], profile)
-              for k, (kept, profile) in at_host.items()}
-    ratio = {k: n[("pv", 2)] / n[("fv-opt", 2)] for k, n in needed.items()}
-    assert ratio["counted"] < 2 < 4 < ratio["plain"], needed
+    for vms in (2, 4, 8):
+        assert error["counted"][("pv", vms)] > error["plain"][("pv", vms)] + 5, error

@@ -4,11 +4,10 @@ long they waited (gpuvm.calibrate.lock_turns), and the wake curve made from it."
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
-from gpuvm.calibrate import lock_turns, validation
+from gpuvm.calibrate import lock_turns
 from gpuvm.calibrate.command import print_wake
 from gpuvm.calibrate.lock_turns import Turns, take_turns, through_lock
 from gpuvm.calibrate.wake import WakeCurve
@@ -75,28 +74,3 @@ def test_a_bundle_keeps_the_turns_and_says_where_its_curve_came_from(capsys):
     assert "3 threads: 100 -> 12.0 (not kept)" in out
     print_wake(EXITS, {"wake": EXITS.to_about()})  # a bundle from before the turns
     assert capsys.readouterr().out.startswith("a thread woken after sleeping (us)")
-
-
-LOCK_BUNDLE = Path(__file__).parent / "data" / "validation-h100-lock"
-
-
-def _fit(measured, fits, about, curve: WakeCurve):
-    return {(p.mode, p.vms): p.error_pct
-            for p in validation.analyse(measured, fits, about["cpus"], curve,
-                                        with_spread=False, with_halves=False).points}
-
-
-def test_the_locks_own_hand_off_prices_eight_vms_closer_than_the_pipes():
-    """tests/data/validation-h100-lock: fv-opt and pv of results/validation/
-    20261126-052322 (lent 16-core machine), whose bundle keeps both curves: the one
-    from threads taking turns at the lock (waits 57 -> 577 us: idle 12.4 -> 18.3 us) and
-    the exits' own (through a pipe).  Fitted with the lock's, fv-opt at 8 VMs comes out
-    within 5% (-0.6% when the bundle was added); with the pipe's, 9.5% short -- the
-    pipe's curve on that machine rose less between the 2-VM and the 8-VM waits."""
-    measured, fits, about = validation.load(LOCK_BUNDLE)
-    assert [t["threads"] for t in about["lock_turns"]] == [2, 3, 4, 6, 8, 12]
-    lock = _fit(measured, fits, about, WakeCurve.from_about(about))
-    pipe = _fit(measured, fits, about, WakeCurve.from_about({"wake": about["wake_on_exits"]}))
-    assert abs(lock[("fv-opt", 8)]) < 5 < -pipe[("fv-opt", 8)], (lock, pipe)
-    assert lock[("fv-opt", 8)] - pipe[("fv-opt", 8)] > 5
-    assert all(abs(lock[("fv-opt", n)]) < 5 for n in (2, 4)), lock

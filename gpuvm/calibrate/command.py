@@ -153,6 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--handoff-us", type=float, default=None,
                    help="the model's hand-off (default: the lock's idle time per take "
                         "of 4 threads taking turns, measured first)")
+    p.add_argument("--signal-us", type=float, default=None,
+                   help="what waking a thread costs the model's waker (default: "
+                        "measured first, gpuvm.calibrate.wake_cost)")
     f = parser.add_argument_group("--pt-footprint")
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
     f.add_argument("--vms", default=None,
@@ -385,13 +388,15 @@ def main_emulator(args: argparse.Namespace) -> int:
     for key in ("trap_ns", "exit_free_ns", "mmio_native_ns", "io_exit_ns", "wait_ns",
                 "hypercall_ns", "hcall_entry_ns", "shadow_sync_ns", "pte_scanned_ns",
                 "pt_zero_word_ns", "remap_ns", "host_cores", "lock_handoff_ns",
-                "lock_release_takes"):
+                "lock_signal_ns"):
         t.add_row(key, f"{getattr(profile, key):,.2f}")
     console.print(t)
     if profile_out is not None:
         print(f"profile written to {profile_out}")
     print_wake(wake, about)
     print_wake_cost(about)
+    if not about.get("isolated"):
+        print_lock_prices(profile, about)
     print("what recording a trace cost per event, taken off its exit loop (timed apart, "
           "gpuvm.calibrate.record_cost): "
           + (f"{recorder / 1e3:.2f} us" if recorder else "not measured (the traces are "
@@ -436,8 +441,7 @@ def main_emulator(args: argparse.Namespace) -> int:
         print(validation.core_summary(cores, speeds, points))
     if not about.get("isolated"):  # VMs as threads: the one shape with the lock
         print_needed_handoffs(validation.needed_handoffs(kept, profile),
-                              profile.lock_handoff_ns, validation.FIT_VMS)
-        print_handoff_pull(validation.handoff_pull(kept, profile), profile.lock_handoff_ns)
+                              profile.lock_handoff_ns)
         print_vcpu_usage(analysis.spread)
     if bundle is not None:
         print(f"measurements and points written to {bundle} (re-analyse with "
@@ -803,24 +807,29 @@ def main_lock_probe(args: argparse.Namespace) -> int:
     if args.held_us <= 0 or args.loops < 1:
         raise UserError(f"--held-us must be above 0 and --loops at least 1, got "
                         f"{args.held_us:g} and {args.loops}")
-    if args.handoff_us is not None and args.handoff_us < 0:
-        raise UserError(f"--handoff-us must be >= 0, got {args.handoff_us:g}")
+    for name, value in (("--handoff-us", args.handoff_us), ("--signal-us", args.signal_us)):
+        if value is not None and value < 0:
+            raise UserError(f"{name} must be >= 0, got {value:g}")
     cores = os.cpu_count() or 1
     load_before = round(os.getloadavg()[0], 2)
     handoff_ns = round(args.handoff_us * 1e3) if args.handoff_us is not None else \
         lock_turns.take_turns(lock_probe.HANDOFF_THREADS).idle_ns
-    runs = lock_probe.measure(threads, free, args.held_us, args.loops)
-    pairs = [(run, lock_probe.modelled(run, cores, handoff_ns)) for run in runs]
     woken = wake_cost.measure()
+    signal_ns = round(args.signal_us * 1e3) if args.signal_us is not None else \
+        round(woken.signal_ns)
+    runs = lock_probe.measure(threads, free, args.held_us, args.loops)
+    pairs = [(run, lock_probe.modelled(run, cores, handoff_ns, signal_ns=signal_ns))
+             for run in runs]
     if args.json:
         print(json.dumps({"cores": cores, "load": load_before, "handoff_ns": handoff_ns,
-                          wake_cost.ABOUT_KEY: woken.to_about(),
+                          "signal_ns": signal_ns, wake_cost.ABOUT_KEY: woken.to_about(),
                           "runs": [{"probe": asdict(r), "model": asdict(m)}
                                    for r, m in pairs]}, indent=1))
         return 0
     t = Table(title=f"threads looping {args.held_us:g} us under the interpreter lock and a "
                     f"free stretch off it, per loop: {cores} cores at load {load_before}; "
-                    f"the model's hand-off {handoff_ns / 1e3:.1f} us")
+                    f"the model's hand-off {handoff_ns / 1e3:.1f} us, signal "
+                    f"{signal_ns / 1e3:.2f} us")
     for col in ("threads", "free us", "probe us", "probe sleeps", "model us",
                 "model sleeps", "model error %"):
         t.add_column(col, justify="right")
@@ -842,7 +851,7 @@ def print_growth(profile: CostProfile) -> None:
     its scale begins at (one VM where the rounds timed one VM alone, else the
     hand-off's FIT_VMS)."""
     from gpuvm.calibrate import lock_use
-    from gpuvm.experiment.costs import LOCK_WORK_SCALE_OF
+    from gpuvm.experiment.costs import GUEST_WORK_SCALE_OF, LOCK_WORK_SCALE_OF
     base = int(profile.lock_work_vms[0])
     beside = "one VM's" if base == 1 else f"{base} VMs'"
     bench = {lock_use.PV_GROWTH_MODE: lock_use.PV_GROWTH_BENCHMARK}
@@ -853,16 +862,40 @@ def print_growth(profile: CostProfile) -> None:
     print(f"the work under the lock, beside {beside} (timed apart, VMs of each mode): "
           + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}) "
                       f"{lock_use.text(profile.lock_work_vms, scale)}" for mode, scale in scales))
+    guests = [(mode, getattr(profile, GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale")))
+              for mode in (lock_use.GROWTH_MODE, lock_use.PV_GROWTH_MODE,
+                           *lock_use.BESIDE_MODES)]
+    if any(scale for _, scale in guests):
+        print("the guests' time inside KVM_RUN, beside one VM's (the same runs): "
+              + "; ".join(f"{mode} {lock_use.text(profile.lock_work_vms, scale)}"
+                          for mode, scale in guests if scale))
 
 
 def print_wake_cost(about: dict) -> None:
     """What waking a sleeping thread cost the waker in this sitting (measured since
-    2026-11-29 for the lock model to come: gpuvm.calibrate.wake_cost)."""
+    2026-11-29: gpuvm.calibrate.wake_cost; the replay's lock_signal_ns)."""
     from gpuvm.calibrate.wake_cost import WakeCost
 
     woken = WakeCost.from_about(about)
     print("waking a sleeping thread costs the thread that wakes it: "
           + (woken.text() if woken else "not measured in this bundle"))
+
+
+def print_lock_prices(profile: CostProfile, about: dict) -> None:
+    """How the replay's interpreter lock was priced (validation.price_lock): each cost
+    measured in the sitting, or fitted on the 2-VM points where the bundle is from
+    before it was measured."""
+    from gpuvm.calibrate import validation
+    from gpuvm.calibrate.wake_cost import WakeCost
+
+    fitted = f"fitted on {validation.FIT_VMS} VMs (not measured in this bundle)"
+    print(f"the lock as priced: a woken thread lands {profile.lock_handoff_ns / 1e3:.1f} us "
+          "later ("
+          + ("the wake-up curve at its shortest sleep" if profile.wake_latency_ns else fitted)
+          + f"); waking it costs the thread letting the lock go "
+          f"{profile.lock_signal_ns / 1e3:.2f} us ("
+          + ("measured" if WakeCost.from_about(about) else
+             fitted if profile.wake_latency_ns else "none: not measured") + ")")
 
 
 def print_wake(wake, about: dict) -> None:
@@ -956,36 +989,17 @@ def print_halves(console, per_bundle) -> None:
     print(halves.summary(per_bundle))
 
 
-def print_needed_handoffs(needed: dict[tuple[str, int], float], fitted: float,
-                          fit_vms: int) -> None:
+def print_needed_handoffs(needed: dict[tuple[str, int], float], priced: float) -> None:
     """One line per mode: the interpreter lock's hand-off each count of VMs as threads
-    would need to come out right, beside the one fitted for all of them."""
+    would need to come out right, beside the one every point was priced with."""
     modes = sorted({mode for mode, _ in needed})
     if not modes:
         return
-    print(f"the lock hand-off each point needs (us; fitted on {fit_vms} VMs: "
-          f"{fitted / 1e3:.1f}):")
+    print(f"the lock hand-off each point needs (us; priced at {priced / 1e3:.1f}):")
     for mode in modes:
         print(f"  {mode}: " + ", ".join(f"{vms} VMs {ns / 1e3:.1f}"
                                         for (m, vms), ns in sorted(needed.items())
                                         if m == mode))
-
-
-def print_handoff_pull(pulls, fitted: float) -> None:
-    """A line per point the hand-off is fitted on, under a header: its error priced at
-    the fitted cost less and plus validation.HANDOFF_PULL_NS and at it -- whether those
-    points fix the cost the 4- and 8-VM points are predicted with."""
-    from gpuvm.calibrate import validation
-    if not pulls:
-        return
-    step = validation.HANDOFF_PULL_NS / 1e3
-    low = max(0.0, fitted / 1e3 - step)
-    print(f"the points the hand-off is fitted on, their error (%) priced at {low:.1f} / "
-          f"{fitted / 1e3:.1f} / {fitted / 1e3 + step:.1f} us (one that barely moves does "
-          f"not fix the cost):")
-    for p in pulls:
-        print(f"  {p.mode}: {validation.FIT_VMS} VMs {p.below_pct:+.1f} / {p.at_pct:+.1f} / "
-              f"{p.above_pct:+.1f}")
 
 
 def print_vcpu_usage(spread) -> None:

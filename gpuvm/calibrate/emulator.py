@@ -23,8 +23,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpuvm.experiment.costs import (MODE_LOCK_WORK_SCALES, MODE_RECORD_EVENTS, CostProfile,
-                                   mmio_exits)
+from gpuvm.experiment.costs import (GUEST_WORK_SCALES, MODE_LOCK_WORK_SCALES,
+                                   MODE_RECORD_EVENTS, CostProfile, mmio_exits)
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.replay import ReplayResult, replay, traces_for_run
 
@@ -217,12 +217,13 @@ def to_toml(profile: CostProfile, command: str) -> str:
                 "pte_scanned_ns", "shadow_sync_ns", "remap_ns", "bounce_byte_ns", "host_cores",
                 "exit_free_ns", "wait_ns", "interpreter_lock", "guest_time", "recorded_times",
                 "record_event_ns", *MODE_RECORD_EVENTS, "lock_handoff_ns",
-                "lock_release_takes"):
+                "lock_signal_ns"):
         lines.append(f"{key} = {getattr(profile, key):.6g}")
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \
         (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ()) + \
-        tuple(key for key in MODE_LOCK_WORK_SCALES if getattr(profile, key))
+        tuple(key for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES)
+              if getattr(profile, key))
     for key in curves:
         lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")
     return "\n".join(lines) + "\n"

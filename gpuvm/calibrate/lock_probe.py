@@ -2,7 +2,7 @@
 loops, side by side.
 
 The model's threaded-VM predictions stand or fall with how it has threads take turns at
-the interpreter lock (gpuvm.sim.replay, _System.holding).  Read off the validation
+the interpreter lock (gpuvm.sim.replay, _System).  Read off the validation
 bundles, every VM count mixes that lock with KVM, the guests, the recorder and the host
 cores, and each change to the lock moved some points and not others
 (docs/model-validation.md, "One hand-off for 4 and 8 VMs on two cores").  This probe
@@ -139,15 +139,18 @@ def measure(threads: Sequence[int] = THREADS, free_us: Sequence[float] = FREE_US
     return [min(runs, key=lambda r: r.loop_ns) for runs in seen.values()]
 
 
-def modelled(run: ProbeRun, cores: int, handoff_ns: int, loops: int = 1000) -> ProbeRun:
+def modelled(run: ProbeRun, cores: int, handoff_ns: int, loops: int = 1000,
+             signal_ns: int = 0) -> ProbeRun:
     """The model's replay of `run`'s loops (gpuvm.sim.replay): each thread a VM whose
     steps are `free_us` on a core and `held_us` under the interpreter lock, one exit
-    each, on `cores` host cores with the lock's hand-off at `handoff_ns`."""
+    each, on `cores` host cores with the lock's hand-off at `handoff_ns` and a wake-up
+    costing the waker `signal_ns`."""
     from gpuvm.sim.replay import CPU, FREE, Step, VmTrace, replay, replicate
 
     loop = (Step(FREE, round(run.free_us * 1e3), "Init"),
             Step(CPU, round(run.held_us * 1e3), "Init", 1))
     result = replay(replicate(VmTrace("thread", loop * loops), run.threads), cores=cores,
-                    interpreter_lock=True, lock_handoff_ns=handoff_ns)
+                    interpreter_lock=True, lock_handoff_ns=handoff_ns,
+                    lock_signal_ns=signal_ns)
     return ProbeRun(run.threads, run.free_us, run.held_us, result.makespan_ns / loops,
                     result.lock_sleeps / (loops * run.threads))

@@ -214,14 +214,15 @@ def fastest_runs(uses: Sequence[LockUse]) -> list[LockUse]:
     return [u for u in uses if best[(u.mode, u.vms)] is u]
 
 
-def growth(uses: Sequence[LockUse], base_vms: int, mode: str = GROWTH_MODE
+def growth(uses: Sequence[LockUse], base_vms: int, mode: str = GROWTH_MODE,
+           work: Callable[[LockUse], int] = lambda u: u.held_ns
            ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The VM counts from `base_vms` up and how much longer the work under the lock per
     exit took at each than at `base_vms`, in the runs of `mode` (each count's fastest
-    run, `fastest_runs`: its held time over its exits).  Empty where `base_vms` was not
-    measured."""
-    pooled = _pooled(fastest_runs(uses), mode, lambda u: u.held_ns, lambda u: u.exits)
-    if base_vms not in pooled:
+    run, `fastest_runs`: its held time over its exits; `work`: another of its times in
+    place of the held one).  Empty where `base_vms` was not measured (or took none)."""
+    pooled = _pooled(fastest_runs(uses), mode, work, lambda u: u.exits)
+    if base_vms not in pooled or not pooled[base_vms][0]:
         return (), ()
     base = pooled[base_vms][0] / max(1, pooled[base_vms][1])
     counts = sorted(n for n in pooled if n >= base_vms)
@@ -236,6 +237,17 @@ def growths_beside_one(uses: Sequence[LockUse]
     module)."""
     modes = sorted({u.mode for u in uses if u.vms == ALONE_VMS})
     return {mode: growth(uses, ALONE_VMS, mode) for mode in modes}
+
+
+def guest_growths_beside_one(uses: Sequence[LockUse]
+                             ) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Per mode timed alone (ALONE_VMS) too, the VM counts from one up and how much
+    longer the guests' time on their cores inside KVM_RUN took per exit at each than
+    with one VM (the vCPU threads' CPU there: in_run_cpu_ns), each count's fastest run
+    -- what the guests' stretches between exits grow by (CostProfile.guest_work_scale)."""
+    modes = sorted({u.mode for u in uses if u.vms == ALONE_VMS})
+    return {mode: growth(uses, ALONE_VMS, mode, lambda u: u.in_run_cpu_ns)
+            for mode in modes}
 
 
 def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:

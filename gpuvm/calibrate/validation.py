@@ -58,11 +58,12 @@ from gpuvm.calibrate.core_speed import PROBE_PERIOD_S, SLOW_FACTOR, CoreSamples,
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint, predicted_from_traces
 from gpuvm.calibrate.halves import HalfPoint
 from gpuvm.calibrate.lock_use import (BESIDE_MODES, GROWTH_MODE, PV_GROWTH_MODE, LockUse,
-                                      growth, growths_beside_one)
+                                      growth, growths_beside_one, guest_growths_beside_one)
 from gpuvm.calibrate.stats import (FIT_SAMPLES_FACTOR, MAX_REPS_FACTOR, RUN_SAMPLES_S,
                                   SHORT_MODE_S, run_samples, repeats)
 from gpuvm.calibrate.wake import WakeCurve
-from gpuvm.experiment.costs import LOCK_WORK_SCALE_OF, CostProfile
+from gpuvm.calibrate.wake_cost import WakeCost
+from gpuvm.experiment.costs import GUEST_WORK_SCALE_OF, LOCK_WORK_SCALE_OF, CostProfile
 
 FIT_VMS = 2  # the VM count the host cores are fitted on
 
@@ -243,107 +244,48 @@ HANDOFF_MAX_NS = 200_000  # a wake-up slower than this is not a hand-off but a s
 HANDOFF_RESOLUTION_NS = 500  # how close to its crossing a fitted or needed hand-off is
 
 
-def releases_per_exit(trace: Mapping) -> float:
-    """How often a trace's handlers let the interpreter lock go inside, per exit
-    (gpuvm.vmm.lock_releases; 0 for a trace that did not count them)."""
-    from gpuvm.vmm.event_trace import LOCK_RELEASES
-    events = trace["events"]
-    return float(events.counter(LOCK_RELEASES).sum()) / max(1, int(events.events.sum()))
+def price_lock(points: Sequence[Measured], profile: CostProfile,
+               cores: int | None = None, signal_ns: float | None = None) -> CostProfile:
+    """`profile` with the host cores set to `cores` (default: the machine's) and the
+    interpreter lock priced as measured beside the runs: the hand-off is the wake-up
+    curve's latency at its shortest sleep (wake_latency_ns[0]: the lock's own timed
+    rounds, else the threads apart), the signal `signal_ns` (what a wake-up cost the
+    waker, gpuvm.calibrate.wake_cost).  Nothing about the lock is fitted where both
+    were measured.
 
-
-def fit_handoff(points: Sequence[Measured], profile: CostProfile,
-                cores: int | None = None) -> CostProfile:
-    """The interpreter lock's hand-off cost (CostProfile.lock_handoff_ns) and the share
-    of the releases inside handlers that cost a take (lock_release_takes) for which the
-    FIT_VMS-VM points come out right on average (their mean relative error is 0; it
-    grows with either, so bisection finds it), with the host cores set to `cores`
-    (default: the machine's).  The cost is fitted on the modes whose handlers seldom
-    let the lock go (fewer than FEW_RELEASES per exit: there each take is an exit's),
-    the share on the others -- which releases hand the lock over is the one thing
-    their extra time says; by turns, until neither moves.  Where all modes are of one
-    kind, the cost alone on all of them, every release a take.  A cost of 0 where the
-    runs show none at all."""
+    A bundle from before either was measured gets the one it lacks fitted on the
+    FIT_VMS-VM points (their mean relative error 0; it grows with either cost): the
+    signal where only the curve was measured, else the hand-off with no signal.
+    VMs in processes of their own share no interpreter lock: only the cores then."""
     fit = [m for m in points if m.vms == FIT_VMS]
     profile = replace(profile, host_cores=float(cores or os.cpu_count() or 1))
     from gpuvm.sim.replay import served
     if not fit or any(served(m.trace["events"]) for m in fit):
-        # VMs in processes of their own share no interpreter lock: each waits for the
-        # server's one thread, and the server's time is in the trace
+        # each VM waits for the server's one thread, and the server's time is in the trace
         return profile
 
-    # the turns below come back to the prices they tried before (the share settles by
-    # going back and forth between two values): each replay is seconds, so none twice
-    seen: dict[tuple[float, float, tuple[int, ...]], float] = {}
-
-    def mean_error(p: CostProfile, of: Sequence[Measured]) -> float:
-        key = (p.lock_handoff_ns, p.lock_release_takes, tuple(id(m) for m in of))
-        if key not in seen:
-            seen[key] = sum(relative_error(m, p) for m in of) / len(of)
-        return seen[key]
-    few, many = _by_releases(fit)
-    if not few or not many:
-        profile = replace(profile, lock_release_takes=1.0)
-        return replace(profile, lock_handoff_ns=_handoff_where_zero(
-            lambda handoff: mean_error(replace(profile, lock_handoff_ns=handoff), fit)))
-    for turn in range(FIT_TURNS):
-        # after the first turn the share moved little, so the cost does too: look
-        # within a resolution of the last one first
-        handoff = _handoff_where_zero(
-            lambda h: mean_error(replace(profile, lock_handoff_ns=h), few),
-            near=profile.lock_handoff_ns if turn else None)
-        profile = replace(profile, lock_handoff_ns=handoff)
-        takes = _share_where_zero(
-            lambda share: mean_error(replace(profile, lock_release_takes=share), many))
-        settled = abs(takes - profile.lock_release_takes) < SHARE_RESOLUTION
-        profile = replace(profile, lock_release_takes=takes)
-        if settled:
-            break
-    return profile
+    def mean_error(p: CostProfile) -> float:
+        return sum(relative_error(m, p) for m in fit) / len(fit)
+    if profile.wake_latency_ns:
+        profile = replace(profile, lock_handoff_ns=float(profile.wake_latency_ns[0]))
+        if signal_ns is not None:
+            return replace(profile, lock_signal_ns=float(signal_ns))
+        return replace(profile, lock_signal_ns=_cost_where_zero(
+            lambda ns: mean_error(replace(profile, lock_signal_ns=ns)),
+            most=SIGNAL_MAX_NS))
+    profile = replace(profile, lock_signal_ns=float(signal_ns or 0.0))
+    return replace(profile, lock_handoff_ns=_cost_where_zero(
+        lambda ns: mean_error(replace(profile, lock_handoff_ns=ns))))
 
 
-FEW_RELEASES = 0.5  # releases per exit below which a mode's runs fit the hand-off cost
-FIT_TURNS = 4  # fits of the cost and the share by turns, at most
-SHARE_RESOLUTION = 1 / 128  # how close to its crossing a fitted share is
+SIGNAL_MAX_NS = 50_000  # a wake-up's cost to the waker beyond this is not a signal
 
 
-def _by_releases(fit: Sequence[Measured]) -> tuple[list[Measured], list[Measured]]:
-    """`fit`'s points whose handlers seldom let the lock go (fewer than FEW_RELEASES
-    per exit), and the others."""
-    few = [m for m in fit if releases_per_exit(m.trace) < FEW_RELEASES]
-    return few, [m for m in fit if m not in few]
-
-
-def handoff_fit_points(points: Sequence[Measured]) -> list[Measured]:
-    """The FIT_VMS-VM points of VMs as threads that `fit_handoff` fits the hand-off
-    cost on: those whose handlers seldom let the lock go, or all where every mode is of
-    one kind."""
-    from gpuvm.sim.replay import served
-    fit = [m for m in points if m.vms == FIT_VMS and not served(m.trace["events"])]
-    few, many = _by_releases(fit)
-    return few if few and many else fit
-
-
-def _share_where_zero(error: Callable[[float], float]) -> float:
-    """The share in [0, 1] at which `error` (growing with it) crosses 0, by bisection to
-    SHARE_RESOLUTION; 0 where even none is too much, 1 where even all is too little."""
-    low, high = 0.0, 1.0
-    if error(high) <= 0:
-        return high
-    if error(low) >= 0:
-        return low
-    while high - low > SHARE_RESOLUTION:
-        middle = (low + high) / 2
-        if error(middle) < 0:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
-def _handoff_where_zero(error: Callable[[float], float], near: float | None = None) -> float:
-    """The hand-off at which `error` (the predictions' relative error; it grows with
+def _cost_where_zero(error: Callable[[float], float], most: float = HANDOFF_MAX_NS
+                     ) -> float:
+    """The cost (ns) at which `error` (the predictions' relative error; it grows with
     the cost) crosses 0, to HANDOFF_RESOLUTION_NS: 0 where even none is too much,
-    HANDOFF_MAX_NS where even that is too little.
+    `most` where even that is too little.
 
     Each call of `error` is a replay (seconds for eight fv VMs), so the crossing is
     looked for where the line through the bracket's ends crosses 0 -- the error is
@@ -351,31 +293,16 @@ def _handoff_where_zero(error: Callable[[float], float], near: float | None = No
     step that did not halve the bracket is followed by a bisection, so a far from
     linear error costs at most what bisection would, three times over.  About six
     replays instead of bisection's twenty.
-
-    `near`: where the crossing likely is (a fit of the same cost a moment ago): the
-    bracket is first looked for a resolution either side of it -- two replays where
-    it is there, and each point tried narrows the bracket either way (the error grows
-    with the cost), so a wrong guess costs those two at most."""
+    """
     # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
-    low, high = 1.0, float(HANDOFF_MAX_NS)
+    low, high = 1.0, float(most)
     step = float(HANDOFF_RESOLUTION_NS)
-    e_low: float | None = None
-    e_high: float | None = None
-    if near is not None:
-        for x in (max(low + 1.0, near - step), min(high - 1.0, near + step)):
-            e = error(x)
-            if e >= 0:
-                high, e_high = x, e
-                break
-            low, e_low = x, e
-    if e_low is None:
-        e_low = error(low)
-        if e_low >= 0:
-            return 0.0
-    if e_high is None:
-        e_high = error(high)
-        if e_high <= 0:
-            return high
+    e_low = error(low)
+    if e_low >= 0:
+        return 0.0
+    e_high = error(high)
+    if e_high <= 0:
+        return high
 
     def at(x: float) -> bool:
         """Evaluate at x, narrow the bracket; whether x was too cheap."""
@@ -439,61 +366,22 @@ def relative_error(m: Measured, profile: CostProfile) -> float:
 
 
 def _needed_handoff(m: Measured, profile: CostProfile) -> float:
-    return _handoff_where_zero(
+    return _cost_where_zero(
         lambda handoff: relative_error(m, replace(profile, lock_handoff_ns=handoff)))
 
 
 def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
                     min_cores: int = PARALLEL_MIN_CORES) -> dict[tuple[str, int], float]:
     """Per kept point of VMs as threads with more than one VM, the hand-off for which
-    that point alone would come out right.  One cost is fitted for every mode and
-    count (`fit_handoff`); where these differ -- by mode, or growing with the VM
-    count -- the lock's cost depends on more than the exits the model charges it for
-    (docs/model-validation.md).  Replays each point about six times
-    (`_handoff_where_zero`): half a minute for fv's eight VMs, so the points go to
+    that point alone would come out right, beside the one measured (`price_lock`):
+    where these differ -- by mode, or growing with the VM count -- the lock's turns
+    depend on more than the rules the replay gives them (docs/model-validation.md).
+    Replays each point about six times (`_cost_where_zero`): half a minute for fv's eight VMs, so the points go to
     worker processes where the host has the cores (`in_parallel`)."""
     from gpuvm.sim.replay import served
     threaded = [m for m in points if m.vms >= 2 and not served(m.trace["events"])]
     needed = in_parallel(partial(_needed_handoff, profile=profile), threaded, min_cores)
     return {(m.mode, m.vms): ns for m, ns in zip(threaded, needed)}
-
-
-HANDOFF_PULL_NS = 5_000  # how far either side of the fitted hand-off `handoff_pull` prices
-
-
-@dataclass(frozen=True)
-class HandoffPull:
-    """One point the hand-off is fitted on, its relative error (%) priced at the fitted
-    cost less and plus HANDOFF_PULL_NS, and at it.  A point whose error barely moves
-    across that does not fix the cost: on a 2-core host where fv's VMs spend three
-    quarters of their time inside KVM_RUN, fv's and fv-opt's 2-VM errors moved by at
-    most 1.5 points from 0 to 10 us, fv-opt's then by 46 by 20 us, and the fitted cost
-    came out at 15 us in one sitting and 0 in the next (docs/model-validation.md,
-    "Another 2-core host")."""
-
-    mode: str
-    below_pct: float
-    at_pct: float
-    above_pct: float
-
-
-def _error_pct(point_and_profile: tuple[Measured, CostProfile]) -> float:
-    return 100 * relative_error(*point_and_profile)
-
-
-def handoff_pull(points: Sequence[Measured], profile: CostProfile,
-                 step_ns: float = HANDOFF_PULL_NS, min_cores: int = PARALLEL_MIN_CORES
-                 ) -> list[HandoffPull]:
-    """How far the points the hand-off is fitted on (`handoff_fit_points`) move with
-    it: each priced `step_ns` either side of the fitted cost (no lower than 1 ns, the
-    least `fit_handoff` tries).  Three replays a point, in worker processes where the
-    host has the cores (`in_parallel`)."""
-    fit = handoff_fit_points(points)
-    at = profile.lock_handoff_ns
-    costs = (max(1.0, at - step_ns), at, at + step_ns)
-    errors = in_parallel(_error_pct, [(m, replace(profile, lock_handoff_ns=c))
-                                      for m in fit for c in costs], min_cores)
-    return [HandoffPull(m.mode, *errors[3 * i:3 * i + 3]) for i, m in enumerate(fit)]
 
 
 def fit_cores(points: Sequence[Measured], profile: CostProfile, most: int | None = None
@@ -650,19 +538,22 @@ class Analysis:
 @dataclass(frozen=True)
 class AsideMeasures:
     """What a bundle keeps in its "about" beside its runs, measured apart from them, that
-    `analyse` takes: the host's wake-up curve, the lock's timed rounds, and what
-    recording a trace cost per event (timed apart; per mode in place, where measured)."""
+    `analyse` takes: the host's wake-up curve, the lock's timed rounds, what recording a
+    trace cost per event (timed apart; per mode in place, where measured), and what a
+    wake-up costs the waker (None: not measured in the bundle)."""
     wake: WakeCurve | None
     lock_use: list[LockUse]
     record_event_ns: float
     record_event_in_situ: dict[str, float]
+    wake_cost: WakeCost | None = None
 
     @classmethod
     def from_about(cls, about: Mapping[str, Any]) -> "AsideMeasures":
         """ValueError naming the key a bundle got wrong."""
         from gpuvm.calibrate import lock_use, record_cost
         return cls(WakeCurve.from_about(about), lock_use.from_about(about),
-                   record_cost.from_about(about), record_cost.in_situ_from_about(about))
+                   record_cost.from_about(about), record_cost.in_situ_from_about(about),
+                   WakeCost.from_about(about))
 
     def analyse(self, measured: Sequence[Measured],
                 fit_traces: Sequence[tuple[str, Mapping]], cores: int | None,
@@ -675,6 +566,7 @@ class AsideMeasures:
         return analyse(measured, fit_traces, cores, self.wake, self.lock_use,
                        record_event_ns=self.record_event_ns,
                        record_event_in_situ=self.record_event_in_situ if in_place else None,
+                       signal_ns=self.wake_cost.signal_ns if self.wake_cost else None,
                        **options)
 
 
@@ -686,7 +578,9 @@ def priced_growth(profile: CostProfile, lock_use: Sequence[LockUse]) -> CostProf
     before, fv's (and pv's where timed) beside the 2 VMs' the hand-off was fitted on,
     the hand-off holding every mode's growth to 2 VMs as fv's.  The timed work holds
     the exits' slowing after longer waits, so that is not priced twice
-    (wake_work_ns)."""
+    (wake_work_ns).  Where the rounds timed one VM alone, the guests' time inside
+    KVM_RUN grows as it did there too, each mode's own at fv's counts
+    (CostProfile.guest_work_scale)."""
     own = growths_beside_one(lock_use)
     vms, scale = own.get(GROWTH_MODE) or growth(lock_use, FIT_VMS)
     if not vms:
@@ -697,6 +591,10 @@ def priced_growth(profile: CostProfile, lock_use: Sequence[LockUse]) -> CostProf
             growth(lock_use, FIT_VMS, mode)
         if mode_vms == vms:  # timed at fv's counts (bundles from before: not at all)
             profile = replace(profile, **{LOCK_WORK_SCALE_OF[mode]: mode_scale})
+    for mode, (mode_vms, mode_scale) in guest_growths_beside_one(lock_use).items():
+        if mode_vms == vms and mode in (GROWTH_MODE, PV_GROWTH_MODE, *BESIDE_MODES):
+            profile = replace(profile, **{GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale"):
+                                          mode_scale})
     return profile
 
 
@@ -705,13 +603,15 @@ def analyse(measured: Sequence[Measured],
             cores: int | None = None, wake: WakeCurve | None = None,
             lock_use: Sequence[LockUse] = (), with_spread: bool = True,
             with_halves: bool = True, record_event_ns: float = 0.0,
-            record_event_in_situ: Mapping[str, float] | None = None) -> Analysis:
-    """Prices from every 1-VM trace (and `fit_traces`); the lock's hand-off cost, then
+            record_event_in_situ: Mapping[str, float] | None = None,
+            signal_ns: float | None = None) -> Analysis:
+    """Prices from every 1-VM trace (and `fit_traces`); the lock priced as measured
+    (`price_lock`: the hand-off from the wake-up curve, the signal `signal_ns`), then
     the host cores (1 .. `cores`, default the machine's) from the 2-VM runs; then each
     kept point predicted from its mode's fastest trace (`fastest`), and every
     repetition from its own (`spreads`).  With the host's `wake` curve (measured with
     the runs, gpuvm.calibrate.wake) a hand-off after a long wait costs what it says on
-    top of the fitted one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
+    top of the shortest one; with `lock_use` (runs timed apart, gpuvm.calibrate.lock_use)
     the work under the lock grows with the VM count as it did there (`priced_growth`:
     each timed mode's own, from one VM where the runs timed one alone), and
     the hand-off rises with the wait as it did there (lock_use.handoff_curve: in place of
@@ -736,7 +636,7 @@ def analyse(measured: Sequence[Measured],
         profile = wake.priced_in(profile)
     profile = priced_growth(profile, lock_use)
     kept = fastest(measured)
-    profile = fit_cores(kept, fit_handoff(kept, profile, cores), most=cores)
+    profile = fit_cores(kept, price_lock(kept, profile, cores, signal_ns), most=cores)
     chosen = halves.picks(measured, trace_ns) if with_halves else []
     replays = replay_each(measured if with_spread else [p.replay for p in chosen],
                           profile) if with_spread or chosen else {}

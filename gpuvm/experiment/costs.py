@@ -52,6 +52,16 @@ OWN_FIELD_MODES = ("fv-opt", "pv")  # the modes those fields are measured on
 LOCK_WORK_SCALE_OF = {mode: f"{prefix}lock_work_scale"
                       for mode, prefix in OWN_FIELD_PREFIX.items()}
 MODE_LOCK_WORK_SCALES = tuple(dict.fromkeys(LOCK_WORK_SCALE_OF.values()))  # each once
+# the guests' time inside KVM_RUN's growth with the VMs, timed in the same runs
+GUEST_WORK_SCALE_OF = {mode: f"{prefix}guest_work_scale"
+                       for mode, prefix in OWN_FIELD_PREFIX.items()}
+GUEST_WORK_SCALES = ("guest_work_scale",
+                     *dict.fromkeys(GUEST_WORK_SCALE_OF.values()))  # each once
+# keys that profiles written before no longer price: read, and let go
+RETIRED_KEYS = frozenset({
+    # the share of releases inside handlers that cost the lock, fitted on 2 VMs: the
+    # lock as CPython writes it (gpuvm.sim.replay) decides that at each release
+    "lock_release_takes"})
 # the recorder's cost per event, measured in place (gpuvm.calibrate.record_cost.in_situ)
 RECORD_EVENT_OF = {mode: f"{prefix}record_event_ns"
                    for mode, prefix in OWN_FIELD_PREFIX.items()}
@@ -121,11 +131,12 @@ class CostProfile:
     record_event_ns: float = 0.0
     fv_opt_record_event_ns: float = 0.0
     pv_record_event_ns: float = 0.0
-    # What passing the interpreter lock to another thread costs beyond the work done
-    # under it, per event that takes it while another thread holds or wants it: the
-    # waiter sleeps and must be woken (in a virtual machine a wake-up is an
-    # interprocessor interrupt to an idle vCPU, tens of microseconds), and meanwhile
-    # nobody runs Python.  Fitted with the host cores on the 2-VM runs.
+    # How long a thread woken for the interpreter lock takes to be running again (in a
+    # virtual machine a wake-up is an interprocessor interrupt to an idle vCPU, tens of
+    # microseconds); meanwhile the lock is free and a thread already running may take
+    # it (gpuvm.sim.replay).  The validation takes the wake-up curve's first latency,
+    # measured beside the runs (gpuvm.calibrate.validation.price_lock); bundles without
+    # a curve fit it on the 2-VM runs.  0 with interpreter_lock: a take costs nothing.
     lock_handoff_ns: float = 0.0
     # How long a thread takes to run again once woken, by how long it slept (measured
     # by `gpuvm calibrate --emulator` as the time the interpreter lock sits free when
@@ -145,14 +156,13 @@ class CostProfile:
     # 50-300 us -- its core went idle meanwhile, and its caches cold.  A thread that
     # waited for the lock longer pays that difference too.  Empty: not measured.
     wake_work_ns: tuple[float, ...] = ()
-    # Of the times a handler lets the interpreter lock go inside (counted in a trace:
-    # gpuvm.vmm.lock_releases), the share that cost it the lock where one thread waited
-    # for it: a release as short as a numpy loop over a few thousand entries is over
-    # before a sleeping waiter is awake, and the thread takes the lock straight back; a
-    # longer one (an ioctl) hands it over.  With more waiting, more of them do
-    # (gpuvm.sim.replay.RACING_WAITERS).  Fitted on the 2-VM makespans of the modes
-    # whose handlers let the lock go often (gpuvm.calibrate.validation.fit_handoff).
-    lock_release_takes: float = 1.0
+    # What letting the interpreter lock go costs the thread that lets it go, where that
+    # wakes a thread asleep for it: CPython's drop signals one waiter (a futex wake,
+    # through the hypervisor where the waiter's vCPU halted) and the dropper pays for it
+    # on its own core, off the lock (gpuvm.sim.replay._System.drop_lock).  Measured by
+    # `gpuvm calibrate --emulator` (gpuvm.calibrate.wake_cost): 5.3-8.7 us on the 2-core
+    # development host, 1.3-1.8 us on lent 16-core machines.  0: free.
+    lock_signal_ns: float = 0.0
     # How much longer the work under the interpreter lock takes with this many VMs run
     # as threads than with the first count of lock_work_vms: timed in runs of their own
     # (gpuvm.calibrate.lock_use: each vCPU thread's CPU outside KVM_RUN, per exit, fv VMs
@@ -173,11 +183,23 @@ class CostProfile:
     # the lent machines its work grew 1.12-1.39x from one VM to two where fv's grew
     # 1.25-1.41x in the same rounds.  Empty: as lock_work_scale.
     fv_opt_lock_work_scale: tuple[float, ...] = ()
+    # How much longer the guests' time on their cores between exits (inside KVM_RUN) takes
+    # with this many VMs as threads than with one, at the counts of lock_work_vms: timed
+    # in the same runs (gpuvm.calibrate.lock_use: each vCPU thread's CPU inside KVM_RUN
+    # per exit, each count's fastest run).  With the VMs' threads keeping their cores
+    # through their guest stretches, the cores' other threads and the hypervisor's
+    # wake-ups slow the guests: on the development host fv's grew about 1.2x at 4 VMs.
+    # Without it the lock as CPython writes it put 71 of 96 points of eight bundles
+    # within 10%, with it 90 (docs/model-validation.md).  Per mode as the work under the
+    # lock is (GUEST_WORK_SCALE_OF); empty: the guest's time as traced at any count.
+    guest_work_scale: tuple[float, ...] = ()
+    pv_guest_work_scale: tuple[float, ...] = ()
+    fv_opt_guest_work_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.lock_work_vms) != len(self.lock_work_scale):
             raise ValueError("lock_work_vms and lock_work_scale differ in length")
-        for key in MODE_LOCK_WORK_SCALES:
+        for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES):
             if getattr(self, key) and len(getattr(self, key)) != len(self.lock_work_vms):
                 raise ValueError(f"lock_work_vms and {key} differ in length")
         if list(self.lock_work_vms) != sorted(self.lock_work_vms) or \
@@ -224,12 +246,23 @@ class CostProfile:
         """How much longer the work under the interpreter lock takes with `vms` VMs of
         `mode` as threads (lock_work_vms and the scale LOCK_WORK_SCALE_OF names for the
         mode where measured, else lock_work_scale; 1 where nothing is measured)."""
+        return self._grown(vms, getattr(self, LOCK_WORK_SCALE_OF.get(mode, "lock_work_scale"))
+                           or self.lock_work_scale)
+
+    def guest_work_factor(self, vms: int, mode: str = "fv") -> float:
+        """How much longer the guests' stretches between exits take with `vms` VMs of
+        `mode` as threads (lock_work_vms and the scale GUEST_WORK_SCALE_OF names for the
+        mode where measured, else guest_work_scale; 1 where nothing is measured)."""
+        return self._grown(vms, getattr(self, GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale"))
+                           or self.guest_work_scale)
+
+    def _grown(self, vms: int, scale: tuple[float, ...]) -> float:
+        """`scale` at `vms` VMs on lock_work_vms' counts: linear in log2 of the count
+        between them, flat beyond them, 1 below the first or without a scale."""
         xs = tuple(math.log2(v) for v in self.lock_work_vms)
         x = math.log2(max(1, vms))
-        if not xs or x < xs[0]:
+        if not xs or not scale or x < xs[0]:
             return 1.0
-        scale = getattr(self, LOCK_WORK_SCALE_OF.get(mode, "lock_work_scale")) \
-            or self.lock_work_scale
         return scale[0] + _beyond_first(xs, scale, x)
 
     @staticmethod
@@ -287,6 +320,7 @@ def load_costs(name_or_path: str) -> CostProfile:
         raise ValueError(f"cost profile {path}: needs a [costs] table ({exc})") from None
     names = {f.name for f in fields(CostProfile)} - {"name"}
     required = {f.name for f in fields(CostProfile) if f.default is MISSING} - {"name"}
+    table = {k: v for k, v in table.items() if k not in RETIRED_KEYS}
     if not required <= set(table) <= names:
         missing, extra = sorted(required - set(table)), sorted(set(table) - names)
         raise ValueError(f"cost profile {path}: "

@@ -19,9 +19,10 @@ phase becomes a sequence of steps, and each step needs one shared resource:
 Where the profile says the VMs' Python work shares one interpreter lock (this emulator:
 VMs are threads of one process), `cpu` and `mediator` steps also hold that lock: host
 CPU for the VMM's own work is then the lock, not the N cores; so does the engine thread
-running each VM's channels, where the trace says how long ("server.engine_ns").  A
-thread that finds the lock held sleeps, and pays a hand-off when it gets it -- more
-after a long sleep, where the profile measured how waking depends on that.  A
+running each VM's channels, where the trace says how long ("server.engine_ns").  The
+lock and the cores then follow CPython and Linux as they are written (_System): each VM
+is a thread that keeps its core until it blocks, a running thread takes a free lock, and
+a thread woken for it lands a hand-off later and may find it taken again.  A
 trace of a VM in its own VMM process (vfio-user; it carries the server's time) holds
 that lock only for the server's share -- answering its accesses, running its channels
 -- since one server thread serves every VM; the VMM's own work is its process's, on its
@@ -40,6 +41,7 @@ Everything is integer ns and deterministic: the same rows give the same makespan
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Iterable, Mapping, Sequence
@@ -58,13 +60,13 @@ PHASES = ("Init", "HtoD", "Launch", "DtoH", "Close")
 MAX_ROUNDS = 64
 CPU, MEDIATOR, ENGINE, FREE, SLEEP = "cpu", "mediator", "engine", "free", "sleep"
 CHUNK_NS = 1_000_000  # replay grain of a per-event trace
-# At most this many waiting threads race a releasing thread for the interpreter lock
-# (_System.holding): a release wakes one waiter, and one woken by the release before may
-# still be waking.  Over 24 lent-machine bundles (2026-11-26/27), 2 put 238 of 288
-# points within 10% (mean |error| 6.5%); 1, 3 and every waiter 228, 232 and 228, the
-# runs' pv at 4 and 8 VMs -8.5/-5.0%, +0.7/+4.3% and +0.4/+8.4% on average against
-# 2's -1.9/+1.3% (scratch .scratch/ab_bundles.py; docs/model-validation.md).
-RACING_WAITERS = 2
+# How much a woken thread's landing on a core varies around the hand-off (a gamma's
+# coefficient of variation): fitted with the lock's other rules to
+# `gpuvm calibrate --lock-probe` on the development host (0.29 over 54 points;
+# docs/model-validation.md).  Without it identical threads keep in step, and at 14 us
+# free a loop they convoyed where the probe's threads did not.
+WAKE_JITTER_CV = 0.3
+WAKE_SEED = 1
 
 
 def served(events: EventTrace) -> bool:
@@ -346,32 +348,59 @@ class _Holders:
 
 
 class _System:
+    """What the VMs share: the host cores, the mediator, the engine, and -- where the
+    VMs are threads of one process -- the interpreter lock.
+
+    Without that lock every cpu, mediator and guest step takes a core for itself
+    (`on_core`) and gives it back.  With it, each VM is one thread, as it is in the
+    emulator, and the cores and the lock follow CPython 3.11 and Linux as they are
+    written (`Python/ceval_gil.h`: take_gil, drop_gil):
+
+    - a thread runs on a core from when it becomes runnable until it blocks -- asleep
+      for the lock or the mediator, waiting for a kernel or a port: it keeps its core
+      through its guest's stretches and its handlers, and queues for one (first come,
+      first served) when it wakes.  Nothing preempts it;
+    - a running thread that finds the lock free takes it, even where a thread woken for
+      it is on its way (barging); one that finds it held sleeps, off its core;
+    - letting the lock go frees it and wakes one sleeper (first asleep, first woken); the
+      thread that lets it go pays for that wake-up on its own core, off the lock
+      (lock_signal_ns);
+    - the woken thread lands on an idle core after the hand-off (lock_handoff_ns, plus
+      wake_extra_ns for a long sleep, varied by WAKE_JITTER_CV), holding that core
+      meanwhile; where no core is idle it queues for one.  Running, it takes the lock if
+      it is free, and otherwise sleeps again, until the next drop wakes it;
+    - a release inside a handler (Step.releases) is a drop and a take.
+
+    The lock's queue handing it to the next sleeper, with the hand-off paid while
+    holding it and a fitted share of the releases handing it over, put 70 of 96 points
+    of eight of this host's bundles within 10%; these rules, with nothing about the lock
+    fitted, 90 (docs/model-validation.md, "CPython's lock as it is written")."""
+
     def __init__(self, env: simpy.Environment, cores: int, scheduler: SchedulerConfig,
                  residency: Residency | None, interpreter_lock: bool = False,
                  lock_handoff_ns: int = 0,
                  wake_extra_ns: Callable[[float], float] | None = None,
-                 lock_work_factor: float = 1.0, lock_release_takes: float = 1.0) -> None:
+                 lock_work_factor: float = 1.0, lock_signal_ns: int = 0,
+                 guest_work_factor: float = 1.0) -> None:
         self.env = env
         self.cores = _Holders(env, cores)
         self.mediator = _Holders(env, 1)
-        self.gil = _Holders(env, 1) if interpreter_lock else None
+        self.interpreter_lock = interpreter_lock
+        self.lock_held = False
+        self.lock_sleepers: deque[simpy.Event] = deque()
         self.lock_handoff_ns = lock_handoff_ns
         self.wake_extra_ns = wake_extra_ns
         self.lock_work_factor = lock_work_factor
-        self.lock_release_takes = lock_release_takes
-        self.release_due: dict[str, float] = {}  # per VM: lost releases owed, fractional
+        self.lock_signal_ns = lock_signal_ns
+        self.guest_work_factor = guest_work_factor
+        # seeded: the same traces replay to the same makespan
+        self.wake_jitter = random.Random(WAKE_SEED)
         self.lock_sleeps = 0
         self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
-        # guests on a core now: VM -> when their stretch ends (a lock holder preempts one)
-        self.guests_ending: dict[str, int] = {}
-        self.preempted_ns: dict[str, int] = {}  # per VM: time a lock holder took from it
-        # taken from a core handed to a guest that has not started on it yet (the same
-        # instant): that guest's stretch pays it
-        self.preempted_starting_ns = 0
 
     def on_core(self, ns: int) -> Generator:
-        """Spend `ns` on one of the host cores."""
+        """Spend `ns` on one of the host cores (without the lock: a step at a time)."""
         wait = self.cores.take()
         if wait is not None:
             yield wait
@@ -381,111 +410,83 @@ class _System:
         finally:
             self.cores.give()
 
-    def guest_on_core(self, ns: int, vm: str) -> Generator:
-        """Spend `ns` of `vm`'s guest on a host core, and then what lock holders took
-        from it meanwhile (`holder_on_core`)."""
-        wait = self.cores.take()
-        if wait is not None:
-            yield wait
-        # the holder counted the time it took in core_ns: the guest only waits it out
-        owed, self.preempted_starting_ns = self.preempted_starting_ns, 0
-        try:
-            self.core_ns += ns
-            self.guests_ending[vm] = self.env.now + ns + owed
-            yield self.env.timeout(ns + owed)
-            while self.preempted_ns.get(vm):
-                owed = self.preempted_ns.pop(vm)
-                self.guests_ending[vm] = self.env.now + owed
-                yield self.env.timeout(owed)
-        finally:
-            self.guests_ending.pop(vm, None)
-            self.cores.give()
-
-    def holder_on_core(self, ns: int) -> Generator:
-        """Spend `ns` holding the interpreter lock on a host core -- without queueing for
-        one: where none is free, it preempts the guest whose stretch ends last, which
-        then runs that much longer (its core's time is the same, only later).
-
-        Why: a thread back from KVM_RUN is on its core already when it takes the lock,
-        and one woken with it is let in at once (Linux's wake-up preemption); queued
-        behind the guests instead, it held the lock through their stretches and every
-        thread behind it slept for the lock.  With 4 fv VMs on 2 cores the model had
-        nearly every exit sleep (+49,570 a VM beyond one VM's) where the run's threads
-        slept at one exit in four (+11,531 of 49,409) (docs/model-validation.md,
-        "The lock's holder does not queue for a core")."""
-        if self.cores.free:
-            yield from self.on_core(ns)
-            return
-        if self.guests_ending:
-            victim = max(self.guests_ending, key=lambda vm: (self.guests_ending[vm], vm))
-            self.preempted_ns[victim] = self.preempted_ns.get(victim, 0) + ns
-        else:  # the core is being handed to a guest at this instant
-            self.preempted_starting_ns += ns
+    def run_on_core(self, ns: int) -> Generator:
+        """Spend `ns` on the core the thread holds already."""
         self.core_ns += ns
         yield self.env.timeout(ns)
 
-    def holding(self, step: Step, vm: str) -> Generator:
-        """Spend the step on a core holding the interpreter lock (or on a core alone
-        when there is none).  The lock is taken first: a thread waiting for it sleeps,
-        and leaves the cores to the guests in KVM_RUN; holding it, the thread does not
-        queue for a core but preempts a guest (holder_on_core).  Where another VM holds
-        or wants the lock, each of the step's exits pays a hand-off
-        (CostProfile.lock_handoff_ns) while holding it: it slept, and waking it takes
-        that long -- longer the longer it slept, where the profile measured how waking
-        depends on that (CostProfile.wake_extra_ns: a vCPU idle past its halt-poll
-        window wakes late, and a thread whose core idled that long works cold for a
-        while).  The work itself takes lock_work_factor times what the trace says
-        (CostProfile.lock_work_factor: Python under the lock runs slower with more
-        threads taking turns at it).
+    def get_core(self) -> Generator:
+        """Queue for a core (the thread was blocked) and hold it."""
+        wait = self.cores.take()
+        if wait is not None:
+            yield wait
 
-        Each of the step's releases inside its handlers (Step.releases) lets the lock
-        go for a moment (a numpy loop, an ioctl).  A waiting thread takes it then with
-        the share CostProfile.lock_release_takes (fitted on 2 VMs: one waiter), and of
-        `k` waiting, 1 - (1 - share)^min(k, RACING_WAITERS): the one this release woke,
-        and the one the release before woke, still waking.  The VM then waits for the
-        lock again.  A fixed share of every release, as the model had it before, gave
-        4 pv VMs 367 sleeps a VM beyond one VM's where the run had 425, and a makespan
-        16-18% short (run 20261127-043954).  Owed as a fraction per VM: deterministic."""
-        if self.gil is None:
-            yield from self.on_core(step.ns)
+    def take_lock(self, events: int) -> Generator:
+        """On a core: take the lock, or sleep off the core until a drop wakes this
+        thread, land on a core and try again.  `events`: the exits the first sleep
+        stands for (later sleeps of the same take are one each)."""
+        if not self.lock_held:
+            self.lock_held = True
             return
+        while True:
+            asked = self.env.now
+            woken = self.env.event()
+            self.lock_sleepers.append(woken)
+            self.lock_sleeps += events
+            events = 1
+            self.cores.give()
+            yield woken
+            if self.cores.free:  # an idle core: the wake-up lands there, held meanwhile
+                self.cores.take()
+                yield self.env.timeout(self._landing_ns(self.env.now - asked))
+            else:
+                yield from self.get_core()
+            if not self.lock_held:
+                self.lock_held = True
+                return
+
+    def _landing_ns(self, slept_ns: int) -> int:
+        """How long a woken thread takes to be running on an idle core: the hand-off,
+        more after a long sleep (wake_extra_ns), varied around that (a gamma of
+        coefficient of variation WAKE_JITTER_CV)."""
+        late = self.wake_extra_ns(slept_ns) if self.wake_extra_ns is not None else 0
+        land = self.lock_handoff_ns + late
+        if WAKE_JITTER_CV > 0 and land > 0:
+            shape = 1 / (WAKE_JITTER_CV * WAKE_JITTER_CV)
+            land = self.wake_jitter.gammavariate(shape, land / shape)
+        return int(land)
+
+    def drop_lock(self) -> bool:
+        """Let the lock go; whether that woke a sleeper (the dropper pays the signal)."""
+        self.lock_held = False
+        if self.lock_sleepers:
+            self.lock_sleepers.popleft().succeed()
+            return True
+        return False
+
+    def holding(self, step: Step) -> Generator:
+        """On a core: the step's work holding the lock (lock_work_factor times what the
+        trace says: Python under the lock runs slower with more threads taking turns at
+        it), let go at each of its releases and taken again, and let go at its end --
+        each drop that wakes a sleeper costing this thread the signal on its core."""
         stretches = step.releases + 1
         work = int(step.ns * self.lock_work_factor)
-        events = step.events
-        done = 0  # stretches of the work done
-        while done < stretches:
-            handoff = yield from self._take_lock(events)
-            events = 1  # a take after a release is one more, not the step's exits'
-            try:
-                yield from self.holder_on_core(_share(work, done, stretches) + handoff)
-                done += 1
-                while done < stretches and not self._release_lost(vm):
-                    yield from self.holder_on_core(_share(work, done, stretches))
-                    done += 1
-            finally:
-                self.gil.give()
+        yield from self.take_lock(step.events)
+        for done in range(stretches):
+            yield from self.run_on_core(_share(work, done, stretches))
+            if self.drop_lock() and self.lock_signal_ns:
+                yield from self.run_on_core(self.lock_signal_ns)
+            if done + 1 < stretches:
+                yield from self.take_lock(1)
 
-    def _release_lost(self, vm: str) -> bool:
-        """Whether a release inside `vm`'s handler now costs it the lock (holding)."""
-        due = self.release_due.get(vm, 0.0) + \
-            1.0 - (1.0 - self.lock_release_takes) ** min(self.gil.waiters, RACING_WAITERS)
-        lost = due >= 1.0
-        self.release_due[vm] = due - 1.0 if lost else due
-        return lost
-
-    def _take_lock(self, events: int) -> Generator:
-        """Take the interpreter lock; the hand-off its `events` exits pay (ns)."""
-        wait = self.gil.take()
-        if wait is None:
-            return 0
-        asked = self.env.now
-        yield wait
-        waited = self.env.now - asked
-        if not waited:
-            return 0
-        self.lock_sleeps += events
-        late = self.wake_extra_ns(waited) if self.wake_extra_ns is not None else 0
-        return events * (self.lock_handoff_ns + int(late))
+    def take_mediator(self) -> Generator:
+        """On a core: take the mediator, or sleep off the core until it is handed over
+        and then queue for a core."""
+        wait = self.mediator.take()
+        if wait is not None:
+            self.cores.give()
+            yield wait
+            yield from self.get_core()
 
 
 def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
@@ -497,33 +498,71 @@ def _vm(env: simpy.Environment, system: _System, trace: VmTrace,
     residency = system.engine.residency
     if residency is not None:
         residency.add_vm(trace.name, trace.working_set_bytes)
+    yield from (_thread(env, system, trace) if system.interpreter_lock
+                else _steps_apart(env, system, trace))
+    dispatcher.remove_vm(trace.name, env.now)
+    if residency is not None:
+        residency.remove_vm(trace.name)
+    finish[trace.name] = env.now
+
+
+def _blocked(env: simpy.Environment, system: _System, trace: VmTrace, step: Step
+             ) -> Generator:
+    """An engine or sleep step: the VM waits, holding nothing."""
+    if step.resource == ENGINE:
+        kernel = Kernel(trace.name, step.ns, env.event())
+        system.engine.dispatcher.submit(trace.name, kernel, env.now)
+        yield kernel.done
+    else:
+        yield env.timeout(step.ns)
+
+
+def _steps_apart(env: simpy.Environment, system: _System, trace: VmTrace) -> Generator:
+    """The VM's steps where nothing but the mediator serialises them: each cpu, mediator
+    or guest step takes a core for itself."""
+    guest = system.guest_work_factor
     for step in trace.steps:
-        if step.resource == ENGINE:
-            kernel = Kernel(trace.name, step.ns, env.event())
-            dispatcher.submit(trace.name, kernel, env.now)
-            yield kernel.done
-            continue
-        if step.resource == SLEEP:
-            yield env.timeout(step.ns)
-            continue
-        if step.resource == FREE:
-            # only a lock's holder preempts a guest: without one, no guest is tracked
-            yield from (system.on_core(step.ns) if system.gil is None
-                        else system.guest_on_core(step.ns, trace.name))
+        if step.resource in (ENGINE, SLEEP):
+            yield from _blocked(env, system, trace, step)
+        elif step.resource == FREE:
+            yield from system.on_core(int(step.ns * guest))
         elif step.resource == MEDIATOR:
             wait = system.mediator.take()
             if wait is not None:
                 yield wait
             try:
-                yield from system.holding(step, trace.name)
+                yield from system.on_core(step.ns)
             finally:
                 system.mediator.give()
         else:
-            yield from system.holding(step, trace.name)
-    dispatcher.remove_vm(trace.name, env.now)
-    if residency is not None:
-        residency.remove_vm(trace.name)
-    finish[trace.name] = env.now
+            yield from system.on_core(step.ns)
+
+
+def _thread(env: simpy.Environment, system: _System, trace: VmTrace) -> Generator:
+    """The VM's steps as one thread of the process whose interpreter lock every VM
+    shares (_System): it holds a core from when it is runnable until it blocks."""
+    guest = system.guest_work_factor
+    on_core = False
+    for step in trace.steps:
+        if step.resource in (ENGINE, SLEEP):
+            if on_core:
+                system.cores.give()
+                on_core = False
+            yield from _blocked(env, system, trace, step)
+            continue
+        if not on_core:
+            yield from system.get_core()
+            on_core = True
+        if step.resource == FREE:
+            yield from system.run_on_core(int(step.ns * guest))
+        elif step.resource == MEDIATOR:
+            yield from system.take_mediator()
+            yield from system.holding(step)
+            system.mediator.give()
+        else:
+            yield from system.holding(step)
+    if on_core:
+        system.cores.give()
 
 
 def replay(traces: Sequence[VmTrace], cores: int = 2,
@@ -531,20 +570,21 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
            residency: Residency | None = None,
            interpreter_lock: bool = False, lock_handoff_ns: int = 0,
            wake_extra_ns: Callable[[float], float] | None = None,
-           lock_work_factor: float = 1.0, lock_release_takes: float = 1.0
-           ) -> ReplayResult:
+           lock_work_factor: float = 1.0, lock_signal_ns: int = 0,
+           guest_work_factor: float = 1.0) -> ReplayResult:
     """Run the traces together; the makespan is when the last VM finishes.
 
     `policy` is a policy name or a whole SchedulerConfig (its parameters: a quantum, a
     period).  With a `residency` the GPU has that much VRAM and each trace's
     working_set_bytes must be resident while its kernels run (gpuvm.sim.residency);
     a trace whose working set alone does not fit raises ResidencyError.
-    `interpreter_lock`: cpu and mediator steps also hold one lock shared by every VM;
-    `lock_handoff_ns`: what each exit pays to take it from another thread;
-    `wake_extra_ns`: what it pays beyond that, by how long it waited (ns -> ns);
+    `interpreter_lock`: the VMs are threads of one process and cpu and mediator steps
+    hold its one lock (_System);
+    `lock_handoff_ns`: how long a thread woken for the lock takes to land on a core;
+    `wake_extra_ns`: what it takes beyond that, by how long it slept (ns -> ns);
     `lock_work_factor`: how much longer the work under the lock takes than traced;
-    `lock_release_takes`: the share of a step's releases inside handlers that one
-    waiting VM takes the lock at (_System.holding)."""
+    `lock_signal_ns`: what waking a sleeper costs the thread that lets the lock go;
+    `guest_work_factor`: how much longer the guests' stretches take than traced."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
     if residency is not None:
@@ -553,7 +593,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
     env = simpy.Environment()
     config = SchedulerConfig(policy) if isinstance(policy, str) else policy
     system = _System(env, cores, config, residency, interpreter_lock, lock_handoff_ns,
-                     wake_extra_ns, lock_work_factor, lock_release_takes)
+                     wake_extra_ns, lock_work_factor, lock_signal_ns, guest_work_factor)
     finish: dict[str, int] = {}
     for trace in traces:
         env.process(_vm(env, system, trace, finish))
@@ -573,16 +613,17 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
 
 def replay_priced(traces: Sequence[VmTrace], costs: CostProfile, cores: int,
                   policy: str | SchedulerConfig = "fifo", mode: str = "fv") -> ReplayResult:
-    """`replay` under all that `costs` says of the interpreter lock: whether the VMs
-    share one, its hand-off and waking, its work's growth with the VM count (`mode`'s
-    own where measured) and the share of releases lost -- one place for the validation
-    and the sweeps to read a profile alike."""
+    """`replay` under all that `costs` says of the interpreter lock and the cores:
+    whether the VMs share one lock, its hand-off, waking and signal, its work's and the
+    guests' growth with the VM count (`mode`'s own where measured) -- one place for the
+    validation and the sweeps to read a profile alike."""
     return replay(traces, cores=cores, policy=policy,
                   interpreter_lock=bool(costs.interpreter_lock),
                   lock_handoff_ns=int(costs.lock_handoff_ns),
                   wake_extra_ns=costs.wake_extra_ns if costs.wake_slept_ns else None,
                   lock_work_factor=costs.lock_work_factor(len(traces), mode),
-                  lock_release_takes=costs.lock_release_takes)
+                  lock_signal_ns=int(costs.lock_signal_ns),
+                  guest_work_factor=costs.guest_work_factor(len(traces), mode))
 
 
 def replicate(trace: VmTrace, count: int) -> list[VmTrace]:
