@@ -85,6 +85,12 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     assert about["record_event_ns"] > 0
     assert f"less what recording took per event ({about['record_event_ns'] / 1e3:.1f} us" \
         in validation
+    # and what a wake-up cost the waker there, which prices the lock's signal
+    from gpuvm.calibrate.wake_cost import WakeCost
+    woken = WakeCost.from_about(about)
+    assert woken is not None and woken.samples > 0
+    assert f"costing the waker {woken.signal_ns / 1e3:.2f} us (measured with the traces)" \
+        in validation
     assert validation.count("| fv-opt |") == 2 and validation.count("| pv |") == 2
     again = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "suite" / "latest"))
     assert again.returncode == 0, again.stderr[-2000:]

@@ -301,9 +301,10 @@ def _validation(part: SuitePart) -> list[str]:
     from gpuvm.calibrate.validation import FIT_VMS, analyse, measured_from_rows
 
     cpus = kept.cpus
+    signal = kept.wake_cost.signal_ns if kept.wake_cost else None
     analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], kept.trace_of),
                        cores=cpus, with_spread=False, with_halves=False,
-                       record_event_ns=kept.record_event_ns)
+                       record_event_ns=kept.record_event_ns, signal_ns=signal)
     p = analysis.profile
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
@@ -312,7 +313,11 @@ def _validation(part: SuitePart) -> list[str]:
         + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
            f"timed apart); " if kept.record_event_ns else "; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
-           f"the interpreter lock's hand-off ({p.lock_handoff_ns / 1e3:.1f} us) and ")
+           f"the interpreter lock as CPython writes it, a woken thread landing "
+           f"{p.lock_handoff_ns / 1e3:.1f} us later (fitted) and waking one costing the "
+           f"waker {p.lock_signal_ns / 1e3:.2f} us ("
+           + ("measured with the traces" if signal is not None else "none: not measured")
+           + "); ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
         f"runs, the other counts predicted.  Without "
         f"the lock's timed rounds and the host's wake-up curve that `gpuvm calibrate "

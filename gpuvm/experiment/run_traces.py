@@ -7,8 +7,9 @@ recording was made first -- hours or sessions before, under another load -- and 
 host a cached fv-opt trace ran 40% slower than the runs it was to predict (make paper,
 2026-11-27).  So once a scaling run's VMs are done, one VM of each (benchmark, mode) is
 recorded right after them and kept in the run directory (`traces/`), with the host's
-core count and what recording cost per event there (gpuvm.calibrate.record_cost); the
-report's validation replays those (`gpuvm.experiment.paper`), and a report rebuilt
+core count, what recording cost per event there (gpuvm.calibrate.record_cost) and what
+a wake-up cost the thread that woke another (gpuvm.calibrate.wake_cost: the replay's
+lock prices each drop that wakes a sleeper by it); the report's validation replays those (`gpuvm.experiment.paper`), and a report rebuilt
 later replays the same ones.
 """
 
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from gpuvm.calibrate import record_cost
+from gpuvm.calibrate import record_cost, wake_cost
 from gpuvm.experiment.config import Experiment
 from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
 
 TRACES = "traces"  # in the run directory
-ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns}
+ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
+#                       "wake_cost": {...}}
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class KeptTraces:
     trace_of: Callable[[str, str], Mapping]  # (mode, scenario) -> one VM's trace
     cpus: int  # the host's cores
     record_event_ns: float  # the recorder's own time per event there (0: not measured)
+    wake_cost: wake_cost.WakeCost | None = None  # what waking a thread cost (None: not measured)
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -60,18 +63,21 @@ def record(exp: Experiment, run_path: Path, backend: str,
     if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
         (directory / ABOUT).write_text(json.dumps(
             {"cpus": os.cpu_count(),
-             record_cost.ABOUT_KEY: round(record_cost.measure(), 1)}))
+             record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
+             wake_cost.ABOUT_KEY: wake_cost.measure().to_about()}))
 
 
 def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     """The traces `run_path` kept, with the host they were recorded on; None where the
     run kept none (runs from before, or an incomplete set).  Runs from before the
-    recorder's cost was measured replay their traces as recorded."""
+    recorder's cost was measured replay their traces as recorded; runs from before the
+    wake cost was, have it None."""
     directory = run_path / TRACES
     try:
         about = json.loads((directory / ABOUT).read_text())
         cpus = int(about["cpus"])
         recorder = record_cost.from_about(about)
+        woken = wake_cost.WakeCost.from_about(about)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
@@ -79,4 +85,4 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder)
+                      recorder, woken)
