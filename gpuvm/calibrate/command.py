@@ -1005,10 +1005,10 @@ def print_needed_handoffs(needed: dict[tuple[str, int], float], priced: float) -
 def print_vcpu_usage(spread) -> None:
     """Per mode, what the VMs beside one did to its vCPU thread in the run, against the
     model: the sleeps they added, beside the exits the model has sleep for the
-    interpreter lock (each paying the hand-off) -- whether the model charges the lock
-    as often as the VMs wait for it; and its CPU time over one VM's alone, beside the
-    model VM's time on host cores over one VM's -- whether a VM's own work grows only
-    by the hand-offs, as the model has it."""
+    interpreter lock -- whether the model's lock makes the VMs wait as often as the
+    run's did; and its CPU time over one VM's alone, beside the model VM's time on host
+    cores over one VM's (its guests grown, its work under the lock grown, the wake-ups
+    it signalled) -- whether a VM's own work grows as the model has it."""
     def lines(measured: str, run: Callable, model: Callable, cell: Callable) -> list[str]:
         by_point = {(s.mode, s.vms): s for s in spread if getattr(s, measured) is not None}
         out = []

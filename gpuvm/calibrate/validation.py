@@ -7,17 +7,19 @@ per-event trace and then, at once, runs 2, 4 and 8 VMs of the same kind; each N-
 (1 VM too, run again without recording: what recording costs shows as error) is
 predicted from the trace recorded just before it, by replaying N copies of it under
 the contention the profile describes (the interpreter lock, the host cores, the
-mediator lock, the engine).  The host cores the VMs effectively get, and the lock's
-hand-off, are fitted on the 2-VM runs only (1 .. the machine's cores); the 4- and 8-VM
-runs are predictions.  How much later a thread wakes after a longer wait, and how much
-slower it then handles its exit, is not fitted but measured with the runs
-(gpuvm.calibrate.wake, kept in the bundle's "about").  Of
+mediator lock, the engine).  The host cores the VMs effectively get are fitted on the
+2-VM runs only (1 .. the machine's cores); the 4- and 8-VM runs are predictions.  The
+interpreter lock is not fitted but priced as measured with the runs (`price_lock`): how
+late a woken thread lands, by how long it slept (gpuvm.calibrate.lock_turns and
+lock_use), what waking it costs the waker (gpuvm.calibrate.wake_cost), and how the work
+under the lock and the guests grow with the VMs (lock_use), all kept in the bundle's
+"about" -- only a bundle from before one was measured has it fitted on 2 VMs.  Of
 each (mode, VMs) the repetition with the fastest measured makespan is kept (host load
 only ever adds time), predicted from the fastest of the mode's traces; where one VM's
 run is short, a repetition's trace and 1-VM run are each the fastest of a few (`measure`).
 
 With `isolated` every VM runs in its own VMM process over vfio-user: nothing shares an
-interpreter lock there (no hand-off is fitted), and the model serialises the server's
+interpreter lock there (no lock is priced), and the model serialises the server's
 share of each trace instead (gpuvm.sim.replay).  The server's time on each run's VMs is
 kept too (`Measured.served_ns`): per VM against the trace's, it says whether the one
 thread they all wait for took longer per VM than one VM alone had it take.  VMs as
@@ -25,7 +27,7 @@ threads keep how often their vCPU threads slept and the CPU time they used
 (`Measured.vcpu_sleeps`, `vcpu_cpu_ns`): beside the exits the model has wait for the
 interpreter lock, and its VMs' time on host cores, they say whether the model charges
 the lock as often as the VMs wait for it, and whether a VM's own work grows beside
-others as the model's does (by the hand-offs alone).
+others as the model's does.
 
 Repetitions of one point minutes apart differ by 30-50% on the lent machines, so each
 point is also shown against that noise (`spreads`): every repetition's run predicted
