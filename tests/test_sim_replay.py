@@ -317,10 +317,6 @@ class _ResourceHolders:
         return self.resource.request()
 
     @property
-    def waiters(self) -> int:
-        return len(self.resource.queue)
-
-    @property
     def free(self) -> int:
         return self.resource.capacity - self.resource.count
 

@@ -334,11 +334,6 @@ class _Holders:
         self.waiting.append(asked)
         return asked
 
-    @property
-    def waiters(self) -> int:
-        """How many takers wait for one now."""
-        return len(self.waiting)
-
     def give(self) -> None:
         """Hand it to the first waiting taker, or free it."""
         if self.waiting:
