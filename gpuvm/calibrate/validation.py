@@ -294,8 +294,7 @@ def _cost_where_zero(error: Callable[[float], float], most: float = HANDOFF_MAX_
     nearly linear in the cost -- and the bracket closed one resolution beyond it; a
     step that did not halve the bracket is followed by a bisection, so a far from
     linear error costs at most what bisection would, three times over.  About six
-    replays instead of bisection's twenty.
-    """
+    replays instead of bisection's twenty."""
     # 1 ns, not 0: a cost of 0 replays in coarse steps, where the lock is taken less
     low, high = 1.0, float(most)
     step = float(HANDOFF_RESOLUTION_NS)
@@ -378,8 +377,9 @@ def needed_handoffs(points: Sequence[Measured], profile: CostProfile,
     that point alone would come out right, beside the one measured (`price_lock`):
     where these differ -- by mode, or growing with the VM count -- the lock's turns
     depend on more than the rules the replay gives them (docs/model-validation.md).
-    Replays each point about six times (`_cost_where_zero`): half a minute for fv's eight VMs, so the points go to
-    worker processes where the host has the cores (`in_parallel`)."""
+    Replays each point about six times (`_cost_where_zero`): half a minute for fv's
+    eight VMs, so the points go to worker processes where the host has the cores
+    (`in_parallel`)."""
     from gpuvm.sim.replay import served
     threaded = [m for m in points if m.vms >= 2 and not served(m.trace["events"])]
     needed = in_parallel(partial(_needed_handoff, profile=profile), threaded, min_cores)

@@ -188,7 +188,8 @@ class CostProfile:
     # in the same runs (gpuvm.calibrate.lock_use: each vCPU thread's CPU inside KVM_RUN
     # per exit, each count's fastest run).  With the VMs' threads keeping their cores
     # through their guest stretches, the cores' other threads and the hypervisor's
-    # wake-ups slow the guests: on the development host fv's grew about 1.2x at 4 VMs.
+    # wake-ups slow the guests: on the development host fv's grew 1.27x at 4 VMs and
+    # 1.56x at 8 (20261129-020242).
     # Without it the lock as CPython writes it put 71 of 96 points of eight bundles
     # within 10%, with it 90 (docs/model-validation.md).  Per mode as the work under the
     # lock is (GUEST_WORK_SCALE_OF); empty: the guest's time as traced at any count.

@@ -9,8 +9,8 @@ host a cached fv-opt trace ran 40% slower than the runs it was to predict (make 
 recorded right after them and kept in the run directory (`traces/`), with the host's
 core count, what recording cost per event there (gpuvm.calibrate.record_cost) and what
 a wake-up cost the thread that woke another (gpuvm.calibrate.wake_cost: the replay's
-lock prices each drop that wakes a sleeper by it); the report's validation replays those (`gpuvm.experiment.paper`), and a report rebuilt
-later replays the same ones.
+lock prices each drop that wakes a sleeper by it); the report's validation replays
+those (`gpuvm.experiment.paper`), and a report rebuilt later replays the same ones.
 """
 
 from __future__ import annotations
