@@ -58,6 +58,8 @@ def test_good_file_parses():
     (("[[scenario]]\nname = \"s\"", "[[scenario]]\nnom = \"s\""), "scenario[0].name: missing"),
     (("name = \"t\"", "name = \"a/b\""), "experiment.name: must be a non-empty name"),
     (("time_scale = 2", "time_scale = 2\nspeed = 1"), "experiment.speed: unknown key"),
+    (("time_scale = 2", "time_scale = 2\nlock_rounds = 1"),
+     "experiment.lock_rounds: must be a bool"),
 ])
 def test_mistakes_are_one_line_naming_the_field(change, message):
     old, new = change
@@ -93,6 +95,8 @@ def test_paper_suite_includes_the_three_parts():
     scaling = load(paper.includes[1])
     assert [len(s.vms) for s in scaling.scenarios] == [1, 2, 4, 8]
     assert set(scaling.modes) == {"fv", "fv-opt", "pv"}
+    # its validation grows the work as the lock's rounds time it; other files do not ask
+    assert scaling.lock_rounds and not load(paper.includes[0]).lock_rounds
 
 
 @pytest.mark.parametrize("text, message", [

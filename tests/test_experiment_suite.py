@@ -91,6 +91,12 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     assert woken is not None and woken.samples > 0
     assert f"costing the waker {woken.signal_ns / 1e3:.2f} us (measured with the traces)" \
         in validation
+    # and how late a woken thread ran again: the hand-off, measured rather than fitted
+    from gpuvm.calibrate.wake import WakeCurve
+    curve = WakeCurve.from_about(about)
+    assert curve is not None and curve.latency_ns[0] > 0
+    assert f"landing {curve.latency_ns[0] / 1e3:.1f} us later (measured with the traces)" \
+        in validation
     assert validation.count("| fv-opt |") == 2 and validation.count("| pv |") == 2
     again = gpuvm(str(tmp_path / "suite.toml"), "--report", str(tmp_path / "suite" / "latest"))
     assert again.returncode == 0, again.stderr[-2000:]
@@ -115,3 +121,27 @@ def test_a_scaling_run_keeps_the_traces_of_vms_run_as_it_ran_them():
                                 ("pv", "2vm")]
         assert len(set(keys.values())) == 2  # one trace per mode serves every count
         assert all(k.isolated == isolated for k in keys.values())
+
+
+def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
+    """`lock_rounds`: GROWTH_REPS rounds of the lock's timed runs at one VM alone, the
+    base count and the scenarios' counts from it up (as `gpuvm calibrate --emulator`
+    times them), for the experiment's modes -- what the report's validation grows the
+    guests' and the lock's work by."""
+    from gpuvm.calibrate import lock_use
+    from gpuvm.experiment import run_traces
+    from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+
+    asked = []
+
+    def timed_round(modes, counts, rep, progress):
+        asked.append((tuple(modes), tuple(counts), rep))
+        return [lock_use.LockUse("fv", n, rep, 1_000_000, 10, 100, 0, 0, 0) for n in counts]
+    monkeypatch.setattr(lock_use, "timed_round", timed_round)
+    scenarios = tuple(Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", "idle", ()) for i in range(n)))
+                      for n in (1, 2, 4))
+    exp = Experiment("sc", "scaling", scenarios, modes=("fv-opt", "pv"), lock_rounds=True)
+    uses = run_traces._rounds(exp, lambda line: None)
+    counts = (1,) * lock_use.BASE_RUNS + (2,) * (lock_use.BASE_RUNS - 1) + (2, 4)
+    assert asked == [(("fv-opt", "pv"), counts, rep) for rep in range(lock_use.GROWTH_REPS)]
+    assert len(uses) == lock_use.GROWTH_REPS * len(counts)

@@ -633,14 +633,9 @@ class _LockRounds:
         self._last_rep = first_rep  # the last repetition `before_rep` was called for
         self._rounds = 0
         self._progress = progress
-        # one VM alone first (the runs `growths_beside_one` divides by), then the base
-        self._grown = [lock_use.ALONE_VMS] * lock_use.BASE_RUNS + \
-            [validation.FIT_VMS] * (lock_use.BASE_RUNS - 1) + \
-            [n for n in counts if n >= validation.FIT_VMS]
+        self._grown = lock_use.round_counts(counts, validation.FIT_VMS)
         self._time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
-        self._with_pv = lock_use.PV_GROWTH_MODE in modes
-        self._timed = [lock_use.GROWTH_MODE,
-                       *[m for m in lock_use.BESIDE_MODES if m in modes]]
+        self._modes = modes
 
     def before_rep(self, rep: int) -> None:
         """Beside the runs they predict, not minutes before them -- the lent machine's
@@ -661,24 +656,11 @@ class _LockRounds:
             self._round(self._last_rep)
 
     def _round(self, rep: int) -> None:
-        from dataclasses import replace
-
         from gpuvm.calibrate import lock_use
         if not self._time_the_lock:
             return
         self._rounds += 1
-        self._progress(
-            f"timing how the work under the lock grows with the VMs "
-            f"({'/'.join(self._timed)} VMs of {lock_use.GROWTH_BENCHMARK}"
-            + (f", {lock_use.PV_GROWTH_MODE} VMs of {lock_use.PV_GROWTH_BENCHMARK} "
-               f"{lock_use.PV_GROWTH_ROUNDS} times" if self._with_pv else "")
-            + f": {', '.join(map(str, self._grown))})")
-        self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-            lock_use.GROWTH_BENCHMARK, (), self._timed, self._grown, 1))
-        if self._with_pv:
-            self.uses.extend(replace(u, rep=rep) for u in lock_use.measure(
-                lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_PARAMS,
-                [lock_use.PV_GROWTH_MODE], self._grown, lock_use.PV_GROWTH_ROUNDS))
+        self.uses.extend(lock_use.timed_round(self._modes, self._grown, rep, self._progress))
 
 
 def _measure_more(args: argparse.Namespace, reps: int, source: Path

@@ -179,6 +179,35 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
     return out
 
 
+def round_counts(counts: Sequence[int], base_vms: int) -> list[int]:
+    """The VM counts one round times, in order: one VM alone BASE_RUNS times (the runs
+    `growths_beside_one` divides by), the base count BASE_RUNS times, then `counts`
+    from the base up."""
+    return [ALONE_VMS] * BASE_RUNS + [base_vms] * (BASE_RUNS - 1) + \
+        [n for n in counts if n >= base_vms]
+
+
+def timed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
+                progress: Callable[[str], None] = lambda line: None) -> list[LockUse]:
+    """One round of the lock's timed runs for a sitting of `modes` (GROWTH_MODE's VMs of
+    GROWTH_BENCHMARK, and BESIDE_MODES' where `modes` has them; PV_GROWTH_MODE's of
+    PV_GROWTH_BENCHMARK PV_GROWTH_ROUNDS times where it has pv) at `counts`
+    (`round_counts`), each run labelled repetition `rep`."""
+    from dataclasses import replace
+    timed = [GROWTH_MODE, *[m for m in BESIDE_MODES if m in modes]]
+    with_pv = PV_GROWTH_MODE in modes
+    progress(f"timing how the work under the lock grows with the VMs "
+             f"({'/'.join(timed)} VMs of {GROWTH_BENCHMARK}"
+             + (f", {PV_GROWTH_MODE} VMs of {PV_GROWTH_BENCHMARK} {PV_GROWTH_ROUNDS} times"
+                if with_pv else "")
+             + f": {', '.join(map(str, counts))})")
+    uses = measure(GROWTH_BENCHMARK, (), timed, counts, 1)
+    if with_pv:
+        uses += measure(PV_GROWTH_BENCHMARK, PV_GROWTH_PARAMS, [PV_GROWTH_MODE], counts,
+                        PV_GROWTH_ROUNDS)
+    return [replace(u, rep=rep) for u in uses]
+
+
 def _pooled(uses: Sequence[LockUse], mode: str, *fields: Callable[[LockUse], int]
             ) -> dict[int, list[int]]:
     """Per VM count, the sums of `fields` over `mode`'s runs of that count: each figure

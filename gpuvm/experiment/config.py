@@ -15,6 +15,9 @@ the field, before anything runs.
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
     isolated = false          # each VM in its own VMM process over vfio-user (same rows)
+    lock_rounds = false       # kind "scaling", VMs as threads on KVM: time the interpreter
+                              # lock's rounds with the kept traces (about 1.5 min), so the
+                              # report's validation grows the work as measured
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     clock = "wall"            # or "virtual": device time advances with GPU work and
@@ -119,6 +122,7 @@ class Experiment:
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
     isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
+    lock_rounds: bool = False  # scaling: time the lock's rounds for the validation
     repetitions: int = 1
     time_scale: float = 1.0
     timeout_s: float = 600.0
@@ -281,6 +285,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
         isolated=exp.get("isolated", bool, False),
+        lock_rounds=exp.get("lock_rounds", bool, False),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),

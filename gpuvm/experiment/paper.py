@@ -301,9 +301,10 @@ def _validation(part: SuitePart) -> list[str]:
     from gpuvm.calibrate.validation import FIT_VMS, analyse, measured_from_rows
 
     cpus = kept.cpus
-    signal = kept.wake_cost.signal_ns if kept.wake_cost else None
+    signal = kept.woken.signal_ns if kept.woken else None
     analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], kept.trace_of),
-                       cores=cpus, with_spread=False, with_halves=False,
+                       cores=cpus, wake=kept.wake_curve, lock_use=kept.lock_rounds,
+                       with_spread=False, with_halves=False,
                        record_event_ns=kept.record_event_ns, signal_ns=signal)
     p = analysis.profile
     return _validation_table(
@@ -314,15 +315,22 @@ def _validation(part: SuitePart) -> list[str]:
            f"timed apart); " if kept.record_event_ns else "; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
            f"the interpreter lock as CPython writes it, a woken thread landing "
-           f"{p.lock_handoff_ns / 1e3:.1f} us later (fitted) and waking one costing the "
-           f"waker {p.lock_signal_ns / 1e3:.2f} us ("
-           + ("measured with the traces" if signal is not None else "none: not measured")
+           f"{p.lock_handoff_ns / 1e3:.1f} us later ("
+           + ("measured with the traces" if kept.wake_curve is not None else
+              f"fitted on the {FIT_VMS}-VM runs")
+           + f") and waking one costing the waker {p.lock_signal_ns / 1e3:.2f} us ("
+           + ("measured with the traces" if signal is not None else
+              f"fitted on the {FIT_VMS}-VM runs" if kept.wake_curve is not None else
+              "none: not measured")
            + "); ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
-        f"runs, the other counts predicted.  Without "
-        f"the lock's timed rounds and the host's wake-up curve that `gpuvm calibrate "
-        f"--emulator` measures beside its runs, and with one run of each point, this is "
-        f"the rougher table: that command's is the model's validation (README).",
+        f"runs, the other counts predicted"
+        + (f"; the guests' and the lock's work growing with the VMs as the lock's timed "
+           f"rounds after the runs had it" if kept.lock_rounds else
+           f".  Without the lock's timed rounds (the guests' and the lock's work growing "
+           f"with the VMs: `lock_rounds = true`)")
+        + ".  With one run of each point this is the rougher table: `gpuvm calibrate "
+        f"--emulator`'s is the model's validation (README).",
         analysis.points)
 
 

@@ -9,8 +9,15 @@ host a cached fv-opt trace ran 40% slower than the runs it was to predict (make 
 recorded right after them and kept in the run directory (`traces/`), with the host's
 core count, what recording cost per event there (gpuvm.calibrate.record_cost) and what
 a wake-up cost the thread that woke another (gpuvm.calibrate.wake_cost: the replay's
-lock prices each drop that wakes a sleeper by it); the report's validation replays
-those (`gpuvm.experiment.paper`), and a report rebuilt later replays the same ones.
+lock prices each drop that wakes a sleeper by it) and, for VMs as threads, how late a
+thread woken for the interpreter lock runs again (gpuvm.calibrate.lock_turns: the
+replay's hand-off, which the validation would otherwise fit on the 2-VM runs -- and on
+this host fitted it at its most, 200 us, leaving pv at 4 VMs 50% short) and, where the
+experiment asks (`lock_rounds`), the lock's timed rounds (gpuvm.calibrate.lock_use: how
+the guests' and the lock's work grow with the VMs, without which the model's 8-VM
+points came out 28-48% short on this host, 2026-11-29); the report's
+validation replays those (`gpuvm.experiment.paper`), and a report rebuilt later replays
+the same ones.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from gpuvm.calibrate import record_cost, wake_cost
+from gpuvm.calibrate import lock_turns, lock_use, record_cost, wake, wake_cost
+from gpuvm.calibrate.lock_use import LockUse
+from gpuvm.calibrate.wake import WakeCurve
+from gpuvm.calibrate.wake_cost import WakeCost
 from gpuvm.experiment.config import Experiment
 from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
+from gpuvm.vmm.kvm import kvm_usable
 
 TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
-#                       "wake_cost": {...}}
+#                       "wake_cost": {...}, "wake": {...} (VMs as threads)}
 
 
 @dataclass(frozen=True)
@@ -37,7 +48,9 @@ class KeptTraces:
     trace_of: Callable[[str, str], Mapping]  # (mode, scenario) -> one VM's trace
     cpus: int  # the host's cores
     record_event_ns: float  # the recorder's own time per event there (0: not measured)
-    wake_cost: wake_cost.WakeCost | None = None  # what waking a thread cost (None: not measured)
+    woken: WakeCost | None = None  # what waking a thread cost the waker (None: not measured)
+    wake_curve: WakeCurve | None = None  # how late a woken thread ran again (None: not measured)
+    lock_rounds: tuple[LockUse, ...] = ()  # the lock's timed runs (none: not timed)
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -61,23 +74,40 @@ def record(exp: Experiment, run_path: Path, backend: str,
             record_fastest(key, 1, backend, cache=directory)
             recorded = True
     if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
-        (directory / ABOUT).write_text(json.dumps(
-            {"cpus": os.cpu_count(),
-             record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
-             wake_cost.ABOUT_KEY: wake_cost.measure().to_about()}))
+        about = {"cpus": os.cpu_count(),
+                 record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
+                 wake_cost.ABOUT_KEY: wake_cost.measure().to_about()}
+        if not exp.isolated:  # VMs in processes of their own pass no interpreter lock
+            progress("measuring how late a thread woken for the interpreter lock runs again")
+            about["wake"] = lock_turns.through_lock(wake.measure(),
+                                                    lock_turns.measure()).to_about()
+            if exp.lock_rounds and backend != "inproc" and kvm_usable()[0]:
+                about["lock_use"] = lock_use.to_about(_rounds(exp, progress))
+        (directory / ABOUT).write_text(json.dumps(about))
+
+
+def _rounds(exp: Experiment, progress: Callable[[str], None]) -> list[LockUse]:
+    """GROWTH_REPS rounds of the lock's timed runs for `exp`'s modes at its VM counts
+    (as `gpuvm calibrate --emulator` times them beside its runs)."""
+    from gpuvm.calibrate.validation import FIT_VMS
+    counts = lock_use.round_counts(sorted({len(s.vms) for s in exp.scenarios}), FIT_VMS)
+    return [u for rep in range(lock_use.GROWTH_REPS)
+            for u in lock_use.timed_round(exp.modes, counts, rep, progress)]
 
 
 def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     """The traces `run_path` kept, with the host they were recorded on; None where the
     run kept none (runs from before, or an incomplete set).  Runs from before the
     recorder's cost was measured replay their traces as recorded; runs from before the
-    wake cost was, have it None."""
+    wake cost or the wake-up curve was, have it None."""
     directory = run_path / TRACES
     try:
         about = json.loads((directory / ABOUT).read_text())
         cpus = int(about["cpus"])
         recorder = record_cost.from_about(about)
-        woken = wake_cost.WakeCost.from_about(about)
+        woken = WakeCost.from_about(about)
+        curve = WakeCurve.from_about(about)
+        uses = tuple(lock_use.from_about(about))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
@@ -85,4 +115,4 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder, woken)
+                      recorder, woken, curve, uses)
