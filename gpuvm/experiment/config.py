@@ -16,8 +16,8 @@ the field, before anything runs.
     backend = "auto"          # kvm | inproc | auto
     isolated = false          # each VM in its own VMM process over vfio-user (same rows)
     lock_rounds = false       # kind "scaling", VMs as threads on KVM: time the interpreter
-                              # lock's rounds with the kept traces (about 1.5 min), so the
-                              # report's validation grows the work as measured
+                              # lock's rounds with the kept traces (about 2.5 min on 2
+                              # cores), so the report's validation grows the work as measured
     repetitions = 1
     time_scale = 1.0          # device clock speed relative to wall time
     clock = "wall"            # or "virtual": device time advances with GPU work and

@@ -327,8 +327,8 @@ def _validation(part: SuitePart) -> list[str]:
         f"runs, the other counts predicted"
         + (f"; the guests' and the lock's work growing with the VMs as the lock's timed "
            f"rounds after the runs had it" if kept.lock_rounds else
-           f".  Without the lock's timed rounds (the guests' and the lock's work growing "
-           f"with the VMs: `lock_rounds = true`)")
+           f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
+           f"true` asks for them)")
         + ".  With one run of each point this is the rougher table: `gpuvm calibrate "
         f"--emulator`'s is the model's validation (README).",
         analysis.points)

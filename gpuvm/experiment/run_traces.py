@@ -38,7 +38,8 @@ from gpuvm.vmm.kvm import kvm_usable
 
 TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
-#                       "wake_cost": {...}, "wake": {...} (VMs as threads)}
+#                       "wake_cost": {...}, "wake": {...} (VMs as threads),
+#                       "lock_use": [...] (where the experiment asks: lock_rounds)}
 
 
 @dataclass(frozen=True)
