@@ -396,12 +396,9 @@ class _System:
 
     def on_core(self, ns: int) -> Generator:
         """Spend `ns` on one of the host cores (without the lock: a step at a time)."""
-        wait = self.cores.take()
-        if wait is not None:
-            yield wait
+        yield from self.get_core()
         try:
-            self.core_ns += ns
-            yield self.env.timeout(ns)
+            yield from self.run_on_core(ns)
         finally:
             self.cores.give()
 
