@@ -310,7 +310,9 @@ def _validation(part: SuitePart) -> list[str]:
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded right after these runs and kept "
-        f"with them (`traces/` in `{part.path}`)"
+        f"with them (`traces/` in `{part.path}`"
+        + (f"; the fastest of {part.exp.repetitions} recordings" if part.exp.repetitions > 1
+           else "") + ")"
         + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
            f"timed apart); " if kept.record_event_ns else "; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
@@ -329,8 +331,13 @@ def _validation(part: SuitePart) -> list[str]:
            f"rounds after the runs had it" if kept.lock_rounds else
            f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
            f"true` asks for them)")
-        + ".  With one run of each point this is the rougher table: `gpuvm calibrate "
-        f"--emulator`'s is the model's validation (README).",
+        + (f".  Each point is the fastest of its {part.exp.repetitions} runs (host load "
+           f"only adds time; a run of two fv VMs here took 1.97-3.3 s by turns).  This is "
+           f"still the rougher table"
+           if part.exp.repetitions > 1 else ".  With one run of each point this is the "
+           "rougher table")
+        + ": `gpuvm calibrate --emulator`'s, with more runs a point, is the model's "
+        "validation (README).",
         analysis.points)
 
 
