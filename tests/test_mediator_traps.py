@@ -74,3 +74,37 @@ def test_passthrough_is_only_what_is_listed(two):
         assert why
         table = a._r0 if how == "read" else a._w0
         assert off not in table  # a register is either trapped or listed, never both
+
+
+def _locked_read(vgpu) -> int:
+    """A BAR0 register whose trapped read runs under the mediator's lock."""
+    return next(off for off, handler in vgpu._r0.items() if handler[2])
+
+
+def test_a_wait_for_the_mediator_lock_is_counted_for_the_waiting_vm(two):
+    import threading
+    import time
+
+    from gpuvm.mediator.host_port import MEDIATOR_LOCK_WAIT_NS, MEDIATOR_LOCK_WAITS
+    gpu, med, a, b = two
+    offset = _locked_read(a)
+    a.read(regs.BAR0, offset, 4)  # uncontended: nothing counted
+    assert a.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with med.lock:
+            held.set()
+            done.wait(5)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    done.set()
+    a.read(regs.BAR0, offset, 4)  # waits for the holder's ~20 ms
+    t.join()
+    assert a.counts[MEDIATOR_LOCK_WAITS] == 1
+    assert a.counts[MEDIATOR_LOCK_WAIT_NS] >= 15_000_000
+    assert b.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
+    assert not med.lock._is_owned()  # given back

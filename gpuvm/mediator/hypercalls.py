@@ -14,7 +14,7 @@ import numpy as np
 
 from gpuvm.device import regs
 from gpuvm.device.vram import Vram
-from gpuvm.mediator.host_port import HostPort
+from gpuvm.mediator.host_port import HostPort, take_mediator_lock
 from gpuvm.vfio.device import VfioError
 from gpuvm import pv_abi as abi
 from shadow.pv_space import PvSpace
@@ -46,7 +46,9 @@ class Hypercalls:
         v.count("hcall.calls", 1)
         v.count(f"hcall.{OP_NAMES.get(op, 'bad')}", 1)
         status, refused = abi.HC_OK, 0
-        with self.host.lock:
+        lock = self.host.lock
+        take_mediator_lock(lock, v.counts)
+        try:
             if count > abi.HC_MAX_ENTRIES:
                 status = abi.HC_EINVAL
             elif op == abi.HC_SET_PGD:
@@ -82,6 +84,8 @@ class Hypercalls:
                 status = abi.HC_OK if v.shadowing.free_pv(key) else abi.HC_EINVAL
             else:
                 status = abi.HC_EINVAL
+        finally:
+            lock.release()
         hdr.status = status
         hdr.args[3] = refused
         del hdr

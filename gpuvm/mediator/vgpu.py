@@ -32,6 +32,7 @@ from gpuvm.device.engines import Engine
 from gpuvm.device.faults import ChannelFault, fault_flags
 from gpuvm.mediator import bar0_traps
 from gpuvm.mediator.channels import Channels
+from gpuvm.mediator.host_port import take_mediator_lock
 from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import Partition
@@ -130,16 +131,24 @@ class VGpu:
                 self.counts[handler[0]] += 1
                 if not handler[2]:
                     return handler[1]()
-                with self.med.lock:
+                lock = self.med.lock
+                take_mediator_lock(lock, self.counts)
+                try:
                     return handler[1]()
+                finally:
+                    lock.release()
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
             self.counts["trap.bar0.passthrough.read"] += 1
             return self.med.gpu.mmio_read(region, offset, size)
         if region == _CONFIG:
             return self.config.read(offset, size)
-        with self.med.lock:
+        lock = self.med.lock
+        take_mediator_lock(lock, self.counts)
+        try:
             return self._bar_access(region, offset, size, None)
+        finally:
+            lock.release()
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
@@ -149,8 +158,12 @@ class VGpu:
                 if not handler[2]:
                     handler[1](value)
                     return
-                with self.med.lock:
+                lock = self.med.lock
+                take_mediator_lock(lock, self.counts)
+                try:
                     handler[1](value)
+                finally:
+                    lock.release()
                 return
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
@@ -167,8 +180,12 @@ class VGpu:
             else:
                 self.count("trap.refused.bar4", 1)
             return
-        with self.med.lock:
+        lock = self.med.lock
+        take_mediator_lock(lock, self.counts)
+        try:
             self._bar_access(region, offset, size, value)
+        finally:
+            lock.release()
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:
