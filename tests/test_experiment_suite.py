@@ -71,7 +71,8 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
         assert (tmp_path / part / "latest" / "report.md").exists()
     report = (tmp_path / "suite" / "latest" / "report.md").read_text()
     for expected in ("## Overhead", "### Beside the paper", "~100x native",
-                     "## Scaling", "model: makespan", "### Why, from the counts"):
+                     "## Scaling", "model: makespan", "### Why, from the counts",
+                     "a VM's waits for the mediator's lock"):
         assert expected in report, expected
     assert (tmp_path / "suite" / "latest" / "scaling.png").exists()
     # the scaling run kept one VM's trace per mode, recorded after its runs, and the
@@ -145,3 +146,14 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     counts = (1,) * lock_use.BASE_RUNS + (2,) * (lock_use.BASE_RUNS - 1) + (2, 4)
     assert asked == [(("fv-opt", "pv"), counts, rep) for rep in range(lock_use.GROWTH_REPS)]
     assert len(uses) == lock_use.GROWTH_REPS * len(counts)
+
+
+def test_the_scaling_section_says_what_the_vms_waited_for_the_mediators_lock():
+    from gpuvm.experiment.paper import ScalePoint, _measured_waits
+    eight = {"fv": ScalePoint("fv", 8, 900.0, 1000.0, 1.0, 2.0, wall_mediator_wait_ms=250.0),
+             "pv": ScalePoint("pv", 8, 90.0, 100.0, 1.0, 2.0, wall_mediator_wait_ms=5.0)}
+    text = _measured_waits(eight)
+    assert "250.0 ms (fv, 25% of the makespan)" in text
+    assert "5.0 ms (pv, 5% of the makespan)" in text
+    # runs from before the waits were counted say nothing of them
+    assert _measured_waits({m: ScalePoint(m, 8, 1.0, 1.0, 1.0, 1.0) for m in ("fv", "pv")}) == ""
