@@ -16,6 +16,7 @@ from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.run import RunOptions, VmResult, VmSpec, run_vms
 from gpuvm.run.mediated import MediatedMachine
 from gpuvm.vmm.backends import kvm_usable
+from gpuvm.mediator.host_port import work_counters
 
 MEDIATED = ["fv", "fv+remap", "fv+lazy", "fv-opt", "pv-naive", "pv"]
 REMAP_MODES = {"fv+remap", "fv-opt", "pv"}
@@ -69,7 +70,7 @@ class Recording(MediatedMachine):
 
 
 def phase_counts(r: VmResult) -> list[tuple[str, dict[str, int]]]:
-    return [(p.name, {k: v for k, v in p.counters.items() if k not in GAUGES})
+    return [(p.name, {k: v for k, v in work_counters(p.counters).items() if k not in GAUGES})
             for p in r.session.phases]
 
 

@@ -20,6 +20,7 @@ from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.kvm import kvm_usable
+from gpuvm.mediator.host_port import work_counters
 
 from test_device_end_to_end import SUB_COPY, Rig
 from vfio_doubles import MmioPort, attached
@@ -192,7 +193,7 @@ def test_eight_default_type_vgpus_fit_and_pass(mode):
 
 def _phase_counts(result) -> list[tuple[str, dict[str, int]]]:
     skip = {"remap.pages", "remap.memslots"}  # levels, not counts of the VM's own work
-    return [(p.name, {k: v for k, v in p.counters.items() if k not in skip})
+    return [(p.name, {k: v for k, v in work_counters(p.counters).items() if k not in skip})
             for p in result.session.phases]
 
 

@@ -20,6 +20,7 @@ from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_h
 from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
 from gpuvm.device.profile import load_profile
 from gpuvm.mediator import mdev_types
+from gpuvm.mediator.host_port import work_counters
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
@@ -266,7 +267,8 @@ def row_from_dict(d: dict[str, Any]) -> VmRow:
 
 # What depends on the wall clock (a wall device clock follows it; a virtual one does not,
 # but comparing without these fields holds for both): everything else in a row
-# -- counts, records, modelled time, verdicts -- is the same on every rerun.
+# -- counts (but the waits for the mediator's lock, host_port.WALL_CLOCK_COUNTERS),
+# records, modelled time, verdicts -- is the same on every rerun.
 WALL_CLOCK_FIELDS = ("wall_ns", "device_ns", "busy")
 WALL_CLOCK_SCHED = ("gpu_time_ns", "mean_queue_delay_ns", "max_queue_delay_ns", "added_at",
                     "removed_at")
@@ -278,4 +280,8 @@ def without_wall_clock(row: VmRow | dict[str, Any]) -> dict[str, Any]:
     for name in WALL_CLOCK_FIELDS:
         d.pop(name, None)
     d["sched"] = {k: v for k, v in d.get("sched", {}).items() if k not in WALL_CLOCK_SCHED}
+    d["phase_counters"] = {phase: work_counters(c)
+                           for phase, c in d.get("phase_counters", {}).items()}
+    if "counters" in d:
+        d["counters"] = work_counters(d["counters"])
     return d

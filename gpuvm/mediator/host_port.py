@@ -50,6 +50,14 @@ class HostPort(Protocol):
 # traces carry them per event)
 MEDIATOR_LOCK_WAITS = "mediator_lock.waits"
 MEDIATOR_LOCK_WAIT_NS = "mediator_lock.wait_ns"
+# counts that follow how the run's threads took turns, not the VM's work: every other
+# count is the same on every rerun, and a VM alone never waits
+WALL_CLOCK_COUNTERS = frozenset({MEDIATOR_LOCK_WAITS, MEDIATOR_LOCK_WAIT_NS})
+
+
+def work_counters(counters: dict[str, int]) -> dict[str, int]:
+    """`counters` less WALL_CLOCK_COUNTERS: what a rerun counts alike."""
+    return {k: v for k, v in counters.items() if k not in WALL_CLOCK_COUNTERS}
 
 
 def take_mediator_lock(lock: threading.RLock, counts: MutableMapping[str, int]) -> None:
