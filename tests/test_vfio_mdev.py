@@ -20,9 +20,9 @@ from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.kvm import kvm_usable
-from gpuvm.mediator.host_port import work_counters
 
 from test_device_end_to_end import SUB_COPY, Rig
+from test_mediated_modes import phase_counts
 from vfio_doubles import MmioPort, attached
 
 KVM_OK, KVM_WHY = kvm_usable()
@@ -191,12 +191,6 @@ def test_eight_default_type_vgpus_fit_and_pass(mode):
         assert r.passed, r.error()
 
 
-def _phase_counts(result) -> list[tuple[str, dict[str, int]]]:
-    skip = {"remap.pages", "remap.memslots"}  # levels, not counts of the VM's own work
-    return [(p.name, {k: v for k, v in work_counters(p.counters).items() if k not in skip})
-            for p in result.session.phases]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fv_and_pv_vgpus_share_one_gpu_with_the_counts_they_have_alone(backend):
@@ -211,7 +205,7 @@ def test_fv_and_pv_vgpus_share_one_gpu_with_the_counts_they_have_alone(backend):
         assert r.passed, r.error()
         assert (int(r.record["hypercalls"]) > 0) == (mode == "pv")
         (alone,) = run_vms([VmSpec(name, bench, params, mode=mode)], opts)
-        assert _phase_counts(r) == _phase_counts(alone), name
+        assert phase_counts(r) == phase_counts(alone), name
 
 
 def test_native_and_mediated_vms_cannot_share_a_run():

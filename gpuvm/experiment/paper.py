@@ -221,12 +221,8 @@ def scale_points(part: SuitePart, costs: CostProfile, cores: int) -> list[ScaleP
             max(r.total_wall_ns + r.start_s * 1e9 for r in rows) / 1e6,
             statistics.mean(r.total_modelled_ns for r in rows) / 1e6,
             result.makespan_ns / 1e6,
-            statistics.mean(_mediator_wait_ns(r) for r in rows) / 1e6))
+            statistics.mean(r.counters.get(MEDIATOR_LOCK_WAIT_NS, 0) for r in rows) / 1e6))
     return sorted(points, key=lambda p: (p.mode, p.vms))
-
-
-def _mediator_wait_ns(row: VmRow) -> int:
-    return sum(c.get(MEDIATOR_LOCK_WAIT_NS, 0) for c in row.phase_counters.values())
 
 
 def _scaling_figure(points: list[ScalePoint], path: Path) -> Path:
