@@ -11,6 +11,7 @@ device touched freed shadow memory or another owner's memory.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import HostDriver, pte
 from gpuvm.device.kernels import kernel_object
 from gpuvm.mediator import monitor
+from gpuvm.mediator.host_port import MEDIATOR_LOCK_WAITS
 from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
@@ -150,6 +152,37 @@ def test_pv_space_freed_while_a_channel_is_bound_to_it(med):
     assert "not present" in vm.vgpu.faults()[-1].reason
     assert vm.vgpu.counters()["pv.frees_while_bound"] == 1
     assert monitor.ESCAPES == []
+
+
+def test_pv_tables_fill_beside_a_held_mediator_lock_and_the_flush_waits_for_it(med):
+    """A PV VM's table hypercalls touch only its own tables and reserve, so they go on
+    while another thread holds the mediator's lock; the flush reaches the physical GPU
+    and waits for it.  (With every hypercall under that lock, eight pv VMs spent half
+    their makespan waiting for each other.)"""
+    vm = Vm(med, "pv", mode="pv")
+    key = vm.drv.alloc(regs.PD_BYTES)
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with med.lock:
+            held.set()
+            done.wait(5)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(5)
+    try:
+        assert hypercall(vm, abi.HC_SET_PGD, key) == (abi.HC_OK, 0)
+        assert hypercall(vm, abi.HC_MAP_BATCH, key, [(0x1000, pte(vm.rig.a))]) == (abi.HC_OK, 0)
+        assert not done.is_set() and t.is_alive()  # the holder still held it throughout
+        assert vm.vgpu.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
+    finally:
+        done.set()
+    assert hypercall(vm, abi.HC_VM_FLUSH, key) == (abi.HC_OK, 0)  # waits for the holder
+    t.join()
+    assert vm.vgpu.counts[MEDIATOR_LOCK_WAITS] == 1
+    assert not med.lock._is_owned() and not vm.vgpu.lock._is_owned()
 
 
 def test_pv_map_flood_is_refused_not_a_host_traceback(med):

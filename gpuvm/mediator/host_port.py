@@ -63,9 +63,10 @@ def work_counters(counters: dict[str, int]) -> dict[str, int]:
 def take_mediator_lock(lock: threading.RLock, counts: MutableMapping[str, int]) -> None:
     """Take the mediator's lock on a VM's behalf, counting in the VM's `counts` each time
     another held it, and for how long this thread waited.  Why: every trapped access
-    that changes the mediator's state and every hypercall runs under this one lock,
-    across the interpreter lock's releases inside -- with two pv VMs on a lent 16-core
-    machine each waited 8-13 ms of a 60-70 ms run for it, on this 2-core host 1.5-5 ms
+    that changes the mediator's state, and every hypercall that reaches the physical GPU
+    (a flush, a free), runs under this one lock, across the interpreter lock's releases
+    inside -- when every hypercall did, two pv VMs on a lent 16-core machine each waited
+    8-13 ms of a 60-70 ms run for it, on this 2-core host 1.5-5 ms
     (docs/model-validation.md, 2026-11-29) -- and only the VM's own thread sees that
     wait.  A lock taken at once costs one try and no clock read, so the trap path pays
     nothing for the count where nobody contends."""

@@ -46,49 +46,55 @@ class Hypercalls:
         v.count("hcall.calls", 1)
         v.count(f"hcall.{OP_NAMES.get(op, 'bad')}", 1)
         status, refused = abi.HC_OK, 0
-        lock = self.host.lock
-        take_mediator_lock(lock, v.counts)
-        try:
+        with v.lock:
             if count > abi.HC_MAX_ENTRIES:
                 status = abi.HC_EINVAL
             elif op == abi.HC_SET_PGD:
                 status = self._set_pgd(key)
             elif op in (abi.HC_MAP_BATCH, abi.HC_UNMAP_BATCH):
-                space = v.shadowing.pv_spaces.get(key)
-                raw = None
-                if space is not None:
-                    try:
-                        raw = v.guest_memory(gpa + abi.HCALL_HEADER_BYTES,
-                                             count * _ENTRY.itemsize).copy()
-                    except VfioError:
-                        v.count("trap.refused.hcall_record", 1)
-                if space is None or raw is None:
-                    status = abi.HC_EINVAL
-                else:
-                    entries = raw.view(_ENTRY)
-                    v.count("hcall.entries", count)
-                    v.counts["hcall.batch_max"] = max(v.counts.get("hcall.batch_max", 0), count)
-                    try:
-                        if op == abi.HC_MAP_BATCH:
-                            refused = space.map(entries["va"], entries["pte"])
-                        else:
-                            refused = space.unmap(entries["va"])
-                        status = abi.HC_OK if refused == 0 else abi.HC_EINVAL
-                    except PoolExhausted:
-                        # the VM's shadow reserve is full: its own problem, not the host's
-                        v.count("trap.refused.hcall_nomem", 1)
-                        status = abi.HC_ENOMEM
-            elif op == abi.HC_VM_FLUSH:
-                status = self._flush(key)
-            elif op == abi.HC_FREE_PGD:
-                status = abi.HC_OK if v.shadowing.free_pv(key) else abi.HC_EINVAL
+                status, refused = self._map_batch(op, gpa, count, key)
+            elif op in (abi.HC_VM_FLUSH, abi.HC_FREE_PGD):
+                # these reach the physical GPU (its TLB, channels, BAR windows): the
+                # mediator's lock as well
+                lock = self.host.lock
+                take_mediator_lock(lock, v.counts)
+                try:
+                    status = self._flush(key) if op == abi.HC_VM_FLUSH else \
+                        abi.HC_OK if v.shadowing.free_pv(key) else abi.HC_EINVAL
+                finally:
+                    lock.release()
             else:
                 status = abi.HC_EINVAL
-        finally:
-            lock.release()
         hdr.status = status
         hdr.args[3] = refused
         del hdr
+
+    def _map_batch(self, op: int, gpa: int, count: int, key: int) -> tuple[int, int]:
+        """HC_MAP_BATCH / HC_UNMAP_BATCH: the VM's own tables in its own shadow reserve,
+        under its own lock alone (the guest flushes before the device may use them).
+        Returns (status, entries refused)."""
+        v = self.vgpu
+        space = v.shadowing.pv_spaces.get(key)
+        if space is None:
+            return abi.HC_EINVAL, 0
+        try:
+            raw = v.guest_memory(gpa + abi.HCALL_HEADER_BYTES, count * _ENTRY.itemsize).copy()
+        except VfioError:
+            v.count("trap.refused.hcall_record", 1)
+            return abi.HC_EINVAL, 0
+        entries = raw.view(_ENTRY)
+        v.count("hcall.entries", count)
+        v.counts["hcall.batch_max"] = max(v.counts.get("hcall.batch_max", 0), count)
+        try:
+            if op == abi.HC_MAP_BATCH:
+                refused = space.map(entries["va"], entries["pte"])
+            else:
+                refused = space.unmap(entries["va"])
+        except PoolExhausted:
+            # the VM's shadow reserve is full: its own problem, not the host's
+            v.count("trap.refused.hcall_nomem", 1)
+            return abi.HC_ENOMEM, 0
+        return (abi.HC_OK if refused == 0 else abi.HC_EINVAL), refused
 
     def _set_pgd(self, key: int) -> int:
         v = self.vgpu

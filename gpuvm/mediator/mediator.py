@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -134,13 +135,15 @@ class Mediator:
 
     def _kill(self, pchid: int, reason: str) -> None:
         """The watchdog's verdict on a submission (scheduler thread, no lock held)."""
-        with self.lock:
-            vgpu = self.owner.get(pchid)
+        vgpu = self.owner.get(pchid)
+        # the owner's lock before ours: one of its hypercalls may hold it
+        with (vgpu.lock if vgpu is not None else nullcontext()), self.lock:
             self.counts["watchdog.kills"] += 1
-            if vgpu is not None:
-                vgpu.channels.kill(pchid, reason)
-            else:  # nobody owns it any more: make sure the device holds nothing for it
+            owner = self.owner.get(pchid)
+            if owner is None:  # nobody owns it any more: the device must hold nothing for it
                 self.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
+            elif owner is vgpu:  # (a VM that took the channel since has nothing to lose)
+                vgpu.channels.kill(pchid, reason)
 
 
     # ------------------------------------------------------------------ residency
@@ -153,7 +156,7 @@ class Mediator:
         """Before the VM's submission is rung: its working set into the pool.  A working
         set that cannot fit faults that VM alone (its channels are ended with the reason);
         returns whether the submission may go."""
-        with self.lock:
+        with vm.lock, self.lock:
             if vm not in self.vgpus or self.residency is None:
                 return False
             try:
@@ -240,7 +243,7 @@ class Mediator:
         """Stop a VM's channels, free its shadows and its partition; others keep running."""
         pchids = set(range(vgpu.part.chid_base, vgpu.part.chid_base + vgpu.part.channels))
         self.submissions.remove_vm(vgpu, pchids)
-        with self.lock:
+        with vgpu.lock, self.lock:
             vgpu.close()
             vgpu.teardown()
             self.vgpus.remove(vgpu)

@@ -18,6 +18,7 @@ whose frames may hold another VM's pages at the time; its BAR pages are not rema
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -66,6 +67,13 @@ class VGpu:
         self.type_id = type_id
         self.part = part
         self.dma = DmaMappings()  # this vGPU's IOMMU table: what the VMM DMA-mapped
+        # This vGPU's own lock: held while its PV tables and its shadow reserve change.
+        # A hypercall that only fills the VM's own tables takes this one and not the
+        # mediator's, as a hypervisor serves each VM's page-table hypercalls on that VM's
+        # own vCPU -- under the mediator's one lock eight pv VMs spent 54% of their
+        # makespan waiting for each other (docs/model-validation.md, 2026-11-29).  A
+        # thread that needs both takes this one first.
+        self.lock = threading.RLock()
         self.tenant = tenant  # oversubscribed: its residency in the shared pool
         if tenant is None:
             self.mode = mode
@@ -216,7 +224,7 @@ class VGpu:
             self.shadowing.refresh_remap()
 
     def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
-        with self.med.lock:
+        with self.lock, self.med.lock:
             end = iova + memory.size
             if end > self.med.bus_window:
                 raise VfioError(f"{self.name}: DMA map [{iova:#x}, {end:#x}) is beyond the "
@@ -228,7 +236,7 @@ class VGpu:
             self.shadowing.dma_changed()
 
     def dma_unmap(self, iova: int, size: int) -> None:
-        with self.med.lock:
+        with self.lock, self.med.lock:
             try:
                 self.dma.unmap(iova, size)
             except ValueError as exc:
@@ -257,7 +265,7 @@ class VGpu:
 
     def reset(self) -> None:
         """Device reset: stop and drop the VM's channels and shadows, start afresh."""
-        with self.med.lock:
+        with self.lock, self.med.lock:
             self.teardown()
             self.channels = Channels(self, self.med, self._vram)
             self.shadowing = Shadowing(self, self.med, self._vram)
