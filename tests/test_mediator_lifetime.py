@@ -11,7 +11,6 @@ device touched freed shadow memory or another owner's memory.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -32,6 +31,7 @@ from gpuvm.vmm.guest_ram import GuestRam
 
 from test_device_end_to_end import SUB_COMPUTE, SUB_COPY, VA_GPFIFO
 from test_mediator_isolation import PATTERN, Vm
+from test_mediator_traps import LockHolder
 from vfio_doubles import attached
 
 LONG = 200_000_000_000  # loop iterations: 200 s of device time (0.2 s wall at 1000x)
@@ -161,26 +161,16 @@ def test_pv_tables_fill_beside_a_held_mediator_lock_and_the_flush_waits_for_it(m
     their makespan waiting for each other.)"""
     vm = Vm(med, "pv", mode="pv")
     key = vm.drv.alloc(regs.PD_BYTES)
-    held, done = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with med.lock:
-            held.set()
-            done.wait(5)
-            time.sleep(0.02)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(5)
+    holder = LockHolder(med.lock)
     try:
         assert hypercall(vm, abi.HC_SET_PGD, key) == (abi.HC_OK, 0)
         assert hypercall(vm, abi.HC_MAP_BATCH, key, [(0x1000, pte(vm.rig.a))]) == (abi.HC_OK, 0)
-        assert not done.is_set() and t.is_alive()  # the holder still held it throughout
+        assert holder.holding  # the holder still had the lock throughout
         assert vm.vgpu.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
     finally:
-        done.set()
+        holder.let_go()
     assert hypercall(vm, abi.HC_VM_FLUSH, key) == (abi.HC_OK, 0)  # waits for the holder
-    t.join()
+    holder.join()
     assert vm.vgpu.counts[MEDIATOR_LOCK_WAITS] == 1
     assert not med.lock._is_owned() and not vm.vgpu.lock._is_owned()
 

@@ -7,6 +7,9 @@ faked or refused -- or in bar0_traps.PASSTHROUGH, which names why sharing it is 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from gpuvm.device import regs
@@ -81,29 +84,45 @@ def _locked_read(vgpu) -> int:
     return next(off for off, handler in vgpu._r0.items() if handler[2])
 
 
-def test_a_wait_for_the_mediator_lock_is_counted_for_the_waiting_vm(two):
-    import threading
-    import time
+class LockHolder:
+    """Another thread holding `lock` from construction until `let_go()`, and 20 ms after
+    it: the caller's next take of the lock is then sure to wait."""
 
+    def __init__(self, lock) -> None:
+        self._held, self._done = threading.Event(), threading.Event()
+        self._lock = lock
+        self._thread = threading.Thread(target=self._hold)
+        self._thread.start()
+        self._held.wait(5)
+
+    def _hold(self) -> None:
+        with self._lock:
+            self._held.set()
+            self._done.wait(5)
+            time.sleep(0.02)
+
+    @property
+    def holding(self) -> bool:
+        """Not yet let go (the holder still has the lock)."""
+        return not self._done.is_set() and self._thread.is_alive()
+
+    def let_go(self) -> None:
+        self._done.set()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def test_a_wait_for_the_mediator_lock_is_counted_for_the_waiting_vm(two):
     from gpuvm.mediator.host_port import MEDIATOR_LOCK_WAIT_NS, MEDIATOR_LOCK_WAITS
     gpu, med, a, b = two
     offset = _locked_read(a)
     a.read(regs.BAR0, offset, 4)  # uncontended: nothing counted
     assert a.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
-    held, done = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        with med.lock:
-            held.set()
-            done.wait(5)
-            time.sleep(0.02)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    held.wait(5)
-    done.set()
+    holder = LockHolder(med.lock)
+    holder.let_go()
     a.read(regs.BAR0, offset, 4)  # waits for the holder's ~20 ms
-    t.join()
+    holder.join()
     assert a.counts[MEDIATOR_LOCK_WAITS] == 1
     assert a.counts[MEDIATOR_LOCK_WAIT_NS] >= 15_000_000
     assert b.counts.get(MEDIATOR_LOCK_WAITS, 0) == 0
