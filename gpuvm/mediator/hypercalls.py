@@ -59,8 +59,7 @@ class Hypercalls:
                 lock = self.host.lock
                 take_mediator_lock(lock, v.counts)
                 try:
-                    status = self._flush(key) if op == abi.HC_VM_FLUSH else \
-                        abi.HC_OK if v.shadowing.free_pv(key) else abi.HC_EINVAL
+                    status = self._flush(key) if op == abi.HC_VM_FLUSH else self._free(key)
                 finally:
                     lock.release()
             else:
@@ -107,6 +106,9 @@ class Hypercalls:
             v.count("trap.refused.hcall_nomem", 1)
             return abi.HC_ENOMEM
         return abi.HC_OK
+
+    def _free(self, key: int) -> int:
+        return abi.HC_OK if self.vgpu.shadowing.free_pv(key) else abi.HC_EINVAL
 
     def _flush(self, key: int) -> int:
         v = self.vgpu
