@@ -11,8 +11,11 @@ makespan less the vCPU threads' held time, over their exits -- a hand-off's cost
 nearly every exit waited (sleeps per exit near 1), and where the lock is the
 bottleneck; it also holds the engine thread's time on the VMs' channels.
 
-The two thread-clock reads per exit (RunOptions.time_kvm_run) cost ~1 us of the
-20-40 us an exit takes on the lent machines, so these runs are not validation runs.
+The timing (RunOptions.time_kvm_run: two thread-clock and two getrusage reads per
+exit, made holding the lock) costs ~3 us an exit on a lent machine and ~5 us on the
+2-core host, and slows 4 and 8 VMs by a quarter to a half, so these runs are not
+validation runs -- and the growth they time is partly the timing's own
+(docs/model-validation.md, "The lock rounds time themselves into their growth").
 
 `gpuvm calibrate --emulator` measures with it how much slower that work gets with the
 VMs beside it (`growth`): on the lent machines fv's grew a fifth from 2 VMs to 8, which
