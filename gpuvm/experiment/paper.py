@@ -201,7 +201,7 @@ class ScalePoint:
     model_vm_ms: float       # modelled: a VM alone (counts x costs)
     model_makespan_ms: float  # the model of the whole system, with contention
     # emulator: mean per VM of the time its thread waited for the mediator's lock
-    # (mediator.host_port.take_mediator_lock; 0 in runs from before it was counted)
+    # (mediator.host_port.under_mediator_lock; 0 in runs from before it was counted)
     wall_mediator_wait_ms: float = 0.0
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Protocol, MutableMapping
+from typing import Any, Callable, MutableMapping, Protocol, TypeVar
 
 from gpuvm.device.write_log import EngineWriteLog
+
+T = TypeVar("T")
 
 
 class HostPort(Protocol):
@@ -60,19 +62,23 @@ def work_counters(counters: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in counters.items() if k not in WALL_CLOCK_COUNTERS}
 
 
-def take_mediator_lock(lock: threading.RLock, counts: MutableMapping[str, int]) -> None:
-    """Take the mediator's lock on a VM's behalf, counting in the VM's `counts` each time
-    another held it, and for how long this thread waited.  Why: every trapped access
-    that changes the mediator's state, and every hypercall that reaches the physical GPU
-    (a flush, a free), runs under this one lock, across the interpreter lock's releases
-    inside -- when every hypercall did, two pv VMs on a lent 16-core machine each waited
-    8-13 ms of a 60-70 ms run for it, on this 2-core host 1.5-5 ms
-    (docs/model-validation.md, 2026-11-29) -- and only the VM's own thread sees that
-    wait.  A lock taken at once costs one try and no clock read, so the trap path pays
-    nothing for the count where nobody contends."""
-    if lock.acquire(False):
-        return
-    asked = time.perf_counter_ns()
-    lock.acquire()
-    counts[MEDIATOR_LOCK_WAITS] += 1
-    counts[MEDIATOR_LOCK_WAIT_NS] += time.perf_counter_ns() - asked
+def under_mediator_lock(lock: threading.RLock, counts: MutableMapping[str, int],
+                        work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` holding the mediator's lock, taken on a VM's behalf: each time
+    another held it, the VM's `counts` count the wait and how long this thread waited.
+    Why: every trapped access that changes the mediator's state, and every hypercall
+    that reaches the physical GPU (a flush, a free), runs under this one lock, across
+    the interpreter lock's releases inside -- when every hypercall did, two pv VMs on a
+    lent 16-core machine each waited 8-13 ms of a 60-70 ms run for it, on this 2-core
+    host 1.5-5 ms (docs/model-validation.md, 2026-11-29) -- and only the VM's own thread
+    sees that wait.  A lock taken at once costs one try and no clock read, so the trap
+    path pays nothing for the count where nobody contends."""
+    if not lock.acquire(False):
+        asked = time.perf_counter_ns()
+        lock.acquire()
+        counts[MEDIATOR_LOCK_WAITS] += 1
+        counts[MEDIATOR_LOCK_WAIT_NS] += time.perf_counter_ns() - asked
+    try:
+        return work(*args)
+    finally:
+        lock.release()

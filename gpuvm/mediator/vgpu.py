@@ -33,7 +33,7 @@ from gpuvm.device.engines import Engine
 from gpuvm.device.faults import ChannelFault, fault_flags
 from gpuvm.mediator import bar0_traps
 from gpuvm.mediator.channels import Channels
-from gpuvm.mediator.host_port import take_mediator_lock
+from gpuvm.mediator.host_port import under_mediator_lock
 from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import Partition
@@ -139,24 +139,15 @@ class VGpu:
                 self.counts[handler[0]] += 1
                 if not handler[2]:
                     return handler[1]()
-                lock = self.med.lock
-                take_mediator_lock(lock, self.counts)
-                try:
-                    return handler[1]()
-                finally:
-                    lock.release()
+                return under_mediator_lock(self.med.lock, self.counts, handler[1])
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
             self.counts["trap.bar0.passthrough.read"] += 1
             return self.med.gpu.mmio_read(region, offset, size)
         if region == _CONFIG:
             return self.config.read(offset, size)
-        lock = self.med.lock
-        take_mediator_lock(lock, self.counts)
-        try:
-            return self._bar_access(region, offset, size, None)
-        finally:
-            lock.release()
+        return under_mediator_lock(self.med.lock, self.counts, self._bar_access, region,
+                                   offset, size, None)
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
@@ -166,12 +157,7 @@ class VGpu:
                 if not handler[2]:
                     handler[1](value)
                     return
-                lock = self.med.lock
-                take_mediator_lock(lock, self.counts)
-                try:
-                    handler[1](value)
-                finally:
-                    lock.release()
+                under_mediator_lock(self.med.lock, self.counts, handler[1], value)
                 return
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
@@ -188,12 +174,8 @@ class VGpu:
             else:
                 self.count("trap.refused.bar4", 1)
             return
-        lock = self.med.lock
-        take_mediator_lock(lock, self.counts)
-        try:
-            self._bar_access(region, offset, size, value)
-        finally:
-            lock.release()
+        under_mediator_lock(self.med.lock, self.counts, self._bar_access, region, offset,
+                            size, value)
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:
