@@ -5,6 +5,7 @@ the lock the model takes from such runs (CostProfile.lock_work_factor)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from gpuvm.experiment.execute import specs_for
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions
 from gpuvm.sim.replay import CPU, Step, VmTrace, replay
+from gpuvm.vmm.guest_session import KvmRunTime
 from gpuvm.vmm.kvm import kvm_usable
 
 USABLE, WHY = kvm_usable()
@@ -103,6 +105,55 @@ def test_timing_kvm_run_counts_every_exit_and_splits_the_cpu():
     assert timer.cpu_ns <= timer.span_cpu_ns <= vcpu.cpu_ns
     [plain] = run_vms(specs_for(scenario), RunOptions(mode="pv", backend="kvm"))
     assert plain.passed and plain.session.kvm_run_time is None
+
+
+def _burn(us: int) -> None:
+    """Use `us` microseconds of this thread's CPU."""
+    end = time.thread_time_ns() + us * 1000
+    while time.thread_time_ns() < end:
+        pass
+
+
+def test_a_sampled_timer_times_some_runs_and_scales_them_to_all():
+    """One run in `every` on average is timed, at gaps that are not a period, every run
+    is counted and made, and the sums are the timed runs' scaled to all: 400 runs of
+    100 us of CPU each come to about 40 ms whichever runs were timed."""
+    calls = []
+
+    def ioctl(fd: int, request: int) -> None:
+        calls.append((fd, request))
+        _burn(100)
+
+    timer = KvmRunTime(every=8, seed=3)
+    for _ in range(400):
+        timer.timed(ioctl, 7, 9)
+    timer.close()
+    assert calls == [(7, 9)] * 400 and timer.runs == 400
+    assert 20 <= timer.timed_runs <= 100
+    assert 0.75 * 40e6 <= timer.cpu_ns <= 1.25 * 40e6
+    assert timer.cpu_ns <= timer.wall_ns and timer.cpu_ns <= timer.span_cpu_ns
+    every_one = KvmRunTime()
+    for _ in range(5):
+        every_one.timed(ioctl, 7, 9)
+    assert every_one.timed_runs == every_one.runs == 5
+    with pytest.raises(ValueError, match="every"):
+        KvmRunTime(every=0)
+
+
+@pytest.mark.kvm
+@needs_kvm
+def test_sampled_timing_counts_every_exit_and_times_a_share():
+    scenario = Scenario("one", (VmConfig("vm0", "idle", ()),))
+    [run] = run_vms(specs_for(scenario), RunOptions(mode="fv-opt", backend="kvm",
+                                                    time_kvm_run=True,
+                                                    kvm_run_sample_every=8))
+    assert run.passed, run.error()
+    timer = run.session.kvm_run_time
+    exits = sum(v for p in run.session.phases for k, v in p.counters.items()
+                if k.startswith("exits.mmio.") or k == "exits.io")
+    assert exits <= timer.runs <= exits + 2
+    assert timer.runs / 16 <= timer.timed_runs <= timer.runs / 4
+    assert 0 < timer.cpu_ns < run.outcome.vcpu.cpu_ns
 
 
 @pytest.mark.kvm

@@ -12,10 +12,12 @@ nearly every exit waited (sleeps per exit near 1), and where the lock is the
 bottleneck; it also holds the engine thread's time on the VMs' channels.
 
 The timing (RunOptions.time_kvm_run: two thread-clock and two getrusage reads per
-exit, made holding the lock) costs ~3 us an exit on a lent machine and ~5 us on the
-2-core host, and slows 4 and 8 VMs by a quarter to a half, so these runs are not
-validation runs -- and the growth they time is partly the timing's own
-(docs/model-validation.md, "The lock rounds time themselves into their growth").
+timed exit, made holding the lock) costs ~3 us an exit on a lent machine and ~5 us on
+the 2-core host; timing every exit slowed 4 and 8 VMs by a quarter to a half, and the
+growth those runs timed was partly the timing's own (docs/model-validation.md, "The
+lock rounds time themselves into their growth").  So the idle VMs' runs time one exit
+in SAMPLE_EVERY and scale the sums (KvmRunTime.every); they are still not validation
+runs.
 
 `gpuvm calibrate --emulator` measures with it how much slower that work gets with the
 VMs beside it (`growth`): on the lent machines fv's grew a fifth from 2 VMs to 8, which
@@ -66,6 +68,14 @@ PV_GROWTH_MODE = "pv"
 BESIDE_MODES = ("fv-opt",)
 ALONE_VMS = 1  # the count `growths_beside_one` divides by: the traces' own
 PV_GROWTH_ROUNDS = 5  # runs of each count a round, against fv's one (3 s a run here)
+# The idle VMs' runs time one KVM_RUN in this many (KvmRunTime.every): timing every
+# exit held the lock ~5 us longer an exit on the 2-core host and made 4 fv-opt VMs' CPU
+# per VM grow 1.20x where untimed runs' grew 1.10x; one in 8 gave 1.17x, one in 32
+# 1.13x with a split too noisy to use (2026-11-29, three runs of each by turns;
+# docs/model-validation.md, "Sampled timing").  An idle VM makes ~7,200 exits,
+# so one in 8 still times ~900 of them; a pv VM makes 166, and its exits are ~100 us of
+# work against the timing's 3-5 us, so pv's runs time every exit.
+SAMPLE_EVERY = 8
 GROWTH_REPS = 2  # rounds over the counts a sitting (command._LockRounds); each count's fastest run kept
 # runs of the base count (2 VMs) a round: every other count's time per exit is divided by
 # its, and it is the noisiest -- on one lent machine 2-VM fv runs of one lease took 34.5
@@ -98,6 +108,9 @@ class LockUse:
     in_run_preemptions: int = 0
     span_ns: int = 0
     span_cpu_ns: int = 0
+    # one KVM_RUN in this many was timed, the sums scaled to all (KvmRunTime.every; rows
+    # from before: every one)
+    sample_every: int = 1
 
     @property
     def held_ns(self) -> int:
@@ -150,10 +163,11 @@ class LockUse:
 
 def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
             counts: Sequence[int], reps: int,
-            progress: Callable[[str], None] = lambda line: None) -> list[LockUse]:
+            progress: Callable[[str], None] = lambda line: None,
+            sample_every: int = 1) -> list[LockUse]:
     """Per repetition, mode and VM count, one run of that many VMs as threads on KVM,
-    each vCPU thread's KVM_RUN timed.  RuntimeError where a VM fails or the backend is
-    not KVM (no KVM_RUN to time)."""
+    each vCPU thread's KVM_RUN timed (one in `sample_every` of them, KvmRunTime).
+    RuntimeError where a VM fails or the backend is not KVM (no KVM_RUN to time)."""
     from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
 
@@ -162,7 +176,8 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
         for mode in modes:
             for n in counts:
                 results = run_alike(benchmark, params, n, RunOptions(
-                    mode=mode, backend="kvm", time_kvm_run=True), f"{mode} x{n}")
+                    mode=mode, backend="kvm", time_kvm_run=True,
+                    kvm_run_sample_every=sample_every), f"{mode} x{n}")
                 timers = [r.session.kvm_run_time for r in results]
                 vcpus = [r.outcome.vcpu for r in results]
                 if any(t is None or not t.runs for t in timers) or None in vcpus:
@@ -176,7 +191,7 @@ def measure(benchmark: str, params: tuple[int, ...], modes: Sequence[str],
                               sum(t.sleeps for t in timers),
                               sum(t.preemptions for t in timers),
                               sum(t.span_ns for t in timers),
-                              sum(t.span_cpu_ns for t in timers))
+                              sum(t.span_cpu_ns for t in timers), sample_every)
                 out.append(use)
                 progress(f"rep {rep} {mode} x{n}: {use.makespan_ns / 1e6:,.1f} ms")
     return out
@@ -204,7 +219,7 @@ def timed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
              + (f", {PV_GROWTH_MODE} VMs of {PV_GROWTH_BENCHMARK} {PV_GROWTH_ROUNDS} times"
                 if with_pv else "")
              + f": {', '.join(map(str, counts))})")
-    uses = measure(GROWTH_BENCHMARK, (), timed, counts, 1)
+    uses = measure(GROWTH_BENCHMARK, (), timed, counts, 1, sample_every=SAMPLE_EVERY)
     if with_pv:
         uses += measure(PV_GROWTH_BENCHMARK, PV_GROWTH_PARAMS, [PV_GROWTH_MODE], counts,
                         PV_GROWTH_ROUNDS)

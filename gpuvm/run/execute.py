@@ -164,7 +164,7 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
                                          count_lock_releases=options.count_lock_releases)
         session.recorder.install(session)
     if options.time_kvm_run:
-        session.kvm_run_time = KvmRunTime()
+        session.kvm_run_time = KvmRunTime(every=options.kvm_run_sample_every)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,

@@ -149,8 +149,11 @@ class RunOptions:
     count_lock_releases: bool = False
     # The KVM backend: sum each vCPU thread's wall and CPU time inside KVM_RUN
     # (session.kvm_run_time): its CPU outside is its work under the interpreter lock
-    # (gpuvm.calibrate.lock_use).  Two thread-clock reads per exit.
+    # (gpuvm.calibrate.lock_use).  Two thread-clock and two getrusage reads per timed
+    # exit, holding the lock: with kvm_run_sample_every N one exit in N on average is
+    # timed and the sums scaled to all (KvmRunTime), so the timing slows the run less.
     time_kvm_run: bool = False
+    kvm_run_sample_every: int = 1
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

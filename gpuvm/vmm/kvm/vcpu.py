@@ -76,6 +76,13 @@ class ExitLoop:
             getattr(self, name).release()
 
     def run(self) -> str | None:
+        try:
+            return self._run()
+        finally:
+            if self.session.kvm_run_time is not None:
+                self.session.kvm_run_time.close()  # its runs' span ends here
+
+    def _run(self) -> str | None:
         while True:
             try:
                 return self._dispatch()
