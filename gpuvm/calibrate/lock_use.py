@@ -15,9 +15,9 @@ The timing (RunOptions.time_kvm_run: two thread-clock and two getrusage reads pe
 timed exit, made holding the lock) costs ~3 us an exit on a lent machine and ~5 us on
 the 2-core host; timing every exit slowed 4 and 8 VMs by a quarter to a half, and the
 growth those runs timed was partly the timing's own (docs/model-validation.md, "The
-lock rounds time themselves into their growth").  So the idle VMs' runs time one exit
-in SAMPLE_EVERY and scale the sums (KvmRunTime.every); they are still not validation
-runs.
+lock rounds time themselves into their growth").  Timing one exit in N and scaling
+the sums (KvmRunTime.every, `measure(sample_every=)`) slows them less, but did not
+bring the sittings closer (SAMPLE_EVERY); either way these are not validation runs.
 
 `gpuvm calibrate --emulator` measures with it how much slower that work gets with the
 VMs beside it (`growth`): on the lent machines fv's grew a fifth from 2 VMs to 8, which
@@ -68,14 +68,15 @@ PV_GROWTH_MODE = "pv"
 BESIDE_MODES = ("fv-opt",)
 ALONE_VMS = 1  # the count `growths_beside_one` divides by: the traces' own
 PV_GROWTH_ROUNDS = 5  # runs of each count a round, against fv's one (3 s a run here)
-# The idle VMs' runs time one KVM_RUN in this many (KvmRunTime.every): timing every
-# exit held the lock ~5 us longer an exit on the 2-core host and made 4 fv-opt VMs' CPU
-# per VM grow 1.20x where untimed runs' grew 1.10x; one in 8 gave 1.17x, one in 32
-# 1.13x with a split too noisy to use (2026-11-29, three runs of each by turns;
-# docs/model-validation.md, "Sampled timing").  An idle VM makes ~7,200 exits,
-# so one in 8 still times ~900 of them; a pv VM makes 166, and its exits are ~100 us of
-# work against the timing's 3-5 us, so pv's runs time every exit.
-SAMPLE_EVERY = 8
+# The rounds time every KVM_RUN (KvmRunTime.every = 1).  Timing every exit holds the
+# lock ~5 us longer an exit on the 2-core host and makes 4 fv-opt VMs' CPU per VM grow
+# 1.20x where untimed runs' grow 1.10x; one exit in 8 gave 1.17x.  But four sittings
+# here and three on lent machines with the idle VMs' rounds timed one exit in 8 came
+# within 10% at 37 of 48 and 19 of 36 points, against 54 of 60 and 56 of 84 for the
+# sittings before with every exit timed: no better within the sittings' noise, so the
+# rounds stay as they were (docs/model-validation.md, "Sampled timing";
+# `gpuvm calibrate --lock-use --sample-every N` times that way).
+SAMPLE_EVERY = 1
 GROWTH_REPS = 2  # rounds over the counts a sitting (command._LockRounds); each count's fastest run kept
 # runs of the base count (2 VMs) a round: every other count's time per exit is divided by
 # its, and it is the noisiest -- on one lent machine 2-VM fv runs of one lease took 34.5
