@@ -45,6 +45,23 @@ def test_a_bundle_meets_the_goal_only_with_every_point_within_it():
     assert scores[1].mean_abs_pct == pytest.approx(5.75)
 
 
+def test_points_fall_in_bands_by_how_slow_the_cores_ran_during_their_run():
+    first = across.BundleAnalysis(
+        [_point("pv", 1, 2.0), _point("pv", 2, -12.0), _point("fv", 8, 30.0)], [],
+        {("pv", 1): 0.05, ("pv", 2): 0.25, ("fv", 8): 0.72})
+    second = across.BundleAnalysis([_point("pv", 1, -4.0), _point("pv", 2, 8.0)], [],
+                                   {("pv", 1): 0.4})  # pv 2: not sampled, left out
+    bands = across.by_slow_share([first, second])
+    assert [(b.label, b.points, b.within) for b in bands] == [
+        ("under 20%", 1, 1), ("20-40%", 1, 0), ("40% or more", 2, 1)]
+    assert bands[2].mean_abs_pct == pytest.approx(17.0)
+    assert "40% or more: 2 points, 1 within 10%, mean |error| 17.0%" in \
+        across.slow_text(bands)
+    # bundles whose cores were not sampled say nothing
+    unsampled = across.BundleAnalysis([_point("pv", 1, 2.0)], [])
+    assert across.by_slow_share([unsampled]) == [] and across.slow_text([]) == ""
+
+
 def test_the_same_measurements_twice_give_the_same_errors(tmp_path, gpuvm_cli):
     copy = tmp_path / "copy"
     shutil.copytree(BUNDLE, copy)
@@ -62,6 +79,7 @@ def test_the_same_measurements_twice_give_the_same_errors(tmp_path, gpuvm_cli):
     # the emulator against itself: the same in both copies, and in the summary
     assert report["bundles"][0]["halves"] == report["bundles"][1]["halves"]
     assert report["halves"]["halves"] == 2 * 2  # two bundles of two repetitions
+    assert report["by_slow_share"] == []  # a bundle from before the core probes
     # and each is the error `--from DIR` reports for that bundle alone
     alone = {(p.mode, p.vms): p.error_pct for p in across.bundle_analysis(BUNDLE).points}
     assert {(p["mode"], p["vms"]): p["errors_pct"][0] for p in report["points"]} \

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuvm.calibrate import validation
+from gpuvm.calibrate import across, validation
 
 BUNDLE = Path(__file__).parent / "data" / "validation-h100"
 # mean |error| over the bundle's 8 points: 26.1% when it was added (results/validation/
@@ -86,6 +86,15 @@ def test_a_bundle_that_measured_the_locks_costs_is_predicted_within_its_bound(
     assert len(errors) == 12
     assert sum(abs(e) <= 10 for e in errors.values()) >= MEASURED_WITHIN, errors
     assert _mean_abs(measured_analysis.points) <= MEASURED_MEAN_BOUND_PCT, errors
+
+
+def test_each_kept_run_has_the_share_of_slow_core_samples_beside_it(measured_analysis):
+    """The bundle sampled the host's cores (cores.npz): every kept run of its twelve
+    points falls among the samples, each share a fraction (gpuvm.calibrate.across)."""
+    shares = across.slow_shares(measured_analysis.kept, MEASURED_BUNDLE)
+    assert set(shares) == {(p.mode, p.vms) for p in measured_analysis.points}
+    assert all(0.0 <= share <= 1.0 for share in shares.values())
+    assert across.slow_shares(measured_analysis.kept, BUNDLE) == {}  # not sampled
 
 
 def test_the_measured_signal_brings_pv_closer(measured_analysis):

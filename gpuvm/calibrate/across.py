@@ -18,13 +18,16 @@ independent, so they are analysed in worker processes where the host has the cor
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpuvm.calibrate.emulator import GOAL_ERROR_PCT, ValidationPoint
 from gpuvm.calibrate.halves import HalfPoint
+
+if TYPE_CHECKING:
+    from gpuvm.calibrate.validation import Measured
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,67 @@ class BundleScore:
 class BundleAnalysis:
     points: list[ValidationPoint]
     halves: list[HalfPoint]  # the emulator against itself (gpuvm.calibrate.halves)
+    # per point, the share of the host's core samples that ran slow during its kept run
+    # (validation.core_speeds; empty where the bundle's cores were not sampled)
+    slow_shares: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+# Where the core probes' slow share during a point's kept run falls: five sittings on
+# the 2-core host (2026-11-29) put 27 of 31 points under 20% within 10% (mean |error|
+# 4.3%), 12 of 19 at 20-40% (6.9%), 7 of 10 at 40% or more (10.5%)
+# (docs/model-validation.md, "Sampled timing").
+SLOW_BANDS = (0.2, 0.4)
+
+
+@dataclass(frozen=True)
+class SlowBand:
+    """The points, over every bundle, whose kept run the probes saw this slow."""
+
+    low: float  # slow share from (inclusive)
+    high: float | None  # to (exclusive; None: no bound)
+    points: int
+    within: int
+    mean_abs_pct: float  # 0 without points
+
+    @property
+    def label(self) -> str:
+        if self.high is None:
+            return f"{100 * self.low:.0f}% or more"
+        if not self.low:
+            return f"under {100 * self.high:.0f}%"
+        return f"{100 * self.low:.0f}-{100 * self.high:.0f}%"
+
+
+def by_slow_share(analysed: Sequence[BundleAnalysis],
+                  bands: Sequence[float] = SLOW_BANDS) -> list[SlowBand]:
+    """Every bundle's points, by the share of slow core samples during their kept run
+    (SLOW_BANDS' edges): how many there are, how many within the goal, their mean
+    |error|.  Why: a run on cores a neighbour slowed is the emulator's miss, not the
+    model's, and over many bundles this says how much of the misses sit there.  Points
+    whose run was not sampled are left out; empty where none was."""
+    pairs = [(share, abs(p.error_pct)) for a in analysed for p in a.points
+             if (share := a.slow_shares.get((p.mode, p.vms))) is not None]
+    if not pairs:
+        return []
+    edges = [0.0, *bands, None]
+    out = []
+    for low, high in zip(edges, edges[1:]):
+        errors = [e for share, e in pairs if share >= low and (high is None or share < high)]
+        out.append(SlowBand(low, high, len(errors),
+                            sum(e <= GOAL_ERROR_PCT for e in errors),
+                            statistics.mean(errors) if errors else 0.0))
+    return out
+
+
+def slow_text(bands: Sequence[SlowBand]) -> str:
+    """One line for `by_slow_share` ('' without bands)."""
+    if not bands:
+        return ""
+    parts = [f"{b.label}: {b.points} points, {b.within} within {GOAL_ERROR_PCT:g}%"
+             + (f", mean |error| {b.mean_abs_pct:.1f}%" if b.points else "")
+             for b in bands]
+    return ("by the share of the host's core samples that ran slow during each point's "
+            "kept run: " + "; ".join(parts))
 
 
 def bundle_analysis(directory: Path, in_place: bool = False) -> BundleAnalysis:
@@ -88,7 +152,17 @@ def bundle_analysis(directory: Path, in_place: bool = False) -> BundleAnalysis:
         raise ValueError(f"{directory}: {exc}") from None
     analysis = aside.analyse(measured, fit_traces, about.get("cpus"), in_place=in_place,
                              with_spread=False)
-    return BundleAnalysis(analysis.points, analysis.halves)
+    return BundleAnalysis(analysis.points, analysis.halves,
+                          slow_shares(analysis.kept, directory))
+
+
+def slow_shares(kept: Sequence[Measured], directory: Path) -> dict[tuple[str, int], float]:
+    """Per kept run of the bundle in `directory`, the share of the host's core samples
+    that ran slow during it (empty where the bundle's cores were not sampled)."""
+    from gpuvm.calibrate import validation
+
+    speeds = validation.core_speeds(kept, validation.load_cores(directory))
+    return {key: speed.slow_share for key, speed in speeds.items()}
 
 
 def across(per_bundle: Sequence[Sequence[ValidationPoint]]) -> list[PointAcross]:

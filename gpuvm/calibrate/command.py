@@ -485,7 +485,9 @@ def main_across(args: argparse.Namespace) -> int:
             "points": [{"mode": p.mode, "vms": p.vms, "errors_pct": list(p.errors_pct),
                         "mean_pct": p.mean_pct, "sd_pct": p.sd_pct, "within": p.within}
                        for p in points],
-            "halves": asdict(halves.score(per_half))}, indent=1))
+            "halves": asdict(halves.score(per_half)),
+            "by_slow_share": [asdict(b) for b in across.by_slow_share(analysed)]},
+            indent=1))
         return 0
     t = Table(title=f"model vs emulator makespan, error % in each of {len(directories)} "
                     f"bundles (each analysed as `--from DIR` would)")
@@ -502,6 +504,8 @@ def main_across(args: argparse.Namespace) -> int:
               f"{GOAL_ERROR_PCT:g}%, mean |error| {s.mean_abs_pct:.1f}%")
     print(f"every point within {GOAL_ERROR_PCT:g}% in {sum(s.all_within for s in scores)} "
           f"of {len(scores)} bundles")
+    if slow := across.slow_text(across.by_slow_share(analysed)):
+        print(slow)
     print_halves(Console(width=160), per_half)
     return 0
 
