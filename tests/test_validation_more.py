@@ -159,9 +159,10 @@ def _fake_rounds(monkeypatch) -> list[tuple[str, int]]:
     monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
     timed: list[tuple[str, int]] = []
 
-    def measure(benchmark, params, modes, counts, reps, progress=None):
+    def measure(benchmark, params, modes, counts, reps, progress=None, sample_every=1):
         timed.append((benchmark, reps))
-        return [lock_use.LockUse(m, n, 0, 1, 1, 1, 0, 0, 0, benchmark)
+        return [lock_use.LockUse(m, n, 0, 1, 1, 1, 0, 0, 0, benchmark,
+                                 sample_every=sample_every)
                 for m in modes for n in counts]
 
     monkeypatch.setattr(lock_use, "measure", measure)
