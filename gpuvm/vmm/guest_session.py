@@ -296,6 +296,19 @@ class ThreadUsage:
                            self.involuntary_switches - before.involuntary_switches)
 
 
+class _ScaledToAllRuns:
+    """A KvmRunTime sum over its timed runs, read as the estimate for all of its runs
+    (the sum times runs over timed runs): a read-only attribute."""
+
+    def __init__(self, timed_sum: str) -> None:
+        self.timed_sum = timed_sum
+
+    def __get__(self, timer: KvmRunTime | None, owner: type | None = None):
+        if timer is None:
+            return self
+        return getattr(timer, self.timed_sum) * timer.runs // max(1, timer.timed_runs)
+
+
 @dataclass
 class KvmRunTime:
     """The vCPU thread's wall and CPU time inside KVM_RUN, summed over its runs, and how
@@ -346,24 +359,11 @@ class KvmRunTime:
             raise ValueError(f"KvmRunTime.every must be at least 1, not {self.every}")
         self._gaps = random.Random(self.seed)
 
-    def _scaled(self, timed_sum: int) -> int:
-        return timed_sum * self.runs // max(1, self.timed_runs)
-
-    @property
-    def wall_ns(self) -> int:
-        return self._scaled(self.timed_wall_ns)
-
-    @property
-    def cpu_ns(self) -> int:
-        return self._scaled(self.timed_cpu_ns)
-
-    @property
-    def sleeps(self) -> int:
-        return self._scaled(self.timed_sleeps)
-
-    @property
-    def preemptions(self) -> int:
-        return self._scaled(self.timed_preemptions)
+    # the timed runs' sums, scaled to every run
+    wall_ns = _ScaledToAllRuns("timed_wall_ns")
+    cpu_ns = _ScaledToAllRuns("timed_cpu_ns")
+    sleeps = _ScaledToAllRuns("timed_sleeps")
+    preemptions = _ScaledToAllRuns("timed_preemptions")
 
     @property
     def span_ns(self) -> int:
