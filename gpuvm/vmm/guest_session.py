@@ -333,7 +333,7 @@ class KvmRunTime:
     `every` on average -- the gaps drawn at random, so no period of the guest's exits
     lines up with them -- and count the rest; `wall_ns`, `cpu_ns`, `sleeps` and
     `preemptions` are then the timed runs' sums scaled to every run.  The reads made
-    inside a timed window (`_in_window`, measured on the thread's first timed run) are
+    inside a timed window (`_in_window`, measured once when the timer is made) are
     then taken off each timed run, so the estimate does not charge every run with them;
     timing every run, they stay in, as every run pays them (and as the lock's rounds
     were always measured)."""
@@ -349,15 +349,16 @@ class KvmRunTime:
     first_ns: int = 0  # perf_counter_ns at the first run's start
     last_ns: int = 0  # and at the last one's end (`close`)
     first_cpu_ns: int = 0  # the thread's CPU clock at the first run's start
-    last_cpu_ns: int = 0  # and at the last one's end
+    last_cpu_ns: int = 0  # and at the last one's end (`close`)
     _left: int = field(default=1, repr=False)  # runs to the next timed one
-    _gaps: random.Random | None = field(default=None, repr=False)
-    _in_window: tuple[int, int] | None = field(default=None, repr=False)  # wall, CPU
+    _gaps: random.Random = field(init=False, repr=False)
+    _in_window: tuple[int, int] = field(init=False, repr=False)  # wall, CPU
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"KvmRunTime.every must be at least 1, not {self.every}")
         self._gaps = random.Random(self.seed)
+        self._in_window = self._window_cost() if self.every > 1 else (0, 0)
 
     # the timed runs' sums, scaled to every run
     wall_ns = _ScaledToAllRuns("timed_wall_ns")
@@ -403,8 +404,6 @@ class KvmRunTime:
             ioctl(fd, request)
             return
         self._left = 1 if self.every == 1 else self._gaps.randint(1, 2 * self.every - 1)
-        if self._in_window is None:
-            self._in_window = self._window_cost() if self.every > 1 else (0, 0)
         clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
         usage, thread = resource.getrusage, resource.RUSAGE_THREAD
         t0 = clock()
@@ -422,7 +421,6 @@ class KvmRunTime:
             self.timed_sleeps += after.ru_nvcsw - before.ru_nvcsw
             self.timed_preemptions += after.ru_nivcsw - before.ru_nivcsw
             self.timed_runs += 1
-            self.last_ns, self.last_cpu_ns = t1, c1
 
     def close(self) -> None:
         """Mark the end of the thread's last run (its span's end) -- on the vCPU
