@@ -169,6 +169,37 @@ def test_measure_gives_a_run_per_mode_and_count():
     assert 0 < two.lock_share <= 1.5  # held time of threads taking turns at one lock
 
 
+def test_more_tries_brings_each_count_up_to_the_tries_in_order():
+    counts = lock_use.round_counts([1, 2, 4, 8], 2)
+    assert counts == [1, 1, 2, 2, 4, 8]
+    assert lock_use.more_tries(counts, 3) == [1, 2, 4, 4, 8, 8]
+    assert lock_use.more_tries(counts, 2) == [4, 8]
+    assert lock_use.more_tries(counts, 1) == []
+
+
+def test_a_round_times_fv_opts_counts_more_often_than_fvs(monkeypatch):
+    """fv-opt's runs of 4 and 8 VMs land in the convoy about half the time and the
+    fastest is kept (lock_use.fastest_runs), so a round times each of its counts
+    BESIDE_TRIES times; fv's and pv's runs are as before."""
+    asked = []
+
+    def measure(benchmark, params, modes, counts, reps, progress=None, sample_every=1):
+        asked.append((benchmark, tuple(modes), tuple(counts), reps))
+        return [LockUse(m, n, 0, 1, 1, 1, 0, 0, 0, benchmark)
+                for _ in range(reps) for m in modes for n in counts]
+    monkeypatch.setattr(lock_use, "measure", measure)
+    counts = lock_use.round_counts([1, 2, 4, 8], 2)
+    uses = lock_use.timed_round(["fv", "fv-opt", "pv"], counts, rep=3)
+    runs = {mode: sorted(u.vms for u in uses if u.mode == mode) for mode in ("fv", "fv-opt")}
+    assert runs["fv"] == sorted(counts)
+    assert all(runs["fv-opt"].count(n) == lock_use.BESIDE_TRIES for n in (1, 2, 4, 8))
+    assert sum(u.mode == "pv" for u in uses) == lock_use.PV_GROWTH_ROUNDS * len(counts)
+    assert {u.rep for u in uses} == {3}
+    asked.clear()
+    lock_use.timed_round(["fv", "pv"], counts, rep=0)  # no fv-opt: nothing more
+    assert [a[1] for a in asked] == [("fv",), ("pv",)]
+
+
 def test_bad_arguments_get_one_line(capsys):
     for argv, says in ((["--repeat", "0"], "--repeat must be >= 1"),
                        (["--sample-every", "0"], "--sample-every must be >= 1"),

@@ -83,6 +83,14 @@ GROWTH_REPS = 2  # rounds over the counts a sitting (command._LockRounds); each 
 # and 44.0 us per exit, and one round's growth at 8 VMs was 1.14x in one round and 1.39x
 # in the next (2026-11-26)
 BASE_RUNS = 2
+# runs of each count a round for BESIDE_MODES (at least; the alone and base counts have
+# BASE_RUNS already).  Their runs of 4 and 8 VMs land in the convoy (`fastest_runs`)
+# about half the time: over 17 sittings on the 2-core host (2026-11-28/29) 18 of 34 runs
+# of 4 fv-opt VMs held 1.14-1.24x one VM's time per exit, the rest 1.28-1.80x, and
+# the six sittings whose two runs were both convoys priced fv-opt at 4 VMs 13-25% long
+# -- every fv-opt 4-VM miss outside a slow-core stretch -- where the eleven with one
+# run outside it came within 10% but for one on slow cores.  A run is 0.3-3 s there.
+BESIDE_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -206,14 +214,22 @@ def round_counts(counts: Sequence[int], base_vms: int) -> list[int]:
         [n for n in counts if n >= base_vms]
 
 
+def more_tries(counts: Sequence[int], tries: int) -> list[int]:
+    """The runs to add to a round of `counts` so that each count has `tries` at least:
+    the counts timed fewer times, in order, each as often as it falls short."""
+    return [n for n in dict.fromkeys(counts) for _ in range(tries - counts.count(n))]
+
+
 def timed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
                 progress: Callable[[str], None] = lambda line: None) -> list[LockUse]:
     """One round of the lock's timed runs for a sitting of `modes` (GROWTH_MODE's VMs of
     GROWTH_BENCHMARK, and BESIDE_MODES' where `modes` has them; PV_GROWTH_MODE's of
     PV_GROWTH_BENCHMARK PV_GROWTH_ROUNDS times where it has pv) at `counts`
-    (`round_counts`), each run labelled repetition `rep`."""
+    (`round_counts`; BESIDE_MODES' each count BESIDE_TRIES times at least, `more_tries`),
+    each run labelled repetition `rep`."""
     from dataclasses import replace
-    timed = [GROWTH_MODE, *[m for m in BESIDE_MODES if m in modes]]
+    beside = [m for m in BESIDE_MODES if m in modes]
+    timed = [GROWTH_MODE, *beside]
     with_pv = PV_GROWTH_MODE in modes
     progress(f"timing how the work under the lock grows with the VMs "
              f"({'/'.join(timed)} VMs of {GROWTH_BENCHMARK}"
@@ -221,6 +237,8 @@ def timed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
                 if with_pv else "")
              + f": {', '.join(map(str, counts))})")
     uses = measure(GROWTH_BENCHMARK, (), timed, counts, 1, sample_every=SAMPLE_EVERY)
+    if beside and (again := more_tries(counts, BESIDE_TRIES)):
+        uses += measure(GROWTH_BENCHMARK, (), beside, again, 1, sample_every=SAMPLE_EVERY)
     if with_pv:
         uses += measure(PV_GROWTH_BENCHMARK, PV_GROWTH_PARAMS, [PV_GROWTH_MODE], counts,
                         PV_GROWTH_ROUNDS)
