@@ -233,6 +233,7 @@ def timed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
     with_pv = PV_GROWTH_MODE in modes
     progress(f"timing how the work under the lock grows with the VMs "
              f"({'/'.join(timed)} VMs of {GROWTH_BENCHMARK}"
+             + (f", {'/'.join(beside)} each count {BESIDE_TRIES} times" if beside else "")
              + (f", {PV_GROWTH_MODE} VMs of {PV_GROWTH_BENCHMARK} {PV_GROWTH_ROUNDS} times"
                 if with_pv else "")
              + f": {', '.join(map(str, counts))})")
