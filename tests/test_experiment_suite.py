@@ -129,23 +129,29 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     base count and the scenarios' counts from it up (as `gpuvm calibrate --emulator`
     times them), for the experiment's modes -- what the report's validation grows the
     guests' and the lock's work by."""
-    from gpuvm.calibrate import lock_use
+    from gpuvm.calibrate import lock_use, untimed_growth
     from gpuvm.experiment import run_traces
     from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 
-    asked = []
+    asked, asked_untimed = [], []
 
     def timed_round(modes, counts, rep, progress):
         asked.append((tuple(modes), tuple(counts), rep))
         return [lock_use.LockUse("fv", n, rep, 1_000_000, 10, 100, 0, 0, 0) for n in counts]
+
+    def untimed_round(modes, counts, rep, progress):
+        asked_untimed.append((tuple(modes), tuple(counts), rep))
+        return [untimed_growth.UntimedRun("fv", n, rep, "idle", 1, 1, 0, 0) for n in counts]
     monkeypatch.setattr(lock_use, "timed_round", timed_round)
+    monkeypatch.setattr(untimed_growth, "untimed_round", untimed_round)
     scenarios = tuple(Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", "idle", ()) for i in range(n)))
                       for n in (1, 2, 4))
     exp = Experiment("sc", "scaling", scenarios, modes=("fv-opt", "pv"), lock_rounds=True)
-    uses = run_traces._rounds(exp, lambda line: None)
+    uses, untimed = run_traces._rounds(exp, lambda line: None)
     counts = (1,) * lock_use.BASE_RUNS + (2,) * (lock_use.BASE_RUNS - 1) + (2, 4)
     assert asked == [(("fv-opt", "pv"), counts, rep) for rep in range(lock_use.GROWTH_REPS)]
-    assert len(uses) == lock_use.GROWTH_REPS * len(counts)
+    assert asked_untimed == asked  # the same VMs untimed, round by round
+    assert len(uses) == len(untimed) == lock_use.GROWTH_REPS * len(counts)
 
 
 def test_the_scaling_section_says_what_the_vms_waited_for_the_mediators_lock():

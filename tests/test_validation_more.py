@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuvm import cli
-from gpuvm.calibrate import command, lock_use, validation
+from gpuvm.calibrate import command, lock_use, untimed_growth, validation
 from gpuvm.vmm.kvm import kvm_usable
 
 DATA = Path(__file__).parent / "data"
@@ -135,6 +135,10 @@ def test_each_sitting_times_the_lock_before_its_own_first_repetitions(monkeypatc
     assert sorted({u.rep for u in rounds.uses}) == reps
     assert timed == [(lock_use.GROWTH_BENCHMARK, 1),
                      (lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_ROUNDS)] * len(reps)
+    # each round runs the same VMs untimed, fv's and pv's, at its distinct counts
+    assert sorted({run.rep for run in rounds.untimed}) == reps
+    assert timed.untimed == [(mode, (1, 2, 4), untimed_growth.UNTIMED_RUNS[mode], rep)
+                             for rep in reps for mode in ("fv", "pv")]
 
 
 def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch):
@@ -151,13 +155,22 @@ def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch
     isolated.before_rep(0)
     isolated.after()  # VMs in processes of their own share no lock: nothing timed
     assert len(timed) == lock_use.GROWTH_REPS and not isolated.uses
+    assert len(timed.untimed) == lock_use.GROWTH_REPS and not isolated.untimed
 
 
-def _fake_rounds(monkeypatch) -> list[tuple[str, int]]:
-    """lock_use.measure replaced by one that notes what it was asked to time (the
-    rounds' scheduling is under test, not KVM), KVM taken as usable."""
+class _Asked(list):
+    """What the rounds were asked to time, with what they were asked to run untimed."""
+
+    untimed: list[tuple[str, tuple[int, ...], int, int]]
+
+
+def _fake_rounds(monkeypatch) -> _Asked:
+    """lock_use.measure and untimed_growth.measure replaced by ones that note what they
+    were asked to run (the rounds' scheduling is under test, not KVM), KVM taken as
+    usable."""
     monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
-    timed: list[tuple[str, int]] = []
+    timed = _Asked()
+    timed.untimed = []
 
     def measure(benchmark, params, modes, counts, reps, progress=None, sample_every=1):
         timed.append((benchmark, reps))
@@ -165,7 +178,12 @@ def _fake_rounds(monkeypatch) -> list[tuple[str, int]]:
                                  sample_every=sample_every)
                 for m in modes for n in counts]
 
+    def measure_untimed(mode, counts, runs, rep, progress=None):
+        timed.untimed.append((mode, tuple(counts), runs, rep))
+        return [untimed_growth.UntimedRun(mode, n, rep, "idle", 1, 1, 0, 0) for n in counts]
+
     monkeypatch.setattr(lock_use, "measure", measure)
+    monkeypatch.setattr(untimed_growth, "measure", measure_untimed)
     return timed
 
 

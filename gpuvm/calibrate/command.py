@@ -526,7 +526,8 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
                            ) -> tuple[list, list[tuple[str, dict]], dict]:
     """Trace the calibration file's single VMs, then run the scaling file's VM counts,
     the lock's timed rounds among them."""
-    from gpuvm.calibrate import lock_turns, lock_use, record_cost, validation, wake_cost
+    from gpuvm.calibrate import (lock_turns, lock_use, record_cost, untimed_growth, validation,
+                                 wake_cost)
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -581,7 +582,9 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
              "cpus": os.cpu_count(), "load": load_before, "wake": wake.to_about(),
              "wake_on_exits": on_exits.to_about(), "lock_turns": lock_turns.to_about(turns),
              wake_cost.ABOUT_KEY: woken.to_about(),
-             "lock_use": lock_use.to_about(rounds.uses), "host": validation.this_host(),
+             "lock_use": lock_use.to_about(rounds.uses),
+             untimed_growth.ABOUT_KEY: untimed_growth.to_about(rounds.untimed),
+             "host": validation.this_host(),
              record_cost.ABOUT_KEY: round(recorder, 1),
              record_cost.IN_SITU_KEY: {mode: round(ns, 1) for mode, ns in in_situ.items()},
              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -633,10 +636,11 @@ class _LockRounds:
 
     def __init__(self, isolated: bool, modes: list[str], counts: list[int],
                  progress: Callable[[str], None], first_rep: int = 0) -> None:
-        from gpuvm.calibrate import lock_use, validation
+        from gpuvm.calibrate import lock_use, untimed_growth, validation
         from gpuvm.vmm.kvm import kvm_usable
 
         self.uses: list[lock_use.LockUse] = []
+        self.untimed: list[untimed_growth.UntimedRun] = []  # the same VMs untimed
         self._first_rep = first_rep
         self._last_rep = first_rep  # the last repetition `before_rep` was called for
         self._rounds = 0
@@ -664,11 +668,13 @@ class _LockRounds:
             self._round(self._last_rep)
 
     def _round(self, rep: int) -> None:
-        from gpuvm.calibrate import lock_use
+        from gpuvm.calibrate import lock_use, untimed_growth
         if not self._time_the_lock:
             return
         self._rounds += 1
         self.uses.extend(lock_use.timed_round(self._modes, self._grown, rep, self._progress))
+        self.untimed.extend(untimed_growth.untimed_round(self._modes, self._grown, rep,
+                                                         self._progress))
 
 
 def _measure_more(args: argparse.Namespace, reps: int, source: Path
@@ -680,7 +686,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     by 8-21% between the even and the odd one (gpuvm.calibrate.halves) -- more of them
     than fit one sitting (a lent machine's command stops at 10 minutes) are taken in
     two.  Only on the machine, and the boot, that measured DIR."""
-    from gpuvm.calibrate import lock_use, validation
+    from gpuvm.calibrate import lock_use, untimed_growth, validation
     from gpuvm.calibrate.core_speed import CoreProbe
 
     try:
@@ -723,6 +729,8 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     about = dict(about) | {
         "command": f"{about.get('command', '?')}; {added['command']}",
         "lock_use": list(about.get("lock_use", ())) + lock_use.to_about(rounds.uses),
+        untimed_growth.ABOUT_KEY: list(about.get(untimed_growth.ABOUT_KEY, ()))
+        + untimed_growth.to_about(rounds.untimed),
         "more": list(about.get("more", ())) + [added]}
     return before + more, fit_traces, about, cores
 

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpuvm.experiment.costs import (GUEST_WORK_SCALES, MODE_LOCK_WORK_SCALES,
+from gpuvm.experiment.costs import (GUEST_WORK_SCALES, MODE_LOCK_WORK_SCALES, PREEMPT_RATES,
                                    MODE_RECORD_EVENTS, CostProfile, mmio_exits)
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.replay import ReplayResult, replay, traces_for_run
@@ -222,7 +222,7 @@ def to_toml(profile: CostProfile, command: str) -> str:
     curves = (("wake_slept_ns", "wake_latency_ns") if profile.wake_slept_ns else ()) + \
         (("wake_work_ns",) if profile.wake_work_ns else ()) + \
         (("lock_work_vms", "lock_work_scale") if profile.lock_work_vms else ()) + \
-        tuple(key for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES)
+        tuple(key for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES, *PREEMPT_RATES)
               if getattr(profile, key))
     for key in curves:
         lines.append(f"{key} = [{', '.join(f'{v:.6g}' for v in getattr(profile, key))}]")

@@ -317,6 +317,28 @@ def guest_growths_beside_one(uses: Sequence[LockUse]
             for mode in modes}
 
 
+def preempt_rates(uses: Sequence[LockUse]
+                  ) -> dict[str, tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]]:
+    """Per mode timed alone (ALONE_VMS) too, the VM counts from one up and how often its
+    vCPU threads lost their core per ms of their CPU inside KVM_RUN and outside it
+    (holding the lock), each count's fastest run (CostProfile.guest_preempts_per_ms,
+    held_preempts_per_ms).  A mode with a run that did not split its switches at
+    KVM_RUN (rows from before) has none."""
+    out = {}
+    for mode in sorted({u.mode for u in uses if u.vms == ALONE_VMS}):
+        pooled = _pooled(fastest_runs(uses), mode,
+                         lambda u: u.in_run_preemptions, lambda u: u.in_run_cpu_ns,
+                         lambda u: u.held_preemptions, lambda u: u.held_ns,
+                         lambda u: not u.split)
+        if any(unsplit for *_, unsplit in pooled.values()):
+            continue
+        counts = sorted(n for n in pooled if n >= ALONE_VMS)
+        out[mode] = (tuple(float(n) for n in counts),
+                     tuple(pooled[n][0] / max(1, pooled[n][1]) * 1e6 for n in counts),
+                     tuple(pooled[n][2] / max(1, pooled[n][3]) * 1e6 for n in counts))
+    return out
+
+
 def handoff_curve(uses: Sequence[LockUse]) -> WakeCurve | None:
     """The lock's free time per exit by the wait per sleep before it, one point per VM
     count (its runs pooled) whose exits nearly all slept (lock_turns.MIN_SLEEPS_PER_TAKE:

@@ -57,6 +57,14 @@ GUEST_WORK_SCALE_OF = {mode: f"{prefix}guest_work_scale"
                        for mode, prefix in OWN_FIELD_PREFIX.items()}
 GUEST_WORK_SCALES = ("guest_work_scale",
                      *dict.fromkeys(GUEST_WORK_SCALE_OF.values()))  # each once
+# how often the host's scheduler took a vCPU thread's core, per ms of its CPU, inside
+# KVM_RUN (its guest running) and outside it (holding the lock), timed in the same runs
+GUEST_PREEMPTS_OF = {mode: f"{prefix}guest_preempts_per_ms"
+                     for mode, prefix in OWN_FIELD_PREFIX.items()}
+HELD_PREEMPTS_OF = {mode: f"{prefix}held_preempts_per_ms"
+                    for mode, prefix in OWN_FIELD_PREFIX.items()}
+PREEMPT_RATES = ("guest_preempts_per_ms", *dict.fromkeys(GUEST_PREEMPTS_OF.values()),
+                 "held_preempts_per_ms", *dict.fromkeys(HELD_PREEMPTS_OF.values()))
 # keys that profiles written before no longer price: read, and let go
 RETIRED_KEYS = frozenset({
     # the share of releases inside handlers that cost the lock, fitted on 2 VMs: the
@@ -196,11 +204,34 @@ class CostProfile:
     guest_work_scale: tuple[float, ...] = ()
     pv_guest_work_scale: tuple[float, ...] = ()
     fv_opt_guest_work_scale: tuple[float, ...] = ()
+    # How often the host's scheduler takes a vCPU thread's core where threads outnumber
+    # cores, per ms of the thread's CPU, at the counts of lock_work_vms: inside KVM_RUN
+    # (a guest's stretch cut short: its thread waits for a core again behind the
+    # threads waiting already) and outside it (the same befalling a thread that holds
+    # the lock, which every thread wanting it then waits out).  Timed in the lock's
+    # runs (gpuvm.calibrate.lock_use: the threads' involuntary context switches, split
+    # at KVM_RUN, each count's fastest run).  On the 2-core development host fv's
+    # guests lost their core 7-9 times a ms of their CPU at 4 VMs and 11-12 at 8, and
+    # holders 0.7 and 2.0-2.3; on lent 16-core machines never.  A model whose threads
+    # keep their cores until they block lets two threads take turns at the lock in
+    # lock-step, one's handler inside the other's guest stretch, and they almost never
+    # meet it held (0.02-0.04 sleeps an exit at 4 and 8 fv VMs, where untimed runs
+    # sleep at 0.2-0.3 and 0.8-0.9); cut at these rates they meet it as the runs do
+    # (docs/model-validation.md, "Cores taken at the measured rates").  Per mode as
+    # the work's growth is (GUEST_PREEMPTS_OF, HELD_PREEMPTS_OF); linear in log2 of the
+    # count between the measured counts, flat beyond them, 0 below the first; empty:
+    # never.
+    guest_preempts_per_ms: tuple[float, ...] = ()
+    pv_guest_preempts_per_ms: tuple[float, ...] = ()
+    fv_opt_guest_preempts_per_ms: tuple[float, ...] = ()
+    held_preempts_per_ms: tuple[float, ...] = ()
+    pv_held_preempts_per_ms: tuple[float, ...] = ()
+    fv_opt_held_preempts_per_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.lock_work_vms) != len(self.lock_work_scale):
             raise ValueError("lock_work_vms and lock_work_scale differ in length")
-        for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES):
+        for key in (*MODE_LOCK_WORK_SCALES, *GUEST_WORK_SCALES, *PREEMPT_RATES):
             if getattr(self, key) and len(getattr(self, key)) != len(self.lock_work_vms):
                 raise ValueError(f"lock_work_vms and {key} differ in length")
         if list(self.lock_work_vms) != sorted(self.lock_work_vms) or \
@@ -256,6 +287,27 @@ class CostProfile:
         mode where measured, else guest_work_scale; 1 where nothing is measured)."""
         return self._grown(vms, getattr(self, GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale"))
                            or self.guest_work_scale)
+
+    def guest_preempts_per_ns(self, vms: int, mode: str = "fv") -> float:
+        """How often a guest's thread loses its core, per ns of its stretch, with `vms`
+        VMs of `mode` as threads (guest_preempts_per_ms, the mode's own where measured;
+        0 where nothing is)."""
+        return self._rate(vms, getattr(self, GUEST_PREEMPTS_OF.get(mode, "guest_preempts_per_ms"))
+                          or self.guest_preempts_per_ms)
+
+    def held_preempts_per_ns(self, vms: int, mode: str = "fv") -> float:
+        """The same for a thread holding the lock, per ns of its work under it."""
+        return self._rate(vms, getattr(self, HELD_PREEMPTS_OF.get(mode, "held_preempts_per_ms"))
+                          or self.held_preempts_per_ms)
+
+    def _rate(self, vms: int, per_ms: tuple[float, ...]) -> float:
+        """`per_ms` at `vms` VMs on lock_work_vms' counts, per ns: linear in log2 of the
+        count between them, flat beyond them, 0 below the first or without a rate."""
+        xs = tuple(math.log2(v) for v in self.lock_work_vms)
+        x = math.log2(max(1, vms))
+        if not xs or not per_ms or x < xs[0]:
+            return 0.0
+        return max(0.0, per_ms[0] + _beyond_first(xs, per_ms, x)) / 1e6
 
     def _grown(self, vms: int, scale: tuple[float, ...]) -> float:
         """`scale` at `vms` VMs on lock_work_vms' counts: linear in log2 of the count

@@ -325,7 +325,8 @@ def _validation(part: SuitePart) -> list[str]:
     analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], kept.trace_of),
                        cores=cpus, wake=kept.wake_curve, lock_use=kept.lock_rounds,
                        with_spread=False, with_halves=False,
-                       record_event_ns=kept.record_event_ns, signal_ns=signal)
+                       record_event_ns=kept.record_event_ns, signal_ns=signal,
+                       untimed=kept.untimed)
     p = analysis.profile
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "

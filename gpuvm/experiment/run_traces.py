@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from gpuvm.calibrate import lock_turns, lock_use, record_cost, wake, wake_cost
+from gpuvm.calibrate import lock_turns, lock_use, record_cost, untimed_growth, wake, wake_cost
 from gpuvm.calibrate.lock_use import LockUse
+from gpuvm.calibrate.untimed_growth import UntimedRun
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.calibrate.wake_cost import WakeCost
 from gpuvm.experiment.config import Experiment
@@ -39,7 +40,8 @@ from gpuvm.vmm.kvm import kvm_usable
 TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
 #                       "wake_cost": {...}, "wake": {...} (VMs as threads),
-#                       "lock_use": [...] (where the experiment asks: lock_rounds)}
+#                       "lock_use": [...], "untimed_use": [...] (where the
+#                       experiment asks: lock_rounds)}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class KeptTraces:
     woken: WakeCost | None = None  # what waking a thread cost the waker (None: not measured)
     wake_curve: WakeCurve | None = None  # how late a woken thread ran again (None: not measured)
     lock_rounds: tuple[LockUse, ...] = ()  # the lock's timed runs (none: not timed)
+    untimed: tuple[UntimedRun, ...] = ()  # the same VMs untimed (none: not run)
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -87,17 +90,25 @@ def record(exp: Experiment, run_path: Path, backend: str,
             about["wake"] = lock_turns.through_lock(wake.measure(),
                                                     lock_turns.measure()).to_about()
             if exp.lock_rounds and backend != "inproc" and kvm_usable()[0]:
-                about["lock_use"] = lock_use.to_about(_rounds(exp, progress))
+                uses, untimed = _rounds(exp, progress)
+                about["lock_use"] = lock_use.to_about(uses)
+                about[untimed_growth.ABOUT_KEY] = untimed_growth.to_about(untimed)
         (directory / ABOUT).write_text(json.dumps(about))
 
 
-def _rounds(exp: Experiment, progress: Callable[[str], None]) -> list[LockUse]:
-    """GROWTH_REPS rounds of the lock's timed runs for `exp`'s modes at its VM counts
-    (as `gpuvm calibrate --emulator` times them beside its runs)."""
+def _rounds(exp: Experiment, progress: Callable[[str], None]
+            ) -> tuple[list[LockUse], list[UntimedRun]]:
+    """GROWTH_REPS rounds of the lock's timed runs for `exp`'s modes at its VM counts,
+    each with the same VMs untimed (as `gpuvm calibrate --emulator` runs them beside
+    its runs)."""
     from gpuvm.calibrate.validation import FIT_VMS
     counts = lock_use.round_counts(sorted({len(s.vms) for s in exp.scenarios}), FIT_VMS)
-    return [u for rep in range(lock_use.GROWTH_REPS)
-            for u in lock_use.timed_round(exp.modes, counts, rep, progress)]
+    uses: list[LockUse] = []
+    untimed: list[UntimedRun] = []
+    for rep in range(lock_use.GROWTH_REPS):
+        uses += lock_use.timed_round(exp.modes, counts, rep, progress)
+        untimed += untimed_growth.untimed_round(exp.modes, counts, rep, progress)
+    return uses, untimed
 
 
 def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
@@ -113,6 +124,7 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
         woken = WakeCost.from_about(about)
         curve = WakeCurve.from_about(about)
         uses = tuple(lock_use.from_about(about))
+        untimed = tuple(untimed_growth.from_about(about))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
@@ -120,4 +132,4 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder, woken, curve, uses)
+                      recorder, woken, curve, uses, untimed)

@@ -1,0 +1,136 @@
+"""How much more CPU each threaded VM takes with more VMs beside it, in runs that time
+nothing: what the model prices the work under the lock and the guests' stretches
+with, where a sitting measured it (gpuvm.calibrate.validation.priced_growth).
+
+Why untimed: the lock's timed rounds (gpuvm.calibrate.lock_use) read two clocks and
+getrusage twice around every KVM_RUN, holding the interpreter lock -- ~5 us an exit on
+the 2-core development host -- and that is enough to tip its VMs into queueing for the
+lock: timed, 4 fv VMs of `idle` slept at 0.69-0.80 of their exits and their CPU per
+exit grew 1.25-1.31x over one VM's; untimed, the same VMs slept at 0.27-0.35 and grew
+1.15x, as the validated runs (untimed too) did, 1.10-1.13x (docs/model-validation.md,
+"The lock rounds time themselves into their growth").  Priced with the timed growth
+the model came out 10-17% long at fv's 4-VM point in four of five sittings there.
+What an untimed run still gives without a clock around each exit: its vCPU threads'
+CPU time and context switches, summed at the end (ThreadUsage).  The exits are the
+benchmark's own, the same at every count, so CPU per VM over one VM's is the growth
+per exit.  The timed rounds still say how the threads' time splits at KVM_RUN and how
+often the host took their cores (lock_use.preempt_rates).
+
+The runs are the timed rounds' own VMs -- fv and fv-opt VMs of `idle`, pv VMs of
+`vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode: a run can
+land in a lock convoy (one of two 2-VM fv runs took 3.6 s against 2.0), so each count's
+fastest run is kept, as the validation keeps its points' (validation.fastest)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from gpuvm.calibrate.lock_use import (BESIDE_MODES, GROWTH_BENCHMARK, GROWTH_MODE,
+                                      PV_GROWTH_BENCHMARK, PV_GROWTH_MODE, PV_GROWTH_PARAMS)
+
+ABOUT_KEY = "untimed_use"  # where a bundle's "about" keeps the runs
+ALONE_VMS = 1  # the count every other count's CPU per VM is divided by
+# runs of each count a round, by mode: fv's take 2-11 s at 2-8 VMs on the 2-core host,
+# fv-opt's and pv's a tenth of that, so theirs are tried more often
+UNTIMED_RUNS = {GROWTH_MODE: 1, **{mode: 2 for mode in BESIDE_MODES}, PV_GROWTH_MODE: 3}
+
+
+@dataclass(frozen=True)
+class UntimedRun:
+    """One run of `vms` VMs of one mode, nothing timed around its exits: its vCPU
+    threads' times summed."""
+
+    mode: str
+    vms: int
+    rep: int
+    benchmark: str
+    makespan_ns: int
+    cpu_ns: int  # the vCPU threads' CPU time
+    sleeps: int  # their voluntary context switches
+    preemptions: int  # their involuntary ones
+
+    @property
+    def cpu_per_vm_ns(self) -> float:
+        return self.cpu_ns / max(1, self.vms)
+
+
+def benchmark_of(mode: str) -> tuple[str, tuple[int, ...]]:
+    """The benchmark and parameters `mode`'s runs take: the timed rounds' own."""
+    return (PV_GROWTH_BENCHMARK, PV_GROWTH_PARAMS) if mode == PV_GROWTH_MODE \
+        else (GROWTH_BENCHMARK, ())
+
+
+def measure(mode: str, counts: Sequence[int], runs: int, rep: int,
+            progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
+    """`runs` runs of each of `counts` VMs of `mode` (benchmark_of) on KVM, in turn,
+    nothing timed; RuntimeError where a VM fails."""
+    from gpuvm.experiment.execute import run_alike
+    from gpuvm.run.spec import RunOptions
+
+    benchmark, params = benchmark_of(mode)
+    out = []
+    for _ in range(runs):
+        for n in counts:
+            results = run_alike(benchmark, params, n, RunOptions(mode=mode, backend="kvm"),
+                                f"{mode} x{n} untimed")
+            vcpus = [r.outcome.vcpu for r in results]
+            if None in vcpus:
+                raise RuntimeError(f"{mode} x{n}: no vCPU thread's times")
+            run = UntimedRun(mode, n, rep, benchmark, max(r.wall_ns for r in results),
+                             sum(u.cpu_ns for u in vcpus),
+                             sum(u.voluntary_switches for u in vcpus),
+                             sum(u.involuntary_switches for u in vcpus))
+            out.append(run)
+            progress(f"rep {rep} {mode} x{n} untimed: {run.makespan_ns / 1e6:,.1f} ms")
+    return out
+
+
+def untimed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
+                  progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
+    """One round of untimed runs for a sitting of `modes` beside the lock's timed round:
+    each mode the timed rounds time that `modes` has (fv always), UNTIMED_RUNS of each
+    distinct count of `counts`, labelled repetition `rep`."""
+    timed = [GROWTH_MODE, *(m for m in (*BESIDE_MODES, PV_GROWTH_MODE) if m in modes)]
+    distinct = sorted(set(counts))
+    progress(f"running the same VMs untimed, for their CPU's growth "
+             f"({', '.join(f'{m} x{UNTIMED_RUNS[m]}' for m in timed)}: "
+             f"{', '.join(map(str, distinct))})")
+    return [run for mode in timed
+            for run in measure(mode, distinct, UNTIMED_RUNS[mode], rep, progress)]
+
+
+def fastest_runs(runs: Sequence[UntimedRun]) -> dict[tuple[str, int], UntimedRun]:
+    """Per (mode, VM count), the run of the shortest makespan (the first of equals)."""
+    best: dict[tuple[str, int], UntimedRun] = {}
+    for run in runs:
+        kept = best.get((run.mode, run.vms))
+        if kept is None or run.makespan_ns < kept.makespan_ns:
+            best[(run.mode, run.vms)] = run
+    return best
+
+
+def growths(runs: Sequence[UntimedRun]
+            ) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Per mode run alone (ALONE_VMS) too, the VM counts from one up and each count's
+    CPU per VM over one VM's, each count's fastest run."""
+    best = fastest_runs(runs)
+    out = {}
+    for mode in sorted({m for m, n in best if n == ALONE_VMS}):
+        base = best[(mode, ALONE_VMS)].cpu_per_vm_ns
+        if not base:
+            continue
+        counts = sorted(n for m, n in best if m == mode and n >= ALONE_VMS)
+        out[mode] = (tuple(float(n) for n in counts),
+                     tuple(best[(mode, n)].cpu_per_vm_ns / base for n in counts))
+    return out
+
+
+def to_about(runs: Sequence[UntimedRun]) -> list[dict[str, Any]]:
+    """As kept in a validation bundle's "about" (ABOUT_KEY)."""
+    return [asdict(run) for run in runs]
+
+
+def from_about(about: Mapping[str, Any]) -> list[UntimedRun]:
+    """The runs a bundle kept under ABOUT_KEY (none in bundles from before)."""
+    return [UntimedRun(**row) for row in about.get(ABOUT_KEY, ())]
