@@ -99,6 +99,35 @@ def test_a_thread_keeps_its_core_through_its_guest_stretch():
     assert apart.finish_ns == {"a": 130, "b": 20}
 
 
+def test_the_host_takes_a_guests_core_for_a_waiting_thread_at_the_rate_given():
+    """One core, two guests of 1 ms each: run to the end, a finishes at 1 ms and b at 2;
+    with their cores taken every 10 us on average each waits behind the other, so both
+    end near 2 ms -- the makespan is the same, the draws are seeded (a replay repeats
+    itself), and a core is taken only where another thread waits for one."""
+    a = VmTrace("a", (Step(FREE, 1_000_000, "Init"),))
+    b = VmTrace("b", (Step(FREE, 1_000_000, "Init"),))
+    kept = replay([a, b], cores=1, interpreter_lock=True)
+    assert kept.finish_ns == {"a": 1_000_000, "b": 2_000_000} and kept.cores_taken == 0
+    taken = [replay([a, b], cores=1, interpreter_lock=True, guest_preempt_per_ns=1e-4)
+             for _ in range(2)]
+    assert taken[0] == taken[1] and taken[0].makespan_ns == 2_000_000
+    assert min(taken[0].finish_ns.values()) > 1_900_000 and taken[0].cores_taken > 50
+    alone = replay([a], cores=1, interpreter_lock=True, guest_preempt_per_ns=1e-4)
+    assert alone.makespan_ns == 1_000_000 and alone.cores_taken == 0
+
+
+def test_a_holder_that_loses_its_core_keeps_the_lock(steady_wakes):
+    """One core: a holds the lock for 1 ms and loses its core now and then; b's guest
+    stretch runs meanwhile, but b's handler waits for a's drop -- a core taken from a
+    holder stalls every thread that wants the lock."""
+    a = VmTrace("a", (Step(CPU, 1_000_000, "Init", events=1),))
+    b = VmTrace("b", (Step(FREE, 200_000, "Init"), Step(CPU, 10, "Init", events=1)))
+    result = replay([a, b], cores=1, interpreter_lock=True, held_preempt_per_ns=1e-4)
+    assert result.finish_ns["a"] == 1_200_000  # b's guest ran on its core meanwhile
+    assert result.finish_ns["b"] > result.finish_ns["a"] and result.lock_sleeps == 1
+    assert result.cores_taken >= 1
+
+
 def test_a_running_thread_takes_the_lock_before_the_one_woken_for_it(steady_wakes):
     """b sleeps for the lock a holds; a's drop wakes b, which lands 100 ns later.  a is
     back from a 10 ns guest stretch before that and takes the free lock (barging): if

@@ -137,8 +137,9 @@ def test_each_sitting_times_the_lock_before_its_own_first_repetitions(monkeypatc
                      (lock_use.PV_GROWTH_BENCHMARK, lock_use.PV_GROWTH_ROUNDS)] * len(reps)
     # each round runs the same VMs untimed, fv's and pv's, at its distinct counts
     assert sorted({run.rep for run in rounds.untimed}) == reps
-    assert timed.untimed == [(mode, (1, 2, 4), untimed_growth.UNTIMED_RUNS[mode], rep)
-                             for rep in reps for mode in ("fv", "pv")]
+    assert timed.untimed == [(mode, tuple(untimed_growth.round_counts(
+        [1, 2, 4], untimed_growth.UNTIMED_RUNS[mode])), rep)
+        for rep in reps for mode in ("fv", "pv")]
 
 
 def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch):
@@ -161,7 +162,7 @@ def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch
 class _Asked(list):
     """What the rounds were asked to time, with what they were asked to run untimed."""
 
-    untimed: list[tuple[str, tuple[int, ...], int, int]]
+    untimed: list[tuple[str, tuple[int, ...], int]]
 
 
 def _fake_rounds(monkeypatch) -> _Asked:
@@ -178,8 +179,8 @@ def _fake_rounds(monkeypatch) -> _Asked:
                                  sample_every=sample_every)
                 for m in modes for n in counts]
 
-    def measure_untimed(mode, counts, runs, rep, progress=None):
-        timed.untimed.append((mode, tuple(counts), runs, rep))
+    def measure_untimed(mode, counts, rep, progress=None):
+        timed.untimed.append((mode, tuple(counts), rep))
         return [untimed_growth.UntimedRun(mode, n, rep, "idle", 1, 1, 0, 0) for n in counts]
 
     monkeypatch.setattr(lock_use, "measure", measure)

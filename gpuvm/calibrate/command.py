@@ -852,26 +852,41 @@ def main_lock_probe(args: argparse.Namespace) -> int:
 def print_growth(profile: CostProfile) -> None:
     """The work under the lock's growth as priced: each timed mode's, beside the count
     its scale begins at (one VM where the rounds timed one VM alone, else the
-    hand-off's FIT_VMS)."""
+    hand-off's FIT_VMS) -- from its untimed runs where it has its cores' takes priced
+    with them (validation.untimed_priced), and those rates."""
     from gpuvm.calibrate import lock_use
-    from gpuvm.experiment.costs import GUEST_WORK_SCALE_OF, LOCK_WORK_SCALE_OF
+    from gpuvm.experiment.costs import (GUEST_PREEMPTS_OF, GUEST_WORK_SCALE_OF,
+                                        HELD_PREEMPTS_OF, LOCK_WORK_SCALE_OF)
     base = int(profile.lock_work_vms[0])
     beside = "one VM's" if base == 1 else f"{base} VMs'"
     bench = {lock_use.PV_GROWTH_MODE: lock_use.PV_GROWTH_BENCHMARK}
-    scales = [(lock_use.GROWTH_MODE, profile.lock_work_scale)] + [
-        (mode, getattr(profile, LOCK_WORK_SCALE_OF[mode]))
-        for mode in (lock_use.PV_GROWTH_MODE, *lock_use.BESIDE_MODES)
-        if getattr(profile, LOCK_WORK_SCALE_OF[mode])]
-    print(f"the work under the lock, beside {beside} (timed apart, VMs of each mode): "
-          + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}) "
+    modes = (lock_use.GROWTH_MODE, lock_use.PV_GROWTH_MODE, *lock_use.BESIDE_MODES)
+
+    def own(fields: dict[str, str], plain: str, mode: str) -> tuple[float, ...]:
+        return getattr(profile, fields.get(mode, plain))
+
+    scales = [(mode, own(LOCK_WORK_SCALE_OF, "lock_work_scale", mode)) for mode in modes
+              if mode == lock_use.GROWTH_MODE or own(LOCK_WORK_SCALE_OF, "", mode)]
+    rates = {mode: (own(GUEST_PREEMPTS_OF, "guest_preempts_per_ms", mode),
+                    own(HELD_PREEMPTS_OF, "held_preempts_per_ms", mode)) for mode in modes}
+    print(f"the work under the lock, beside {beside} (VMs of each mode apart; untimed: "
+          f"their CPU per VM in untimed runs, else timed per exit): "
+          + "; ".join(f"{mode} ({bench.get(mode, lock_use.GROWTH_BENCHMARK)}, "
+                      f"{'untimed' if rates[mode][0] else 'timed'}) "
                       f"{lock_use.text(profile.lock_work_vms, scale)}" for mode, scale in scales))
-    guests = [(mode, getattr(profile, GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale")))
-              for mode in (lock_use.GROWTH_MODE, lock_use.PV_GROWTH_MODE,
-                           *lock_use.BESIDE_MODES)]
+    guests = [(mode, own(GUEST_WORK_SCALE_OF, "guest_work_scale", mode)) for mode in modes]
     if any(scale for _, scale in guests):
         print("the guests' time inside KVM_RUN, beside one VM's (the same runs): "
               + "; ".join(f"{mode} {lock_use.text(profile.lock_work_vms, scale)}"
                           for mode, scale in guests if scale))
+    taken = [(mode, guest, held) for mode, (guest, held) in rates.items() if guest]
+    if taken:
+        print("cores taken per ms of the threads' CPU, in their guests / holding the lock "
+              "(the lock's timed runs): "
+              + "; ".join(f"{mode} " + ", ".join(
+                  f"{n:.0f} VMs {g:.1f} / {h:.2f}"
+                  for n, g, h in zip(profile.lock_work_vms[1:], guest[1:], held[1:]))
+                  for mode, guest, held in taken))
 
 
 def print_wake_cost(about: dict) -> None:

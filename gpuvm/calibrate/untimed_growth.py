@@ -17,9 +17,12 @@ per exit.  The timed rounds still say how the threads' time splits at KVM_RUN an
 often the host took their cores (lock_use.preempt_rates).
 
 The runs are the timed rounds' own VMs -- fv and fv-opt VMs of `idle`, pv VMs of
-`vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode: a run can
-land in a lock convoy (one of two 2-VM fv runs took 3.6 s against 2.0), so each count's
-fastest run is kept, as the validation keeps its points' (validation.fastest)."""
+`vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode, and the
+counts between one VM and the most MIDDLE_TRIES times at least: a run can land in a
+lock convoy, 2-VM fv runs most of all (here 1.9-2.0 s, or 3.2-4.9 s in a convoy: both
+of one sitting's two were, and fv came out 34% long at 2 VMs, 20261129-125115), so
+each count's fastest run is kept, as the validation keeps its points'
+(validation.fastest)."""
 
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ ALONE_VMS = 1  # the count every other count's CPU per VM is divided by
 # runs of each count a round, by mode: fv's take 2-11 s at 2-8 VMs on the 2-core host,
 # fv-opt's and pv's a tenth of that, so theirs are tried more often
 UNTIMED_RUNS = {GROWTH_MODE: 1, **{mode: 2 for mode in BESIDE_MODES}, PV_GROWTH_MODE: 3}
+MIDDLE_TRIES = 3  # runs a round at least of each count between one VM and the most
 
 
 @dataclass(frozen=True)
@@ -61,43 +65,50 @@ def benchmark_of(mode: str) -> tuple[str, tuple[int, ...]]:
         else (GROWTH_BENCHMARK, ())
 
 
-def measure(mode: str, counts: Sequence[int], runs: int, rep: int,
+def round_counts(counts: Sequence[int], runs: int) -> list[int]:
+    """The VM counts one round runs a mode at, in order: `runs` passes over the distinct
+    `counts`, then the counts between the first and the last again until each has run
+    MIDDLE_TRIES times."""
+    distinct = sorted(set(counts))
+    middle = distinct[1:-1]
+    return distinct * runs + [n for n in middle for _ in range(MIDDLE_TRIES - runs)]
+
+
+def measure(mode: str, counts: Sequence[int], rep: int,
             progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
-    """`runs` runs of each of `counts` VMs of `mode` (benchmark_of) on KVM, in turn,
-    nothing timed; RuntimeError where a VM fails."""
+    """A run of each of `counts` VMs of `mode` (benchmark_of) on KVM, in order, nothing
+    timed; RuntimeError where a VM fails."""
     from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
 
     benchmark, params = benchmark_of(mode)
     out = []
-    for _ in range(runs):
-        for n in counts:
-            results = run_alike(benchmark, params, n, RunOptions(mode=mode, backend="kvm"),
-                                f"{mode} x{n} untimed")
-            vcpus = [r.outcome.vcpu for r in results]
-            if None in vcpus:
-                raise RuntimeError(f"{mode} x{n}: no vCPU thread's times")
-            run = UntimedRun(mode, n, rep, benchmark, max(r.wall_ns for r in results),
-                             sum(u.cpu_ns for u in vcpus),
-                             sum(u.voluntary_switches for u in vcpus),
-                             sum(u.involuntary_switches for u in vcpus))
-            out.append(run)
-            progress(f"rep {rep} {mode} x{n} untimed: {run.makespan_ns / 1e6:,.1f} ms")
+    for n in counts:
+        results = run_alike(benchmark, params, n, RunOptions(mode=mode, backend="kvm"),
+                            f"{mode} x{n} untimed")
+        vcpus = [r.outcome.vcpu for r in results]
+        if None in vcpus:
+            raise RuntimeError(f"{mode} x{n}: no vCPU thread's times")
+        run = UntimedRun(mode, n, rep, benchmark, max(r.wall_ns for r in results),
+                         sum(u.cpu_ns for u in vcpus),
+                         sum(u.voluntary_switches for u in vcpus),
+                         sum(u.involuntary_switches for u in vcpus))
+        out.append(run)
+        progress(f"rep {rep} {mode} x{n} untimed: {run.makespan_ns / 1e6:,.1f} ms")
     return out
 
 
 def untimed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
                   progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
     """One round of untimed runs for a sitting of `modes` beside the lock's timed round:
-    each mode the timed rounds time that `modes` has (fv always), UNTIMED_RUNS of each
-    distinct count of `counts`, labelled repetition `rep`."""
+    each mode the timed rounds time that `modes` has (fv always), at each distinct
+    count of `counts` (`round_counts`), labelled repetition `rep`."""
     timed = [GROWTH_MODE, *(m for m in (*BESIDE_MODES, PV_GROWTH_MODE) if m in modes)]
-    distinct = sorted(set(counts))
-    progress(f"running the same VMs untimed, for their CPU's growth "
-             f"({', '.join(f'{m} x{UNTIMED_RUNS[m]}' for m in timed)}: "
-             f"{', '.join(map(str, distinct))})")
+    progress(f"running the same VMs untimed, for their CPU's growth ("
+             + "; ".join(f"{m}: {', '.join(map(str, round_counts(counts, UNTIMED_RUNS[m])))}"
+                         for m in timed) + ")")
     return [run for mode in timed
-            for run in measure(mode, distinct, UNTIMED_RUNS[mode], rep, progress)]
+            for run in measure(mode, round_counts(counts, UNTIMED_RUNS[mode]), rep, progress)]
 
 
 def fastest_runs(runs: Sequence[UntimedRun]) -> dict[tuple[str, int], UntimedRun]:

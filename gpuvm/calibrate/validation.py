@@ -620,20 +620,30 @@ def untimed_priced(profile: CostProfile, lock_use: Sequence[LockUse],
                    untimed: Sequence[UntimedRun]) -> CostProfile:
     """`profile` (its growth priced at lock_work_vms) with each mode that ran untimed at
     exactly those counts, and whose timed runs split their switches at KVM_RUN at them,
-    priced from the untimed runs and the timed runs' cores taken (`priced_growth`)."""
+    priced from the untimed runs and the timed runs' cores taken (`priced_growth`).  A
+    mode left with its timed growth takes no cores then, rather than fv's: the timed
+    growth holds the queueing the cores taken would add."""
     from gpuvm.calibrate.lock_use import preempt_rates
     from gpuvm.calibrate.untimed_growth import growths as untimed_growths
     vms = profile.lock_work_vms
     rates = preempt_rates(lock_use)
+    priced = set()
     for mode, (mode_vms, scale) in untimed_growths(untimed).items():
         if not vms or mode_vms != vms or rates.get(mode, ((),))[0] != vms:
             continue
         _, guest_per_ms, held_per_ms = rates[mode]
+        priced.add(GUEST_PREEMPTS_OF.get(mode, "guest_preempts_per_ms"))
         profile = replace(profile, **{
             LOCK_WORK_SCALE_OF.get(mode, "lock_work_scale"): scale,
             GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale"): scale,
             GUEST_PREEMPTS_OF.get(mode, "guest_preempts_per_ms"): guest_per_ms,
             HELD_PREEMPTS_OF.get(mode, "held_preempts_per_ms"): held_per_ms})
+    if "guest_preempts_per_ms" in priced:
+        none = tuple(0.0 for _ in vms)
+        for mode in (PV_GROWTH_MODE, *BESIDE_MODES):
+            if GUEST_PREEMPTS_OF[mode] not in priced:
+                profile = replace(profile, **{GUEST_PREEMPTS_OF[mode]: none,
+                                              HELD_PREEMPTS_OF[mode]: none})
     return profile
 
 
