@@ -49,6 +49,11 @@ So where a bundle has them, each of these modes is priced with its own growth be
 one VM (gpuvm.calibrate.validation.priced_growth; CostProfile.lock_work_scale,
 pv_lock_work_scale, fv_opt_lock_work_scale), and the hand-off fitted on two VMs is the
 lock's passing alone.
+
+Since 2026-11-29 each round also runs the same VMs untimed
+(gpuvm.calibrate.untimed_growth), and where a bundle has those runs a mode's growth is
+their CPU per VM's instead, these runs giving how often the host took the threads'
+cores (`preempt_rates`): the timing here is part of the growth it measures.
 """
 
 from __future__ import annotations

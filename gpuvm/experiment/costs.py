@@ -180,6 +180,8 @@ class CostProfile:
     # which then held the growth to 2).  Linear in log2 of the VM count between the
     # measured counts, flat beyond them, 1 below the first.  Both empty: the work is one
     # VM's at any count.  lock_work_scale is also every mode's without its own below.
+    # Where a sitting also ran the VMs untimed (gpuvm.calibrate.untimed_growth), a mode
+    # so run takes their CPU per VM's growth here and in its guest_work_scale.
     lock_work_vms: tuple[float, ...] = ()
     lock_work_scale: tuple[float, ...] = ()
     # The same for VMs whose exits are hypercalls (Mode.pv), at the same counts: timed
