@@ -460,10 +460,10 @@ def test_the_command_prints_each_modes_priced_growth_beside_its_first_count(caps
     print_growth(replace(costs, lock_work_vms=(2.0, 8.0), lock_work_scale=(1.0, 1.2),
                          pv_lock_work_scale=(), fv_opt_lock_work_scale=()))
     one, two = capsys.readouterr().out.splitlines()
-    assert "beside one VM's" in one and "fv (idle) 2 VMs 1.30x, 8 VMs 1.50x" in one
-    assert "pv (vecadd) 2 VMs 1.20x, 8 VMs 1.70x" in one
-    assert "fv-opt (idle) 2 VMs 1.10x, 8 VMs 1.40x" in one
-    assert "beside 2 VMs'" in two and two.endswith("fv (idle) 8 VMs 1.20x")
+    assert "beside one VM's" in one and "fv (idle, timed) 2 VMs 1.30x, 8 VMs 1.50x" in one
+    assert "pv (vecadd, timed) 2 VMs 1.20x, 8 VMs 1.70x" in one
+    assert "fv-opt (idle, timed) 2 VMs 1.10x, 8 VMs 1.40x" in one
+    assert "beside 2 VMs'" in two and two.endswith("fv (idle, timed) 8 VMs 1.20x")
 
 
 ONE_VM_BUNDLE = Path(__file__).parent / "data" / "validation-h200-one-vm"
