@@ -348,8 +348,11 @@ def _validation(part: SuitePart) -> list[str]:
            + "); ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
         f"runs, the other counts predicted"
-        + (f"; the guests' and the lock's work growing with the VMs as the lock's timed "
-           f"rounds after the runs had it" if kept.lock_rounds else
+        + ((f"; the guests' and the lock's work growing with the VMs as the same VMs' CPU "
+            f"did when run untimed after the runs, and the host taking the threads' "
+            f"cores as often as in the lock's timed rounds" if kept.untimed else
+            f"; the guests' and the lock's work growing with the VMs as the lock's timed "
+            f"rounds after the runs had it") if kept.lock_rounds else
            f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
            f"true` asks for them)")
         + (f".  Each point is the fastest of its {part.exp.repetitions} runs (host load "
