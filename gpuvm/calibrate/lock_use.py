@@ -265,6 +265,18 @@ def _pooled(uses: Sequence[LockUse], mode: str, *fields: Callable[[LockUse], int
     return pooled
 
 
+def fastest_of_each(runs: Sequence[Any]) -> dict[tuple[str, int], Any]:
+    """Per (mode, VM count) of `runs` (anything with mode, vms and makespan_ns: these
+    timed runs, untimed_growth's), the run of the shortest makespan (the first of
+    equals)."""
+    best: dict[tuple[str, int], Any] = {}
+    for run in runs:
+        kept = best.get((run.mode, run.vms))
+        if kept is None or run.makespan_ns < kept.makespan_ns:
+            best[(run.mode, run.vms)] = run
+    return best
+
+
 def fastest_runs(uses: Sequence[LockUse]) -> list[LockUse]:
     """Of each mode's runs of one VM count, the one of the shortest makespan (the first
     of equals), in the order they came.
@@ -278,11 +290,7 @@ def fastest_runs(uses: Sequence[LockUse]) -> list[LockUse]:
     fv-opt's work 1.51x at 2 VMs, fitted the hand-off at 0 and left pv 25-32% short.
     The validation keeps each point's fastest run (validation.fastest), so the work's
     growth it is priced with comes from each count's fastest run alike."""
-    best: dict[tuple[str, int], LockUse] = {}
-    for u in uses:
-        kept = best.get((u.mode, u.vms))
-        if kept is None or u.makespan_ns < kept.makespan_ns:
-            best[(u.mode, u.vms)] = u
+    best = fastest_of_each(uses)
     return [u for u in uses if best[(u.mode, u.vms)] is u]
 
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from gpuvm.calibrate.lock_use import (BESIDE_MODES, GROWTH_BENCHMARK, GROWTH_MODE,
-                                      PV_GROWTH_BENCHMARK, PV_GROWTH_MODE, PV_GROWTH_PARAMS)
+from gpuvm.calibrate.lock_use import (ALONE_VMS, BESIDE_MODES, GROWTH_BENCHMARK,
+                                      GROWTH_MODE, PV_GROWTH_BENCHMARK, PV_GROWTH_MODE,
+                                      PV_GROWTH_PARAMS, fastest_of_each)
 
 ABOUT_KEY = "untimed_use"  # where a bundle's "about" keeps the runs
-ALONE_VMS = 1  # the count every other count's CPU per VM is divided by
 # runs of each count a round, by mode: fv's take 2-11 s at 2-8 VMs on the 2-core host,
 # fv-opt's and pv's a tenth of that, so theirs are tried more often
 UNTIMED_RUNS = {GROWTH_MODE: 1, **{mode: 2 for mode in BESIDE_MODES}, PV_GROWTH_MODE: 3}
@@ -111,21 +111,11 @@ def untimed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
             for run in measure(mode, round_counts(counts, UNTIMED_RUNS[mode]), rep, progress)]
 
 
-def fastest_runs(runs: Sequence[UntimedRun]) -> dict[tuple[str, int], UntimedRun]:
-    """Per (mode, VM count), the run of the shortest makespan (the first of equals)."""
-    best: dict[tuple[str, int], UntimedRun] = {}
-    for run in runs:
-        kept = best.get((run.mode, run.vms))
-        if kept is None or run.makespan_ns < kept.makespan_ns:
-            best[(run.mode, run.vms)] = run
-    return best
-
-
 def growths(runs: Sequence[UntimedRun]
             ) -> dict[str, tuple[tuple[float, ...], tuple[float, ...]]]:
     """Per mode run alone (ALONE_VMS) too, the VM counts from one up and each count's
-    CPU per VM over one VM's, each count's fastest run."""
-    best = fastest_runs(runs)
+    CPU per VM over one VM's, each count's fastest run (lock_use.fastest_of_each)."""
+    best = fastest_of_each(runs)
     out = {}
     for mode in sorted({m for m, n in best if n == ALONE_VMS}):
         base = best[(mode, ALONE_VMS)].cpu_per_vm_ns

@@ -629,7 +629,7 @@ def untimed_priced(profile: CostProfile, lock_use: Sequence[LockUse],
     rates = preempt_rates(lock_use)
     priced = set()
     for mode, (mode_vms, scale) in untimed_growths(untimed).items():
-        if not vms or mode_vms != vms or rates.get(mode, ((),))[0] != vms:
+        if not vms or mode_vms != vms or mode not in rates or rates[mode][0] != vms:
             continue
         _, guest_per_ms, held_per_ms = rates[mode]
         priced.add(GUEST_PREEMPTS_OF.get(mode, "guest_preempts_per_ms"))
