@@ -280,45 +280,44 @@ class CostProfile:
         """How much longer the work under the interpreter lock takes with `vms` VMs of
         `mode` as threads (lock_work_vms and the scale LOCK_WORK_SCALE_OF names for the
         mode where measured, else lock_work_scale; 1 where nothing is measured)."""
-        return self._grown(vms, getattr(self, LOCK_WORK_SCALE_OF.get(mode, "lock_work_scale"))
-                           or self.lock_work_scale)
+        grown = self._at_count(vms, self._of_mode(LOCK_WORK_SCALE_OF, "lock_work_scale", mode))
+        return 1.0 if grown is None else grown
 
     def guest_work_factor(self, vms: int, mode: str = "fv") -> float:
         """How much longer the guests' stretches between exits take with `vms` VMs of
         `mode` as threads (lock_work_vms and the scale GUEST_WORK_SCALE_OF names for the
         mode where measured, else guest_work_scale; 1 where nothing is measured)."""
-        return self._grown(vms, getattr(self, GUEST_WORK_SCALE_OF.get(mode, "guest_work_scale"))
-                           or self.guest_work_scale)
+        grown = self._at_count(vms, self._of_mode(GUEST_WORK_SCALE_OF, "guest_work_scale",
+                                                  mode))
+        return 1.0 if grown is None else grown
 
     def guest_preempts_per_ns(self, vms: int, mode: str = "fv") -> float:
         """How often a guest's thread loses its core, per ns of its stretch, with `vms`
         VMs of `mode` as threads (guest_preempts_per_ms, the mode's own where measured;
         0 where nothing is)."""
-        return self._rate(vms, getattr(self, GUEST_PREEMPTS_OF.get(mode, "guest_preempts_per_ms"))
-                          or self.guest_preempts_per_ms)
+        per_ms = self._at_count(vms, self._of_mode(GUEST_PREEMPTS_OF, "guest_preempts_per_ms",
+                                                   mode))
+        return 0.0 if per_ms is None else max(0.0, per_ms) / 1e6
 
     def held_preempts_per_ns(self, vms: int, mode: str = "fv") -> float:
         """The same for a thread holding the lock, per ns of its work under it."""
-        return self._rate(vms, getattr(self, HELD_PREEMPTS_OF.get(mode, "held_preempts_per_ms"))
-                          or self.held_preempts_per_ms)
+        per_ms = self._at_count(vms, self._of_mode(HELD_PREEMPTS_OF, "held_preempts_per_ms",
+                                                   mode))
+        return 0.0 if per_ms is None else max(0.0, per_ms) / 1e6
 
-    def _rate(self, vms: int, per_ms: tuple[float, ...]) -> float:
-        """`per_ms` at `vms` VMs on lock_work_vms' counts, per ns: linear in log2 of the
-        count between them, flat beyond them, 0 below the first or without a rate."""
+    def _of_mode(self, own_of: Mapping[str, str], plain: str, mode: str
+                 ) -> tuple[float, ...]:
+        """The field `own_of` names for `mode` where it was measured, else `plain`."""
+        return getattr(self, own_of.get(mode, plain)) or getattr(self, plain)
+
+    def _at_count(self, vms: int, ys: tuple[float, ...]) -> float | None:
+        """`ys` at `vms` VMs on lock_work_vms' counts: linear in log2 of the count
+        between them, flat beyond them; None below the first or without values."""
         xs = tuple(math.log2(v) for v in self.lock_work_vms)
         x = math.log2(max(1, vms))
-        if not xs or not per_ms or x < xs[0]:
-            return 0.0
-        return max(0.0, per_ms[0] + _beyond_first(xs, per_ms, x)) / 1e6
-
-    def _grown(self, vms: int, scale: tuple[float, ...]) -> float:
-        """`scale` at `vms` VMs on lock_work_vms' counts: linear in log2 of the count
-        between them, flat beyond them, 1 below the first or without a scale."""
-        xs = tuple(math.log2(v) for v in self.lock_work_vms)
-        x = math.log2(max(1, vms))
-        if not xs or not scale or x < xs[0]:
-            return 1.0
-        return scale[0] + _beyond_first(xs, scale, x)
+        if not xs or not ys or x < xs[0]:
+            return None
+        return ys[0] + _beyond_first(xs, ys, x)
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:
