@@ -20,7 +20,9 @@ fault taken inside KVM_RUN (a 10 ms stretch of a 40 ms pv run, measured 2026-11-
 and VMs that are threads of one VMM process take those faults on one address space --
 four pv VMs took 3.3x one VM's time with faults on demand, 2.5x without (on 2 cores) --
 a cost that belongs to neither the guest nor the mediator and that no trace of one VM
-shows.
+shows.  RAM populated up front outlives its VM: its pages are kept and zeroed for the
+next VM of the same size (gpuvm.vmm.ram_pool), so an experiment of hundreds of short
+runs does not populate and free 256 MiB for each.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 
 from gpuvm.device.host_memory import close_memfd_mapping
 from gpuvm.errors import UserError
+from gpuvm.vmm.ram_pool import POOL, RamPool
 
 
 class GuestMemoryError(Exception):
@@ -86,8 +89,13 @@ class GuestRam:
     # every page allocated and mapped now (see the module); None: default_allocation()
     prealloc: bool | None = None
     _map: mmap.mmap = field(init=False, repr=False)
-    fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
+    _fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
+    # whether close may keep the pages for another VM (ram_pool): not once the memfd was
+    # handed out (`fd`: another process may map it) or a range was advised 4 KiB pages
+    # (the memfd keeps the split pages, which the next VM's backing does not promise)
+    _keepable: bool = field(init=False, repr=False, default=True)
+    pool: RamPool = field(default=POOL, repr=False)  # where populated RAM is kept (ram_pool)
 
     def __post_init__(self) -> None:
         if self.size <= 0 or self.size % mmap.PAGESIZE:
@@ -95,19 +103,32 @@ class GuestRam:
         if self.backing not in BACKINGS:
             raise ValueError(f"guest RAM backing {self.backing!r} is not one of "
                              f"{', '.join(BACKINGS)}")
-        self.fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED,
+        if self.prealloc is None:
+            self.prealloc = default_allocation() == "immediate"
+        kept = self.pool.take(self.size, self.backing) if self.prealloc else None
+        if kept is None:
+            self._fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
+            os.ftruncate(self._fd, self.size)
+        else:
+            self._fd = kept
+        self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED,
                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
         if self.backing == "thp":
             self._map.madvise(MADV_HUGEPAGE)
         elif self.backing == "4k":
             self._map.madvise(MADV_NOHUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
-        if self.prealloc is None:
-            self.prealloc = default_allocation() == "immediate"
         if self.prealloc:
             self._populate()
+        if kept is not None:  # the last VM's bytes, scrubbed before this one sees them
+            ctypes.memset(self.host_address, 0, self.size)  # the interpreter lock let go
+
+    @property
+    def fd(self) -> int:
+        """The memfd behind the RAM, for a device in another process to map (-1: closed).
+        Once handed out the RAM is freed at close, never kept for another VM."""
+        self._keepable = False
+        return self._fd
 
     def _populate(self) -> None:
         """Allocate and map every page now, after the backing's advice (so "thp" is
@@ -119,11 +140,11 @@ class GuestRam:
         err = ctypes.get_errno()
         if err == errno.EINVAL:  # a kernel before 5.14: allocate the memfd's pages
             try:
-                os.posix_fallocate(self.fd, 0, self.size)
+                os.posix_fallocate(self._fd, 0, self.size)
                 return
             except OSError as exc:
                 err = exc.errno or err
-        self.close()
+        self._free()
         raise GuestRamAllocError(
             f"guest RAM: the host cannot allocate {self.size >> 20} MiB up front "
             f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); a smaller ram_mib, "
@@ -145,6 +166,7 @@ class GuestRam:
         lo = gpa - gpa % mmap.PAGESIZE
         hi = min(self.size, -(-(gpa + length) // mmap.PAGESIZE) * mmap.PAGESIZE)
         if hi > lo:
+            self._keepable = False
             self._map.madvise(MADV_NOHUGEPAGE, lo, hi - lo)
 
     @property
@@ -187,7 +209,27 @@ class GuestRam:
         return ctype.from_buffer(self._map, gpa)
 
     def close(self) -> None:
-        """Release the mapping; views handed out earlier must be gone first."""
+        """Release the mapping; views handed out earlier must be gone first.  RAM that
+        was populated up front goes back to the pool (ram_pool) when nothing else can
+        still reach its pages -- its mapping closed with no view left, its fd never
+        handed out -- and no range of it was advised 4 KiB pages; else it is freed."""
         self.array = np.empty(0, dtype=np.uint8)
-        close_memfd_mapping(self.fd, self._map)
-        self.fd = -1
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        if self.prealloc and self._keepable:
+            try:
+                self._map.close()
+            except BufferError:  # a view is left: it keeps the pages, freed with it
+                os.close(fd)
+                return
+            if not self.pool.give(self.size, self.backing, fd):
+                os.close(fd)
+            return
+        close_memfd_mapping(fd, self._map)
+
+    def _free(self) -> None:
+        """Release the mapping and free the pages, whatever the allocation."""
+        self.array = np.empty(0, dtype=np.uint8)
+        fd, self._fd = self._fd, -1
+        close_memfd_mapping(fd, self._map)
