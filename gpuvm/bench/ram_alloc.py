@@ -7,6 +7,10 @@ threads of one process, faults on one address space.  Each repetition runs every
 (mode, VM count) both ways, in alternating order, after one unmeasured VM of the mode
 (a process's first runs are slower); the table gives the makespans' spread and the
 vCPU threads' CPU time per VM, and the ratio of the medians.
+
+A first table times what building and closing one VM's RAM up front costs outside any
+run: its pages made and freed each time, or kept and zeroed for the next VM
+(gpuvm.vmm.ram_pool), by turns.
 """
 
 from __future__ import annotations
@@ -62,6 +66,41 @@ def measure(benchmark: str, params: tuple[int, ...], modes: list[str], counts: l
     return out
 
 
+def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
+    """ms to build and close a VM's RAM of `size` bytes populated up front, by turns: made
+    and freed each time ("fresh"), and taken from and given back to a pool ("kept")."""
+    import time
+
+    from gpuvm.vmm.guest_ram import GuestRam
+    from gpuvm.vmm.ram_pool import RamPool
+
+    out: dict[str, list[float]] = {"fresh": [], "kept": []}
+    pools = {"fresh": RamPool(limit_bytes=0), "kept": RamPool()}
+    GuestRam(size, prealloc=True, pool=pools["kept"]).close()  # one kept before
+    for rep in range(repeat):
+        for way in ("fresh", "kept") if rep % 2 == 0 else ("kept", "fresh"):
+            t0 = time.perf_counter()
+            GuestRam(size, prealloc=True, pool=pools[way]).close()
+            out[way].append((time.perf_counter() - t0) * 1e3)
+    pools["kept"].drain()
+    return out
+
+
+def print_build_table(times: dict[str, list[float]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("RAM", "build + close ms (min-median-max)", "over fresh"):
+        t.add_column(col, justify="right")
+    fresh = statistics.median(times["fresh"])
+    for way, ms in times.items():
+        ms = sorted(ms)
+        t.add_row(way, f"{ms[0]:,.1f}-{statistics.median(ms):,.1f}-{ms[-1]:,.1f}",
+                  f"{statistics.median(ms) / fresh:.2f}x")
+    Console(width=120).print(t)
+
+
 def print_table(runs: list[AllocRun], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -96,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the benchmark's parameters (default 128)")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument("--build-only", action="store_true",
+                        help="only the first table: building a VM's RAM, kept or fresh")
 
 
 def main_ram_alloc(args: argparse.Namespace) -> int:
@@ -115,7 +156,16 @@ def main_ram_alloc(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.repeat < 1:
         raise UserError(f"bench ram-alloc: VM counts >= 1 and --repeat >= 1 (got --vms "
                         f"{args.vms} --repeat {args.repeat})")
+    from gpuvm.vmm.abi import GUEST_RAM_DEFAULT
+
     load = os.getloadavg()[0]
+    builds = 4 * args.repeat
+    print_build_table(measure_build(GUEST_RAM_DEFAULT, builds),
+                      f"one VM's {GUEST_RAM_DEFAULT >> 20} MiB of RAM up front, made fresh vs "
+                      f"kept (ram_pool): {builds} of each by turns, {os.cpu_count()} cores, "
+                      f"load {load:.2f} before")
+    if args.build_only:
+        return 0
     try:
         runs = measure(args.benchmark, tuple(args.size), modes, counts, args.repeat,
                        args.backend)
