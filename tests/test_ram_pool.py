@@ -47,7 +47,7 @@ def test_only_the_same_size_and_backing_is_reused(pool):
 
 def test_ram_whose_fd_left_the_process_is_freed(pool):
     ram = GuestRam(SIZE, prealloc=True, pool=pool)
-    assert ram.fd >= 0  # as a vfio-user server is given it
+    assert ram.share_fd() >= 0  # as a vfio-user server is given it
     ram.close()
     assert pool.kept_bytes == 0
 

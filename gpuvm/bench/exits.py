@@ -175,7 +175,7 @@ def _one_run(image: Path, iterations: int, remap_iterations: int,
     if transport == "vfio-user":
         device, release = served_target(kind)
         name = _target_name(kind) + OVER_SOCKET
-        device.share(ram.host_address, ram.size, ram.fd)
+        device.share(ram.host_address, ram.size, ram.share_fd())
     else:
         device, name, release = bench_target(kind)
     attached = None

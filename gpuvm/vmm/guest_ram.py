@@ -92,8 +92,9 @@ class GuestRam:
     _fd: int = field(init=False, repr=False, default=-1)  # the memfd behind the mapping
     array: np.ndarray = field(init=False, repr=False)
     # whether close may keep the pages for another VM (ram_pool): not once the memfd was
-    # handed out (`fd`: another process may map it) or a range was advised 4 KiB pages
-    # (the memfd keeps the split pages, which the next VM's backing does not promise)
+    # handed out (`share_fd`: another process may map it), a range was advised 4 KiB
+    # pages (the memfd keeps the split pages, which the next VM's backing does not
+    # promise) or the pages could not all be allocated
     _keepable: bool = field(init=False, repr=False, default=True)
     pool: RamPool = field(default=POOL, repr=False)  # where populated RAM is kept (ram_pool)
 
@@ -123,8 +124,7 @@ class GuestRam:
         if kept is not None:  # the last VM's bytes, scrubbed before this one sees them
             ctypes.memset(self.host_address, 0, self.size)  # the interpreter lock let go
 
-    @property
-    def fd(self) -> int:
+    def share_fd(self) -> int:
         """The memfd behind the RAM, for a device in another process to map (-1: closed).
         Once handed out the RAM is freed at close, never kept for another VM."""
         self._keepable = False
@@ -144,7 +144,8 @@ class GuestRam:
                 return
             except OSError as exc:
                 err = exc.errno or err
-        self._free()
+        self._keepable = False
+        self.close()
         raise GuestRamAllocError(
             f"guest RAM: the host cannot allocate {self.size >> 20} MiB up front "
             f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); a smaller ram_mib, "
@@ -215,21 +216,15 @@ class GuestRam:
         handed out -- and no range of it was advised 4 KiB pages; else it is freed."""
         self.array = np.empty(0, dtype=np.uint8)
         fd, self._fd = self._fd, -1
-        if fd < 0:
+        if fd >= 0 and self.prealloc and self._keepable and self._unmapped() \
+                and self.pool.give(self.size, self.backing, fd):
             return
-        if self.prealloc and self._keepable:
-            try:
-                self._map.close()
-            except BufferError:  # a view is left: it keeps the pages, freed with it
-                os.close(fd)
-                return
-            if not self.pool.give(self.size, self.backing, fd):
-                os.close(fd)
-            return
-        close_memfd_mapping(fd, self._map)
+        close_memfd_mapping(fd, self._map)  # a view left keeps the pages till it goes
 
-    def _free(self) -> None:
-        """Release the mapping and free the pages, whatever the allocation."""
-        self.array = np.empty(0, dtype=np.uint8)
-        fd, self._fd = self._fd, -1
-        close_memfd_mapping(fd, self._map)
+    def _unmapped(self) -> bool:
+        """Close the mapping; False where a view of it is left."""
+        try:
+            self._map.close()
+        except BufferError:
+            return False
+        return True

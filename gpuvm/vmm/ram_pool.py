@@ -67,11 +67,7 @@ class RamPool:
         for fd in fds:
             os.close(fd)
 
-    def forget(self) -> None:
-        """Drop what is kept without using it (a forked child: its copies of the fds are
-        closed, the parent's pages stay the parent's)."""
-        self.drain()
-
 
 POOL = RamPool()
-os.register_at_fork(after_in_child=POOL.forget)
+# a forked child closes its copies of the kept fds: the pages stay the parent's
+os.register_at_fork(after_in_child=POOL.drain)

@@ -53,7 +53,7 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     # ram_alloc absent (a job written by hand): the default's
     ram = GuestRam(job["ram_size"], backing=job.get("ram_backing", "anon"),
                    prealloc=prealloc_for(job.get("ram_alloc")))
-    device.share(ram.host_address, ram.size, ram.fd)
+    device.share(ram.host_address, ram.size, ram.share_fd())
     attached = attach(device, device, ram, name)
     try:
         session = GuestSession(name, ram, attached, wait_timeout=job["wait_timeout"])
