@@ -408,7 +408,7 @@ class _System:
         self.guest_preempt_per_ns = guest_preempt_per_ns
         self.held_preempt_per_ns = held_preempt_per_ns
         self.preempt_draws = random.Random(PREEMPT_SEED)
-        self.preemptions = 0
+        self.cores_taken = 0  # ReplayResult.cores_taken
         self.lock_sleeps = 0
         self.core_ns = 0
         self.engine = EngineModel(env, scheduler, residency)
@@ -438,7 +438,7 @@ class _System:
             yield from self.run_on_core(gap)
             ns -= gap
             if self.cores.waiting:
-                self.preemptions += 1
+                self.cores_taken += 1
                 self.cores.give()
                 yield from self.get_core()
         yield from self.run_on_core(ns)
@@ -642,7 +642,7 @@ def replay(traces: Sequence[VmTrace], cores: int = 2,
         {str(vm): c.as_dict() for vm, c in residency.counters.items()}
     return ReplayResult(max(finish.values(), default=0), finish,
                         {t.name: t.alone_ns for t in traces}, events, counters,
-                        system.lock_sleeps, system.core_ns, system.preemptions)
+                        system.lock_sleeps, system.core_ns, system.cores_taken)
 
 
 def replay_priced(traces: Sequence[VmTrace], costs: CostProfile, cores: int,
