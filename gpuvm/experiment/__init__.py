@@ -147,11 +147,13 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
 
 
 @contextmanager
-def _progress_bar(console: Any, runs: int) -> Iterator[Callable[[str], None]]:
+def _progress_bar(console: Any, runs: int
+                  ) -> Iterator[tuple[Callable[[str], None], Callable[[], None]]]:
     """Each finished run's line, and on a terminal a bar of runs done with an ETA under
-    them (nothing more when the output is not a terminal)."""
+    them (nothing more when the output is not a terminal); and what adds a run beyond
+    the plan to the bar (a short point run again)."""
     if not (console.is_terminal and sys.stdout.isatty()):
-        yield lambda line: console.print(line)
+        yield (lambda line: console.print(line)), (lambda: None)
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -163,7 +165,10 @@ def _progress_bar(console: Any, runs: int) -> Iterator[Callable[[str], None]]:
         def line(text: str) -> None:
             bar.console.print(text)
             bar.advance(task)
-        yield line
+
+        def one_more() -> None:
+            bar.update(task, total=bar.tasks[0].total + 1)
+        yield line, one_more
 
 
 def _run(exp: Experiment, args: argparse.Namespace) -> int:
@@ -180,29 +185,37 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             run, done, kept = RunDir.create(exp), set(), []
             console.print(f"[bold]{exp.name}[/]: {len(exp.scenarios)} scenario(s) x "
                           f"{len(exp.modes)} mode(s) x {len(exp.policies)} polic(y/ies) x "
-                          f"{exp.repetitions} rep(s) -> {run.path}")
+                          f"{exp.repetitions} rep(s)"
+                          + (f" (a point shorter than {exp.repeat_until_s:g} s: up to "
+                             f"{exp.max_repetitions})"
+                             if exp.max_repetitions > exp.repetitions else "")
+                          + f" -> {run.path}")
         else:
             exp, run, done, kept = _open_for_resume(exp, args)
-            console.print(f"[bold]{exp.name}[/]: resuming {run.path}: {len(done)} of "
-                          f"{len(plan(exp))} runs already recorded")
+            console.print(f"[bold]{exp.name}[/]: resuming {run.path}: "
+                          f"{sum(key in done for key in plan(exp))} of {len(plan(exp))} "
+                          f"planned runs already recorded")
         try:
-            with _progress_bar(console, len(plan(exp)) - len(done)) as report_line:
+            to_make = sum(key not in done for key in plan(exp))
+            with _progress_bar(console, to_make) as (report_line, one_more):
                 new = execute(exp, run, progress=report_line, skip=done,
-                              deferred=stop.deferred)
+                              deferred=stop.deferred, unplanned=one_more)
+            rows = _rows(run, kept) + new
             if exp.kind == "scaling":  # what the report's validation replays
                 from gpuvm.experiment import run_traces
                 run_traces.record(exp, run.path, exp.backend,
-                                  progress=lambda line: console.print(line))
-            rows = _rows(run, kept) + new
+                                  progress=lambda line: console.print(line),
+                                  counts=run_traces.recordings(exp, rows))
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)
                 run.mark_complete(len(rows))
                 run.point_latest()
         except KeyboardInterrupt:
-            recorded = len(complete_runs(run.read_rows().rows, exp))
+            complete = complete_runs(run.read_rows().rows, exp)
+            recorded = sum(key in complete for key in plan(exp))
             name = signal.Signals(stop.received or signal.SIGINT).name
             print(f"gpuvm: interrupted by {name}: {run.path} holds {recorded} of "
-                  f"{len(plan(exp))} runs; finish it with: {resume_command(args.config, run)}",
+                  f"{len(plan(exp))} planned runs; finish it with: {resume_command(args.config, run)}",
                   file=sys.stderr)
             return stop.exit_status
     print(report.read_text())

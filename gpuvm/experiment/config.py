@@ -18,7 +18,10 @@ the field, before anything runs.
     lock_rounds = false       # kind "scaling", VMs as threads on KVM: time the interpreter
                               # lock's rounds with the kept traces (about 2.5 min on 2
                               # cores), so the report's validation grows the work as measured
-    repetitions = 1
+    repetitions = 1           # every point (scenario x mode x policy) runs this many times
+    repeat_until_s = 0.0      # and again while its runs' makespans add up to less than
+    max_repetitions = 1       # this, up to this many runs (a short run is noisier; the
+                              # scaling validation keeps each point's fastest)
     time_scale = 1.0          # device clock speed relative to wall time
     clock = "wall"            # or "virtual": device time advances with GPU work and
                               # guest exits only, so results do not move with host load
@@ -124,6 +127,10 @@ class Experiment:
     isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
     lock_rounds: bool = False  # scaling: time the lock's rounds for the validation
     repetitions: int = 1
+    # a point whose runs took less than this together (makespans, s) runs again, up to
+    # max_repetitions runs (0: exactly `repetitions`; gpuvm.experiment.rundir.wants_another)
+    repeat_until_s: float = 0.0
+    max_repetitions: int = 1
     time_scale: float = 1.0
     timeout_s: float = 600.0
     clock: str = "wall"  # "wall" | "virtual" (gpuvm/device/clock.py)
@@ -287,6 +294,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         isolated=exp.get("isolated", bool, False),
         lock_rounds=exp.get("lock_rounds", bool, False),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
+        repeat_until_s=exp.get("repeat_until_s", float, 0.0,
+                               check=lambda s: None if s >= 0 else "must be >= 0"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
         clock=exp.get("clock", str, "wall", check=lambda c: None if c in CLOCKS
@@ -305,6 +314,13 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     )
     includes = exp.get("include", list, [], check=lambda fs: None if all(
         isinstance(f, str) and f for f in fs) else "must be a list of experiment file paths")
+    reps = result["repetitions"]
+    result["max_repetitions"] = exp.get(
+        "max_repetitions", int, reps,
+        check=lambda m: None if m >= reps else f"must be >= repetitions ({reps})")
+    if result["repeat_until_s"] > 0 and result["max_repetitions"] == reps:
+        raise exp.fail("repeat_until_s", f"has no effect unless max_repetitions is above "
+                                         f"repetitions ({reps})")
     exp.done()
     if result["kind"] == "isolation" and result["backend"] == "inproc" \
             and not result["isolated"]:

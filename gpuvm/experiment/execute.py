@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+from gpuvm.calibrate.emulator import measured_makespan_ns
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
-from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
+from gpuvm.experiment.rundir import RunDir, RunKey, plan, wants_another, write_atomically
 from gpuvm.device.profile import load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.host_port import work_counters
@@ -201,8 +202,11 @@ Progress = Callable[[str], None]
 
 def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None,
             skip: Collection[RunKey] = (),
-            deferred: Callable[[], AbstractContextManager[object]] = nullcontext) -> list[VmRow]:
-    """Make every planned run not in `skip`, in plan order; returns the new rows.
+            deferred: Callable[[], AbstractContextManager[object]] = nullcontext,
+            unplanned: Callable[[], None] = lambda: None) -> list[VmRow]:
+    """Make every planned run not in `skip`, in plan order, and after a point's last
+    planned repetition its further ones while it is short (rundir.wants_another;
+    `unplanned()` is called before each such run); returns the new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
     run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
@@ -214,36 +218,58 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
     scenarios = {s.name: s for s in exp.scenarios}
     keys = plan(exp)
     rows: list[VmRow] = []
+
+    def make(key: RunKey, label: str, sink: Any) -> None:
+        scenario = scenarios[key.scenario]
+        options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
+                             time_scale=exp.time_scale, isolated=exp.isolated,
+                             clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
+                             scheduler={**exp.scheduler, "policy": key.policy},
+                             vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
+                             confined=exp.kind == "isolation")
+        t0 = time.monotonic()
+        try:
+            masks = hot_masks_for(scenario, key, earlier + [asdict(r) for r in rows])
+            results = run_vms(specs_for(scenario, masks), options)
+        except RunError as exc:
+            new = not_run_rows(exp, scenario, key, str(exc))
+            verdict = f"NOT RUN: {exc}"
+        else:
+            new = rows_for(exp, scenario, key.mode, key.policy, key.rep, results, costs,
+                           hostmem_costs)
+            write_histories(run.path, key, results)
+            verdict = "PASS" if all(r.passed for r in new) else \
+                "FAIL: " + "; ".join(r.error or "failed" for r in new if not r.passed)
+        with deferred():
+            for row in new:
+                sink.append(asdict(row))
+            rows.extend(new)
+        progress(f"{label}: {verdict} ({time.monotonic() - t0:.1f} s)")
+
+    def makespans(key: RunKey) -> list[int] | None:
+        """The point's runs' makespans so far (None: one of them failed)."""
+        by_rep: dict[int, list[dict[str, Any]]] = {}
+        for row in earlier + [asdict(r) for r in rows]:
+            if (row["scenario"], row["mode"], row["policy"]) == key[:3]:
+                by_rep.setdefault(row["rep"], []).append(row)
+        if any(not row["passed"] for run_rows in by_rep.values() for row in run_rows):
+            return None
+        return [measured_makespan_ns(run_rows) for run_rows in by_rep.values()]
+
     with run.appender() as sink:
         for i, key in enumerate(keys, 1):
-            if key in skip:
+            where = f"{key.scenario} {key.mode} {key.policy}"
+            if key not in skip:
+                make(key, f"[{i}/{len(keys)}] {where} rep {key.rep}", sink)
+            if key.rep != exp.repetitions - 1 or exp.max_repetitions == exp.repetitions:
                 continue
-            scenario = scenarios[key.scenario]
-            label = f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} rep {key.rep}"
-            options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
-                                 time_scale=exp.time_scale, isolated=exp.isolated,
-                                 clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
-                                 scheduler={**exp.scheduler, "policy": key.policy},
-                                 vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
-                                 confined=exp.kind == "isolation")
-            t0 = time.monotonic()
-            try:
-                masks = hot_masks_for(scenario, key, earlier + [asdict(r) for r in rows])
-                results = run_vms(specs_for(scenario, masks), options)
-            except RunError as exc:
-                new = not_run_rows(exp, scenario, key, str(exc))
-                verdict = f"NOT RUN: {exc}"
-            else:
-                new = rows_for(exp, scenario, key.mode, key.policy, key.rep, results, costs,
-                               hostmem_costs)
-                write_histories(run.path, key, results)
-                verdict = "PASS" if all(r.passed for r in new) else \
-                    "FAIL: " + "; ".join(r.error or "failed" for r in new if not r.passed)
-            with deferred():
-                for row in new:
-                    sink.append(asdict(row))
-                rows.extend(new)
-            progress(f"{label}: {verdict} ({time.monotonic() - t0:.1f} s)")
+            more = key._replace(rep=exp.repetitions)  # the point's last planned run: more?
+            while (spans := makespans(more)) is not None and wants_another(exp, spans):
+                if more not in skip:
+                    unplanned()
+                    make(more, f"[{i}/{len(keys)}+] {where} rep {more.rep} (short: "
+                               f"{sum(spans) / 1e9:.2f} s in {len(spans)} runs)", sink)
+                more = more._replace(rep=more.rep + 1)
     return rows
 
 

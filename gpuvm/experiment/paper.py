@@ -14,6 +14,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterable
 
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
@@ -328,12 +329,16 @@ def _validation(part: SuitePart) -> list[str]:
                        record_event_ns=kept.record_event_ns, signal_ns=signal,
                        untimed=kept.untimed)
     p = analysis.profile
+    recordings = _span(kept.recordings.values() or [part.exp.repetitions])
+    reps: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for r in part.rows:
+        reps[(r.scenario, r.mode)].add(r.rep)
+    runs = _span([len(v) for v in reps.values()] or [part.exp.repetitions])
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded right after these runs and kept "
         f"with them (`traces/` in `{part.path}`"
-        + (f"; the fastest of {part.exp.repetitions} recordings" if part.exp.repetitions > 1
-           else "") + ")"
+        + (f"; the fastest of {recordings} recordings" if recordings != "1" else "") + ")"
         + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
            f"timed apart); " if kept.record_event_ns else "; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
@@ -355,14 +360,20 @@ def _validation(part: SuitePart) -> list[str]:
             f"rounds after the runs had it") if kept.lock_rounds else
            f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
            f"true` asks for them)")
-        + (f".  Each point is the fastest of its {part.exp.repetitions} runs (host load "
-           f"only adds time; a run of two fv VMs here took 1.97-3.3 s by turns).  This is "
-           f"still the rougher table"
-           if part.exp.repetitions > 1 else ".  With one run of each point this is the "
-           "rougher table")
+        + (f".  Each point is the fastest of its runs ({runs} a point: a short point runs "
+           f"more; host load only adds time, and a run of two fv VMs here took 1.97-3.3 s "
+           f"by turns).  This is still the rougher table"
+           if runs != "1" else ".  With one run of each point this is the rougher table")
         + ": `gpuvm calibrate --emulator`'s, with more runs a point, is the model's "
         "validation (README).",
         analysis.points)
+
+
+def _span(counts: Iterable[int]) -> str:
+    """"3" or "3-12": the least and the most of some counts."""
+    counts = list(counts)
+    lo, hi = min(counts), max(counts)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def _validation_by_profile(part: SuitePart) -> list[str]:

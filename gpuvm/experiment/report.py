@@ -305,19 +305,25 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     reprice(exp, rows)
     write_csv(rows, out / "results.csv")
     planned = planned_vm_runs(exp)
+    extra = sum(r.rep >= exp.repetitions for r in rows)  # short points run again
     md = [f"# {exp.name}", ""]
     if not complete:
-        md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows)} of {planned} "
-               f"planned VM runs" + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
+        md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows) - extra} of "
+               f"{planned} planned VM runs" + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
     md += [exp.description, "",
            f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
-           f"{exp.repetitions}; " + (
+           f"{exp.repetitions}" + (
+               f" (up to {exp.max_repetitions} where a point's runs took under "
+               f"{exp.repeat_until_s:g} s together)"
+               if exp.max_repetitions > exp.repetitions else "") + "; " + (
                f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
                f"exit; device time does not follow the host's load); "
                if exp.clock == "virtual" else
                f"device clock: wall time, scale {exp.time_scale:g}; ") + "backend: "
            f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
-           f"Runs: {len(rows)} of {planned} planned VM runs, {sum(r.passed for r in rows)} "
+           f"Runs: {len(rows) - extra} of {planned} planned VM runs"
+           + (f" and {extra} more of short points" if extra else "")
+           + f", {sum(r.passed for r in rows)} "
            "passed.  Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
     failed = [r for r in rows if not r.passed]
     if failed:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuvm.calibrate import lock_turns, lock_use, record_cost, untimed_growth, wake, wake_cost
 from gpuvm.calibrate.lock_use import LockUse
@@ -41,7 +41,9 @@ TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
 #                       "wake_cost": {...}, "wake": {...} (VMs as threads),
 #                       "lock_use": [...], "untimed_use": [...] (where the
-#                       experiment asks: lock_rounds)}
+#                       experiment asks: lock_rounds),
+#                       "recordings": {file: how many the trace is the fastest of}}
+RECORDINGS = "recordings"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class KeptTraces:
     wake_curve: WakeCurve | None = None  # how late a woken thread ran again (None: not measured)
     lock_rounds: tuple[LockUse, ...] = ()  # the lock's timed runs (none: not timed)
     untimed: tuple[UntimedRun, ...] = ()  # the same VMs untimed (none: not run)
+    # per trace file, of how many recordings it is the fastest (empty: runs from before)
+    recordings: Mapping[str, int] = field(default_factory=dict)
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -65,24 +69,53 @@ def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
             for mode in exp.modes for s in exp.scenarios if s.vms}
 
 
+def recordings(exp: Experiment, rows: Sequence[Any]) -> dict[TraceKey, int]:
+    """Per trace, of how many recordings to keep the fastest: as many as the runs of the
+    point it is the one VM of (its mode's fewest-VM scenario) -- `repetitions`, or more
+    where that point was short (rundir.wants_another).  The validation prices that
+    point from the trace, and the fastest of three recordings against the fastest of
+    twelve runs would price it long."""
+    runs: dict[tuple[str, str], set[int]] = {}
+    for row in rows:
+        runs.setdefault((row.scenario, row.mode), set()).add(row.rep)
+    one_vm = min((s for s in exp.scenarios if s.vms), key=lambda s: len(s.vms)).name
+    return {key: max(exp.repetitions, len(runs.get((one_vm, mode), ())))
+            for (mode, scenario), key in keys(exp).items() if scenario == one_vm}
+
+
+def _about(directory: Path) -> dict[str, Any]:
+    """What a run's traces directory says of the host it recorded on ({}: nothing yet)."""
+    try:
+        about = json.loads((directory / ABOUT).read_text())
+    except (OSError, ValueError):
+        return {}
+    return about if isinstance(about, dict) else {}
+
+
 def record(exp: Experiment, run_path: Path, backend: str,
-           progress: Callable[[str], None] = lambda line: None) -> None:
+           progress: Callable[[str], None] = lambda line: None,
+           counts: Mapping[TraceKey, int] | None = None) -> None:
     """Record each trace `exp`'s scenarios need that `run_path` has not got yet (a
-    resumed run records only what is missing)."""
+    resumed run records only what is missing), the fastest of `counts[key]`
+    recordings (default: `repetitions`)."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     recorded = False
+    about_before = _about(directory)
+    made = dict(about_before.get(RECORDINGS, {}))
     for key in dict.fromkeys(keys(exp).values()):
         if not (directory / key.file_name).is_file():
+            count = (counts or {}).get(key, exp.repetitions)
             progress(f"recording one VM's trace for the validation: {key.file_name}"
-                     + (f" (the fastest of {exp.repetitions})" if exp.repetitions > 1 else ""))
-            # as many recordings as the runs have repetitions, the fastest kept: the
-            # validation keeps each point's fastest run, and a single recording of one
-            # fv-opt VM came out 14% slower than the fastest of its three runs
-            record_fastest(key, exp.repetitions, backend, cache=directory)
+                     + (f" (the fastest of {count})" if count > 1 else ""))
+            # as many recordings as the point's runs, the fastest kept: the validation
+            # keeps each point's fastest run, and a single recording of one fv-opt VM
+            # came out 14% slower than the fastest of its three runs
+            record_fastest(key, count, backend, cache=directory)
+            made[key.file_name] = count
             recorded = True
-    if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
-        about = {"cpus": os.cpu_count(),
+    if recorded or not about_before:  # the host as it was recording
+        about = {"cpus": os.cpu_count(), RECORDINGS: made,
                  record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
                  wake_cost.ABOUT_KEY: wake_cost.measure().to_about()}
         if not exp.isolated:  # VMs in processes of their own pass no interpreter lock
@@ -125,6 +158,7 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
         curve = WakeCurve.from_about(about)
         uses = tuple(lock_use.from_about(about))
         untimed = tuple(untimed_growth.from_about(about))
+        made = {str(k): int(v) for k, v in about.get(RECORDINGS, {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
@@ -132,4 +166,4 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder, woken, curve, uses, untimed)
+                      recorder, woken, curve, uses, untimed, made)

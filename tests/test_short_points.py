@@ -1,0 +1,129 @@
+"""A short point runs again: `repeat_until_s` / `max_repetitions` (rundir.wants_another).
+
+The scaling validation keeps each point's fastest run, and a short run is noisier than a
+long one, so a point whose runs took less than `repeat_until_s` together runs again, up
+to `max_repetitions` runs -- decided on the makespans the rows keep, so a resumed run
+decides as the first did.  In-process guests; the budgets are set so the outcome does
+not depend on how fast this host runs them (a day, or a microsecond)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpuvm.experiment.config import ConfigError, parse
+from gpuvm.experiment.execute import execute
+from gpuvm.experiment.report import write_report
+from gpuvm.experiment.rundir import RunDir, complete_runs, wants_another
+from gpuvm.experiment.run_traces import recordings
+
+SHORT = """
+[experiment]
+name = "short"
+kind = "benchmarks"
+modes = ["pv"]
+backend = "inproc"
+output = "{out}"
+repetitions = 2
+{budget}
+
+[[scenario]]
+name = "idle"
+[[scenario.vm]]
+name = "vm"
+benchmark = "idle"
+{inject}
+"""
+
+
+def _experiment(tmp_path, budget: str, inject: str = ""):
+    return parse(SHORT.format(out=tmp_path, budget=budget, inject=inject), "short.toml")
+
+
+def _reps(rows) -> list[int]:
+    return sorted(r.rep for r in rows)
+
+
+def test_a_short_point_runs_up_to_the_most_and_the_report_says_so(tmp_path):
+    exp = _experiment(tmp_path, "repeat_until_s = 86400\nmax_repetitions = 5")
+    run = RunDir.create(exp)
+    lines: list[str] = []
+    more: list[None] = []
+    rows = execute(exp, run, progress=lines.append, unplanned=lambda: more.append(None))
+    assert _reps(rows) == [0, 1, 2, 3, 4]
+    assert len(more) == 3 and sum("(short: " in line for line in lines) == 3
+    text = write_report(exp, rows, run.path).read_text()
+    assert "repetitions: 2 (up to 5 where a point's runs took under 86400 s together)" in text
+    assert "Runs: 2 of 2 planned VM runs and 3 more of short points" in text
+
+
+def test_a_point_over_the_budget_runs_its_repetitions_only(tmp_path):
+    exp = _experiment(tmp_path, "repeat_until_s = 0.000001\nmax_repetitions = 5")
+    rows = execute(exp, RunDir.create(exp))
+    assert _reps(rows) == [0, 1]
+
+
+def test_a_failing_point_is_not_run_again(tmp_path):
+    exp = _experiment(tmp_path, "repeat_until_s = 86400\nmax_repetitions = 5",
+                      inject='inject = "bad-method"')
+    rows = execute(exp, RunDir.create(exp))
+    assert _reps(rows) == [0, 1] and not any(r.passed for r in rows)
+
+
+def test_a_resumed_run_makes_only_the_further_runs_it_lacks(tmp_path):
+    exp = _experiment(tmp_path, "repeat_until_s = 86400\nmax_repetitions = 5")
+    run = RunDir.create(exp)
+    execute(exp, run)
+    loaded = run.read_rows()
+    run.rewrite_rows([line for row, line in zip(loaded.rows, loaded.lines) if row["rep"] < 3])
+    done = complete_runs(run.read_rows().rows, exp)
+    assert _reps(execute(exp, run, skip=done)) == [3, 4]
+    # and once it has them all, nothing more
+    assert execute(exp, run, skip=complete_runs(run.read_rows().rows, exp)) == []
+
+
+def test_wants_another_counts_runs_and_their_time(tmp_path):
+    exp = _experiment(tmp_path, "repeat_until_s = 1.0\nmax_repetitions = 4")
+    assert wants_another(exp, [100_000_000] * 2)
+    assert not wants_another(exp, [100_000_000] * 4)  # the most runs
+    assert not wants_another(exp, [600_000_000] * 2)  # 1.2 s: long enough
+    fixed = _experiment(tmp_path, "")
+    assert fixed.max_repetitions == 2 and not wants_another(fixed, [1] * 2)
+
+
+@pytest.mark.parametrize("budget, culprit", [
+    ("max_repetitions = 1", "experiment.max_repetitions: must be >= repetitions (2)"),
+    ("repeat_until_s = 2.0", "experiment.repeat_until_s: has no effect unless "
+                             "max_repetitions is above repetitions (2)"),
+    ("repeat_until_s = -1.0\nmax_repetitions = 3", "experiment.repeat_until_s: must be >= 0"),
+])
+def test_bad_budgets_are_one_line_naming_the_key(tmp_path, budget, culprit):
+    with pytest.raises(ConfigError, match=culprit.replace("(", r"\(").replace(")", r"\)")):
+        _experiment(tmp_path, budget)
+
+
+SCALING = """
+[experiment]
+name = "scaling"
+kind = "scaling"
+modes = ["fv-opt", "pv"]
+backend = "inproc"
+repetitions = 3
+repeat_until_s = 3.0
+max_repetitions = 12
+{scenarios}
+"""
+
+
+def test_a_trace_is_the_fastest_of_as_many_recordings_as_its_point_had_runs():
+    scenarios = "".join(
+        f'\n[[scenario]]\nname = "{n}vm"\n[[scenario.vm]]\nname = "vm"\n'
+        f'benchmark = "mmul"\nparams = [128]\ncount = {n}\n' for n in (2, 1))
+    exp = parse(SCALING.format(scenarios=scenarios), "scaling.toml")
+    rows = [SimpleNamespace(scenario=s, mode=m, rep=rep)
+            for s, m, reps in (("1vm", "pv", 12), ("2vm", "pv", 9), ("1vm", "fv-opt", 3),
+                               ("2vm", "fv-opt", 3))
+            for rep in range(reps)]
+    counts = {key.mode: n for key, n in recordings(exp, rows).items()}
+    assert counts == {"pv": 12, "fv-opt": 3}  # the 1-VM point's, not the first listed
