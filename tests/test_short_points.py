@@ -50,8 +50,11 @@ def test_a_short_point_runs_up_to_the_most_and_the_report_says_so(tmp_path):
     run = RunDir.create(exp)
     lines: list[str] = []
     more: list[None] = []
-    rows = execute(exp, run, progress=lines.append, unplanned=lambda: more.append(None))
+    points: list[tuple] = []
+    rows = execute(exp, run, progress=lines.append, unplanned=lambda: more.append(None),
+                   after_point=lambda key, runs: points.append((key[:3], runs)))
     assert _reps(rows) == [0, 1, 2, 3, 4]
+    assert points == [(("idle", "pv", "fifo"), 5)]  # once, when the point has them all
     assert len(more) == 3 and sum("(short: " in line for line in lines) == 3
     text = write_report(exp, rows, run.path).read_text()
     assert "repetitions: 2 (up to 5 where a point's runs took under 86400 s together)" in text
@@ -60,8 +63,9 @@ def test_a_short_point_runs_up_to_the_most_and_the_report_says_so(tmp_path):
 
 def test_a_point_over_the_budget_runs_its_repetitions_only(tmp_path):
     exp = _experiment(tmp_path, "repeat_until_s = 0.000001\nmax_repetitions = 5")
-    rows = execute(exp, RunDir.create(exp))
-    assert _reps(rows) == [0, 1]
+    points: list[int] = []
+    rows = execute(exp, RunDir.create(exp), after_point=lambda key, runs: points.append(runs))
+    assert _reps(rows) == [0, 1] and points == [2]
 
 
 def test_a_failing_point_is_not_run_again(tmp_path):

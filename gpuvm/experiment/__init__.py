@@ -197,12 +197,16 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
                           f"planned runs already recorded")
         try:
             to_make = sum(key not in done for key in plan(exp))
-            with _progress_bar(console, to_make) as (report_line, one_more):
-                new = execute(exp, run, progress=report_line, skip=done,
-                              deferred=stop.deferred, unplanned=one_more)
-            rows = _rows(run, kept) + new
+            traced: Callable[[RunKey, int], None] = lambda point, runs: None
             if exp.kind == "scaling":  # what the report's validation replays
                 from gpuvm.experiment import run_traces
+                traced = run_traces.after_point(exp, run.path, exp.backend,
+                                                progress=lambda line: console.print(line))
+            with _progress_bar(console, to_make) as (report_line, one_more):
+                new = execute(exp, run, progress=report_line, skip=done,
+                              deferred=stop.deferred, unplanned=one_more, after_point=traced)
+            rows = _rows(run, kept) + new
+            if exp.kind == "scaling":  # any trace not yet recorded; the host's lock
                 run_traces.record(exp, run.path, exp.backend,
                                   progress=lambda line: console.print(line),
                                   counts=run_traces.recordings(exp, rows))

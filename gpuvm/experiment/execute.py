@@ -203,10 +203,14 @@ Progress = Callable[[str], None]
 def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None,
             skip: Collection[RunKey] = (),
             deferred: Callable[[], AbstractContextManager[object]] = nullcontext,
-            unplanned: Callable[[], None] = lambda: None) -> list[VmRow]:
+            unplanned: Callable[[], None] = lambda: None,
+            after_point: Callable[[RunKey, int], None] = lambda point, runs: None
+            ) -> list[VmRow]:
     """Make every planned run not in `skip`, in plan order, and after a point's last
     planned repetition its further ones while it is short (rundir.wants_another;
-    `unplanned()` is called before each such run); returns the new rows.
+    `unplanned()` is called before each such run); `after_point(key, runs)` once a
+    point (scenario, mode, policy: `key`, its last planned repetition) has all its
+    `runs`.  Returns the new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
     run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
@@ -261,15 +265,17 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             where = f"{key.scenario} {key.mode} {key.policy}"
             if key not in skip:
                 make(key, f"[{i}/{len(keys)}] {where} rep {key.rep}", sink)
-            if key.rep != exp.repetitions - 1 or exp.max_repetitions == exp.repetitions:
+            if key.rep != exp.repetitions - 1:
                 continue
             more = key._replace(rep=exp.repetitions)  # the point's last planned run: more?
-            while (spans := makespans(more)) is not None and wants_another(exp, spans):
+            while exp.max_repetitions > more.rep and (spans := makespans(more)) is not None \
+                    and wants_another(exp, spans):
                 if more not in skip:
                     unplanned()
                     make(more, f"[{i}/{len(keys)}+] {where} rep {more.rep} (short: "
                                f"{sum(spans) / 1e9:.2f} s in {len(spans)} runs)", sink)
                 more = more._replace(rep=more.rep + 1)
+            after_point(key, more.rep)
     return rows
 
 

@@ -34,6 +34,7 @@ from gpuvm.calibrate.untimed_growth import UntimedRun
 from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.calibrate.wake_cost import WakeCost
 from gpuvm.experiment.config import Experiment
+from gpuvm.experiment.rundir import RunKey
 from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
 from gpuvm.vmm.kvm import kvm_usable
 
@@ -41,9 +42,8 @@ TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
 #                       "wake_cost": {...}, "wake": {...} (VMs as threads),
 #                       "lock_use": [...], "untimed_use": [...] (where the
-#                       experiment asks: lock_rounds),
-#                       "recordings": {file: how many the trace is the fastest of}}
-RECORDINGS = "recordings"
+#                       experiment asks: lock_rounds)}
+COUNTS = "recordings.json"  # {trace file: of how many recordings it is the fastest}
 
 
 @dataclass(frozen=True)
@@ -69,27 +69,61 @@ def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
             for mode in exp.modes for s in exp.scenarios if s.vms}
 
 
+def one_vm_scenario(exp: Experiment) -> str:
+    """The scenario whose point a mode's trace is the one VM of: the fewest VMs'."""
+    return min((s for s in exp.scenarios if s.vms), key=lambda s: len(s.vms)).name
+
+
 def recordings(exp: Experiment, rows: Sequence[Any]) -> dict[TraceKey, int]:
     """Per trace, of how many recordings to keep the fastest: as many as the runs of the
-    point it is the one VM of (its mode's fewest-VM scenario) -- `repetitions`, or more
-    where that point was short (rundir.wants_another).  The validation prices that
-    point from the trace, and the fastest of three recordings against the fastest of
-    twelve runs would price it long."""
+    point it is the one VM of -- `repetitions`, or more where that point was short
+    (rundir.wants_another).  The validation prices that point from the trace, and the
+    fastest of three recordings against the fastest of twelve runs would price it long."""
     runs: dict[tuple[str, str], set[int]] = {}
     for row in rows:
         runs.setdefault((row.scenario, row.mode), set()).add(row.rep)
-    one_vm = min((s for s in exp.scenarios if s.vms), key=lambda s: len(s.vms)).name
+    one_vm = one_vm_scenario(exp)
     return {key: max(exp.repetitions, len(runs.get((one_vm, mode), ())))
             for (mode, scenario), key in keys(exp).items() if scenario == one_vm}
 
 
-def _about(directory: Path) -> dict[str, Any]:
-    """What a run's traces directory says of the host it recorded on ({}: nothing yet)."""
-    try:
-        about = json.loads((directory / ABOUT).read_text())
-    except (OSError, ValueError):
-        return {}
-    return about if isinstance(about, dict) else {}
+def record_trace(exp: Experiment, run_path: Path, key: TraceKey, count: int, backend: str,
+                 progress: Callable[[str], None] = lambda line: None) -> bool:
+    """Record `key`'s trace into the run's traces/, the fastest of `count` recordings,
+    unless it is there already; whether it was recorded."""
+    directory = run_path / TRACES
+    directory.mkdir(exist_ok=True)
+    if (directory / key.file_name).is_file():
+        return False
+    progress(f"recording one VM's trace for the validation: {key.file_name}"
+             + (f" (the fastest of {count})" if count > 1 else ""))
+    # as many recordings as the point's runs, the fastest kept: the validation keeps
+    # each point's fastest run, and a single recording of one fv-opt VM came out 14%
+    # slower than the fastest of its three runs
+    record_fastest(key, count, backend, cache=directory)
+    made = _counts(directory)
+    made[key.file_name] = count
+    (directory / COUNTS).write_text(json.dumps(made))
+    return True
+
+
+def after_point(exp: Experiment, run_path: Path, backend: str,
+                progress: Callable[[str], None] = lambda line: None
+                ) -> Callable[[RunKey, int], None]:
+    """What records each mode's trace right after the runs of the point it is the one VM
+    of (gpuvm.experiment.execute calls it after each point's last run), so the trace
+    and those runs meet the host's cores alike.  Recorded after all the runs instead, a
+    pv trace (the fastest of 12) priced one pv VM at 1.20x the fastest of its 12 runs,
+    made minutes before (make paper, 2026-11-29), where `gpuvm calibrate --emulator`,
+    recording each trace right before its runs, priced it at 0.99-1.06x in three
+    sittings of four that day (1.45x in the fourth)."""
+    one_vm, by_point = one_vm_scenario(exp), keys(exp)
+
+    def record_after(point: RunKey, runs: int) -> None:
+        if point.scenario == one_vm:
+            record_trace(exp, run_path, by_point[(point.mode, point.scenario)],
+                         max(runs, exp.repetitions), backend, progress)
+    return record_after
 
 
 def record(exp: Experiment, run_path: Path, backend: str,
@@ -97,25 +131,16 @@ def record(exp: Experiment, run_path: Path, backend: str,
            counts: Mapping[TraceKey, int] | None = None) -> None:
     """Record each trace `exp`'s scenarios need that `run_path` has not got yet (a
     resumed run records only what is missing), the fastest of `counts[key]`
-    recordings (default: `repetitions`)."""
+    recordings (default: `repetitions`); then, where any was recorded or it was not
+    yet, what the host's lock and wake-ups cost (about.json)."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     recorded = False
-    about_before = _about(directory)
-    made = dict(about_before.get(RECORDINGS, {}))
     for key in dict.fromkeys(keys(exp).values()):
-        if not (directory / key.file_name).is_file():
-            count = (counts or {}).get(key, exp.repetitions)
-            progress(f"recording one VM's trace for the validation: {key.file_name}"
-                     + (f" (the fastest of {count})" if count > 1 else ""))
-            # as many recordings as the point's runs, the fastest kept: the validation
-            # keeps each point's fastest run, and a single recording of one fv-opt VM
-            # came out 14% slower than the fastest of its three runs
-            record_fastest(key, count, backend, cache=directory)
-            made[key.file_name] = count
-            recorded = True
-    if recorded or not about_before:  # the host as it was recording
-        about = {"cpus": os.cpu_count(), RECORDINGS: made,
+        recorded |= record_trace(exp, run_path, key, (counts or {}).get(key, exp.repetitions),
+                                 backend, progress)
+    if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
+        about = {"cpus": os.cpu_count(),
                  record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
                  wake_cost.ABOUT_KEY: wake_cost.measure().to_about()}
         if not exp.isolated:  # VMs in processes of their own pass no interpreter lock
@@ -127,6 +152,16 @@ def record(exp: Experiment, run_path: Path, backend: str,
                 about["lock_use"] = lock_use.to_about(uses)
                 about[untimed_growth.ABOUT_KEY] = untimed_growth.to_about(untimed)
         (directory / ABOUT).write_text(json.dumps(about))
+
+
+def _counts(directory: Path) -> dict[str, int]:
+    """Per trace file in `directory`, of how many recordings it is the fastest ({}:
+    none noted -- runs from before)."""
+    try:
+        made = json.loads((directory / COUNTS).read_text())
+        return {str(k): int(v) for k, v in made.items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
 
 
 def _rounds(exp: Experiment, progress: Callable[[str], None]
@@ -158,7 +193,6 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
         curve = WakeCurve.from_about(about)
         uses = tuple(lock_use.from_about(about))
         untimed = tuple(untimed_growth.from_about(about))
-        made = {str(k): int(v) for k, v in about.get(RECORDINGS, {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     by_point = keys(exp)
@@ -166,4 +200,4 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder, woken, curve, uses, untimed, made)
+                      recorder, woken, curve, uses, untimed, _counts(directory))
