@@ -219,8 +219,8 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             recorded = sum(key in complete for key in plan(exp))
             name = signal.Signals(stop.received or signal.SIGINT).name
             print(f"gpuvm: interrupted by {name}: {run.path} holds {recorded} of "
-                  f"{len(plan(exp))} planned runs; finish it with: {resume_command(args.config, run)}",
-                  file=sys.stderr)
+                  f"{len(plan(exp))} planned runs; finish it with: "
+                  f"{resume_command(args.config, run)}", file=sys.stderr)
             return stop.exit_status
     print(report.read_text())
     console.print(f"report: {report}")

@@ -128,7 +128,8 @@ class Experiment:
     lock_rounds: bool = False  # scaling: time the lock's rounds for the validation
     repetitions: int = 1
     # a point whose runs took less than this together (makespans, s) runs again, up to
-    # max_repetitions runs (0: exactly `repetitions`; gpuvm.experiment.rundir.wants_another)
+    # max_repetitions runs (0, or max_repetitions not above `repetitions`: exactly
+    # `repetitions`; gpuvm.experiment.rundir.wants_another)
     repeat_until_s: float = 0.0
     max_repetitions: int = 1
     time_scale: float = 1.0

@@ -309,7 +309,8 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     md = [f"# {exp.name}", ""]
     if not complete:
         md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows) - extra} of "
-               f"{planned} planned VM runs" + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
+               f"{planned} planned VM runs"
+               + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
     md += [exp.description, "",
            f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
            f"{exp.repetitions}" + (

@@ -93,7 +93,7 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
            "scheduler": exp.scheduler, "scenarios": scenarios}
     if exp.vram_mib is not None:
         out["vram_mib"] = exp.vram_mib
-    if exp.max_repetitions != exp.repetitions:  # (so runs of a fixed count keep their hash)
+    if exp.max_repetitions > exp.repetitions:  # (so runs of a fixed count keep their hash)
         out["repeat_until_s"] = exp.repeat_until_s
         out["max_repetitions"] = exp.max_repetitions
     if exp.clock != "wall":  # (so wall-clock experiments keep the hash they had)
