@@ -11,7 +11,7 @@ shared reference on GPUvm (ATC'14 abstract, TC'16, and a reading note marked [no
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -319,6 +319,7 @@ def _validation(part: SuitePart) -> list[str]:
     kept = run_traces.load(part.exp, part.path)
     if kept is None:
         return _validation_by_profile(part)
+    from gpuvm.calibrate.emulator import runs_of
     from gpuvm.calibrate.validation import FIT_VMS, analyse, measured_from_rows
 
     cpus = kept.cpus
@@ -330,10 +331,8 @@ def _validation(part: SuitePart) -> list[str]:
                        untimed=kept.untimed)
     p = analysis.profile
     recordings = _span(kept.recordings.values() or [part.exp.repetitions])
-    reps: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for r in part.rows:
-        reps[(r.scenario, r.mode)].add(r.rep)
-    runs = _span([len(v) for v in reps.values()] or [part.exp.repetitions])
+    runs = _span(Counter((scenario, mode) for scenario, mode, _ in runs_of(part.rows)).values()
+                 or [part.exp.repetitions])
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded right after "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -79,11 +80,10 @@ def recordings(exp: Experiment, rows: Sequence[Any]) -> dict[TraceKey, int]:
     point it is the one VM of -- `repetitions`, or more where that point was short
     (rundir.wants_another).  The validation prices that point from the trace, and the
     fastest of three recordings against the fastest of twelve runs would price it long."""
-    runs: dict[tuple[str, str], set[int]] = {}
-    for row in rows:
-        runs.setdefault((row.scenario, row.mode), set()).add(row.rep)
+    from gpuvm.calibrate.emulator import runs_of
+    runs = Counter((scenario, mode) for scenario, mode, _ in runs_of(rows))
     one_vm = one_vm_scenario(exp)
-    return {key: max(exp.repetitions, len(runs.get((one_vm, mode), ())))
+    return {key: max(exp.repetitions, runs[(one_vm, mode)])
             for (mode, scenario), key in keys(exp).items() if scenario == one_vm}
 
 
