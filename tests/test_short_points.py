@@ -8,15 +8,13 @@ not depend on how fast this host runs them (a day, or a microsecond)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from gpuvm.experiment.config import ConfigError, parse
 from gpuvm.experiment.execute import execute
 from gpuvm.experiment.report import write_report
-from gpuvm.experiment.rundir import RunDir, complete_runs, wants_another
-from gpuvm.experiment.run_traces import recordings
+from gpuvm.experiment.rundir import RunDir, RunKey, complete_runs, wants_another
+from gpuvm.experiment import run_traces
 
 SHORT = """
 [experiment]
@@ -120,14 +118,18 @@ max_repetitions = 12
 """
 
 
-def test_a_trace_is_the_fastest_of_as_many_recordings_as_its_point_had_runs():
+def test_a_trace_is_the_fastest_of_as_many_recordings_as_its_point_had_runs(monkeypatch,
+                                                                           tmp_path):
     scenarios = "".join(
         f'\n[[scenario]]\nname = "{n}vm"\n[[scenario.vm]]\nname = "vm"\n'
         f'benchmark = "mmul"\nparams = [128]\ncount = {n}\n' for n in (2, 1))
     exp = parse(SCALING.format(scenarios=scenarios), "scaling.toml")
-    rows = [SimpleNamespace(scenario=s, mode=m, rep=rep)
-            for s, m, reps in (("1vm", "pv", 12), ("2vm", "pv", 9), ("1vm", "fv-opt", 3),
-                               ("2vm", "fv-opt", 3))
-            for rep in range(reps)]
-    counts = {key.mode: n for key, n in recordings(exp, rows).items()}
-    assert counts == {"pv": 12, "fv-opt": 3}  # the 1-VM point's, not the first listed
+    recorded: dict[str, int] = {}
+    monkeypatch.setattr(run_traces, "record_trace",
+                        lambda exp, path, key, count, backend, progress:
+                        recorded.__setitem__(key.mode, count))
+    after = run_traces.after_point(exp, tmp_path, "inproc")
+    for scenario, mode, runs in (("2vm", "pv", 9), ("1vm", "pv", 12), ("2vm", "fv-opt", 3),
+                                 ("1vm", "fv-opt", 3)):
+        after(RunKey(scenario, mode, "fifo", 2), runs)
+    assert recorded == {"pv": 12, "fv-opt": 3}  # the 1-VM point's, not the first listed

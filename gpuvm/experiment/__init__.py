@@ -208,8 +208,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             rows = _rows(run, kept) + new
             if exp.kind == "scaling":  # any trace not yet recorded; the host's lock
                 run_traces.record(exp, run.path, exp.backend,
-                                  progress=lambda line: console.print(line),
-                                  counts=run_traces.recordings(exp, rows))
+                                  progress=lambda line: console.print(line))
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)
                 run.mark_complete(len(rows))

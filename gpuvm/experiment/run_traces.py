@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from gpuvm.calibrate import lock_turns, lock_use, record_cost, untimed_growth, wake, wake_cost
 from gpuvm.calibrate.lock_use import LockUse
@@ -75,18 +74,6 @@ def one_vm_scenario(exp: Experiment) -> str:
     return min((s for s in exp.scenarios if s.vms), key=lambda s: len(s.vms)).name
 
 
-def recordings(exp: Experiment, rows: Sequence[Any]) -> dict[TraceKey, int]:
-    """Per trace, of how many recordings to keep the fastest: as many as the runs of the
-    point it is the one VM of -- `repetitions`, or more where that point was short
-    (rundir.wants_another).  The validation prices that point from the trace, and the
-    fastest of three recordings against the fastest of twelve runs would price it long."""
-    from gpuvm.calibrate.emulator import runs_of
-    runs = Counter((scenario, mode) for scenario, mode, _ in runs_of(rows))
-    one_vm = one_vm_scenario(exp)
-    return {key: max(exp.repetitions, runs[(one_vm, mode)])
-            for (mode, scenario), key in keys(exp).items() if scenario == one_vm}
-
-
 def record_trace(exp: Experiment, run_path: Path, key: TraceKey, count: int, backend: str,
                  progress: Callable[[str], None] = lambda line: None) -> bool:
     """Record `key`'s trace into the run's traces/, the fastest of `count` recordings,
@@ -111,8 +98,11 @@ def after_point(exp: Experiment, run_path: Path, backend: str,
                 progress: Callable[[str], None] = lambda line: None
                 ) -> Callable[[RunKey, int], None]:
     """What records each mode's trace right after the runs of the point it is the one VM
-    of (gpuvm.experiment.execute calls it after each point's last run), so the trace
-    and those runs meet the host's cores alike.  Recorded after all the runs instead, a
+    of (gpuvm.experiment.execute calls it after each point's last run), the fastest of
+    as many recordings as that point had runs -- `repetitions`, or more where it was
+    short (rundir.wants_another): the validation prices that point from the trace, and
+    the fastest of three recordings against the fastest of twelve runs would price it
+    long.  So the trace and those runs meet the host's cores alike.  Recorded after all the runs instead, a
     pv trace (the fastest of 12) priced one pv VM at 1.20x the fastest of its 12 runs,
     made minutes before (make paper, 2026-11-29), where `gpuvm calibrate --emulator`,
     recording each trace right before its runs, priced it at 0.99-1.06x in three
@@ -127,18 +117,16 @@ def after_point(exp: Experiment, run_path: Path, backend: str,
 
 
 def record(exp: Experiment, run_path: Path, backend: str,
-           progress: Callable[[str], None] = lambda line: None,
-           counts: Mapping[TraceKey, int] | None = None) -> None:
-    """Record each trace `exp`'s scenarios need that `run_path` has not got yet (a
-    resumed run records only what is missing), the fastest of `counts[key]`
-    recordings (default: `repetitions`); then, where any was recorded or it was not
-    yet, what the host's lock and wake-ups cost (about.json)."""
+           progress: Callable[[str], None] = lambda line: None) -> None:
+    """Record each trace `exp`'s scenarios need that `run_path` has not got yet (those
+    `after_point` recorded are there; any other, the fastest of `repetitions`); then,
+    where any was recorded or it was not yet, what the host's lock and wake-ups cost
+    (about.json)."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     recorded = False
     for key in dict.fromkeys(keys(exp).values()):
-        recorded |= record_trace(exp, run_path, key, (counts or {}).get(key, exp.repetitions),
-                                 backend, progress)
+        recorded |= record_trace(exp, run_path, key, exp.repetitions, backend, progress)
     if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
         about = {"cpus": os.cpu_count(),
                  record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
