@@ -75,8 +75,8 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
                      "a VM's waits for the mediator's lock"):
         assert expected in report, expected
     assert (tmp_path / "suite" / "latest" / "scaling.png").exists()
-    # the scaling run kept one VM's trace per mode, recorded right after its mode's
-    # 1-VM runs (the fastest of as many recordings as those runs), and the validation
+    # the scaling run kept one VM's trace per mode, recorded beside its mode's 1-VM
+    # runs (a recording right after each, the fastest kept), and the validation
     # replays those, the hand-off and cores fitted on its 2-VM runs
     traces = tmp_path / "sc" / "latest" / "traces"
     kept = sorted(p.name for p in traces.iterdir())
@@ -87,7 +87,7 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
                           "idle_default_fv-opt_direct.npz")
     assert said.index("1vm fv-opt fifo rep 0") < recorded < said.index("1vm pv fifo rep 0")
     validation = _section(report, "### Validation")
-    assert "recorded right after its mode's 1-VM runs" in validation
+    assert "recorded beside its mode's 1-VM runs (a recording right after each)" in validation
     counts = json.loads((traces / "recordings.json").read_text())
     assert set(counts) == {"idle_default_fv-opt_direct.npz", "idle_default_pv_pv.npz"}
     # with what recording cost per event on this host, timed beside them

@@ -22,6 +22,8 @@ the field, before anything runs.
     repeat_until_s = 0.0      # and again while its runs' makespans add up to less than
     max_repetitions = 1       # this, up to this many runs (a short run is noisier; the
                               # scaling validation keeps each point's fastest)
+    order = "rounds"          # one run of every point a round, round after round; or
+                              # "points": each point's runs back to back
     time_scale = 1.0          # device clock speed relative to wall time
     clock = "wall"            # or "virtual": device time advances with GPU work and
                               # guest exits only, so results do not move with host load
@@ -75,6 +77,7 @@ from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
+ORDERS = ("rounds", "points")  # the order of an experiment's runs (rundir.plan)
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
 
@@ -132,6 +135,9 @@ class Experiment:
     # `repetitions`; gpuvm.experiment.rundir.wants_another)
     repeat_until_s: float = 0.0
     max_repetitions: int = 1
+    # "rounds": repetition r of every point, then r + 1 (rundir.plan says why);
+    # "points": each point's runs back to back
+    order: str = "rounds"
     time_scale: float = 1.0
     timeout_s: float = 600.0
     clock: str = "wall"  # "wall" | "virtual" (gpuvm/device/clock.py)
@@ -297,6 +303,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         repeat_until_s=exp.get("repeat_until_s", float, 0.0,
                                check=lambda s: None if s >= 0 else "must be >= 0"),
+        order=exp.get("order", str, "rounds", check=lambda o: None if o in ORDERS
+                      else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
         clock=exp.get("clock", str, "wall", check=lambda c: None if c in CLOCKS

@@ -204,13 +204,15 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             skip: Collection[RunKey] = (),
             deferred: Callable[[], AbstractContextManager[object]] = nullcontext,
             unplanned: Callable[[], None] = lambda: None,
+            after_run: Callable[[RunKey], None] = lambda key: None,
             after_point: Callable[[RunKey, int], None] = lambda point, runs: None
             ) -> list[VmRow]:
-    """Make every planned run not in `skip`, in plan order, and after a point's last
-    planned repetition its further ones while it is short (rundir.wants_another;
-    `unplanned()` is called before each such run); `after_point(key, runs)` once a
-    point (scenario, mode, policy: `key`, its last planned repetition) has all its
-    `runs`.  Returns the new rows.
+    """Make every planned run not in `skip`, in plan order (rundir.plan), then the
+    further runs of the points still short (rundir.wants_another; `unplanned()` is
+    called before each such run) -- in further rounds of those points, or right after a
+    point's own runs where the experiment is ordered by points.  `after_run(key)` after
+    each run made; `after_point(key, runs)` once a point (scenario, mode, policy:
+    `key`) has all its `runs`.  Returns the new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
     run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
@@ -260,22 +262,43 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             return None
         return [measured_makespan_ns(run_rows) for run_rows in by_rep.values()]
 
+    def one_more(more: RunKey, sink: Any) -> bool:
+        """Make `more` (a point's run beyond its planned ones) if the point is still
+        short; whether it is."""
+        spans = makespans(more)
+        if exp.max_repetitions <= more.rep or spans is None or not wants_another(exp, spans):
+            return False
+        if more not in skip:
+            unplanned()
+            make(more, f"[+] {more.scenario} {more.mode} {more.policy} rep {more.rep} "
+                       f"(short: {sum(spans) / 1e9:.2f} s in {len(spans)} runs)", sink)
+            after_run(more)
+        return True
+
     with run.appender() as sink:
+        open_points: list[RunKey] = []  # each short point's next run, in plan order
         for i, key in enumerate(keys, 1):
-            where = f"{key.scenario} {key.mode} {key.policy}"
             if key not in skip:
-                make(key, f"[{i}/{len(keys)}] {where} rep {key.rep}", sink)
+                make(key, f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} "
+                          f"rep {key.rep}", sink)
+                after_run(key)
             if key.rep != exp.repetitions - 1:
                 continue
-            more = key._replace(rep=exp.repetitions)  # the point's last planned run: more?
-            while exp.max_repetitions > more.rep and (spans := makespans(more)) is not None \
-                    and wants_another(exp, spans):
-                if more not in skip:
-                    unplanned()
-                    make(more, f"[{i}/{len(keys)}+] {where} rep {more.rep} (short: "
-                               f"{sum(spans) / 1e9:.2f} s in {len(spans)} runs)", sink)
-                more = more._replace(rep=more.rep + 1)
-            after_point(key, more.rep)
+            more = key._replace(rep=exp.repetitions)  # the point's last planned run
+            if exp.order == "points":
+                while one_more(more, sink):
+                    more = more._replace(rep=more.rep + 1)
+                after_point(key, more.rep)
+            else:
+                open_points.append(more)
+        while open_points:  # by rounds: one more run of each point still short, a round
+            still: list[RunKey] = []
+            for more in open_points:
+                if one_more(more, sink):
+                    still.append(more._replace(rep=more.rep + 1))
+                else:
+                    after_point(more, more.rep)
+            open_points = still
     return rows
 
 

@@ -335,8 +335,9 @@ def _validation(part: SuitePart) -> list[str]:
                  or [part.exp.repetitions])
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
-        f"what one VM's trace of its mode took, recorded right after "
-        + ("its mode's 1-VM runs" if kept.recordings else "these runs")
+        f"what one VM's trace of its mode took, recorded "
+        + ("beside its mode's 1-VM runs (a recording right after each)" if kept.recordings
+           else "right after these runs")
         + f" and kept with them (`traces/` in `{part.path}`"
         + (f"; the fastest of {recordings} recordings" if recordings != "1" else "") + ")"
         + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "

@@ -316,7 +316,9 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
            f"{exp.repetitions}" + (
                f" (up to {exp.max_repetitions} where a point's runs took under "
                f"{exp.repeat_until_s:g} s together)"
-               if exp.max_repetitions > exp.repetitions else "") + "; " + (
+               if exp.max_repetitions > exp.repetitions else "")
+           + (", made in rounds (one run of every point a round)"
+              if exp.order == "rounds" and exp.repetitions > 1 else "") + "; " + (
                f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
                f"exit; device time does not follow the host's load); "
                if exp.clock == "virtual" else

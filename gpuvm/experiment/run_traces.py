@@ -5,8 +5,8 @@ whole system predicts those makespans by replaying one VM's per-event trace
 (gpuvm.sim.replay).  The shared trace cache (gpuvm.sim.traces.CACHE) holds whichever
 recording was made first -- hours or sessions before, under another load -- and on this
 host a cached fv-opt trace ran 40% slower than the runs it was to predict (make paper,
-2026-11-27).  So once a scaling run's VMs are done, one VM of each (benchmark, mode) is
-recorded right after them and kept in the run directory (`traces/`), with the host's
+2026-11-27).  So one VM of each (benchmark, mode) is recorded beside the scaling run's
+1-VM runs (BesideRuns) and kept in the run directory (`traces/`), with the host's
 core count, what recording cost per event there (gpuvm.calibrate.record_cost) and what
 a wake-up cost the thread that woke another (gpuvm.calibrate.wake_cost: the replay's
 lock prices each drop that wakes a sleeper by it) and, for VMs as threads, how late a
@@ -35,7 +35,7 @@ from gpuvm.calibrate.wake import WakeCurve
 from gpuvm.calibrate.wake_cost import WakeCost
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.rundir import RunKey
-from gpuvm.sim.traces import TraceKey, read_trace, record_fastest
+from gpuvm.sim.traces import Fastest, TraceKey, read_trace, record_fastest, record_run
 from gpuvm.vmm.kvm import kvm_usable
 
 TRACES = "traces"  # in the run directory
@@ -75,51 +75,76 @@ def one_vm_scenario(exp: Experiment) -> str:
 
 
 def record_trace(exp: Experiment, run_path: Path, key: TraceKey, count: int, backend: str,
-                 progress: Callable[[str], None] = lambda line: None) -> bool:
-    """Record `key`'s trace into the run's traces/, the fastest of `count` recordings,
-    unless it is there already; whether it was recorded."""
+                 progress: Callable[[str], None] = lambda line: None,
+                 so_far: Fastest | None = None) -> bool:
+    """Record `key`'s trace into the run's traces/, the fastest of `count` recordings
+    (with those `so_far` made), unless it is there already; whether it was recorded."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     if (directory / key.file_name).is_file():
         return False
-    progress(f"recording one VM's trace for the validation: {key.file_name}"
-             + (f" (the fastest of {count})" if count > 1 else ""))
+    fastest = so_far if so_far is not None else Fastest()
+    if fastest.made < count:
+        progress(f"recording one VM's trace for the validation: {key.file_name}"
+                 + (f" (the fastest of {count})" if count > 1 else ""))
     # as many recordings as the point's runs, the fastest kept: the validation keeps
     # each point's fastest run, and a single recording of one fv-opt VM came out 14%
     # slower than the fastest of its three runs
-    record_fastest(key, count, backend, cache=directory)
+    record_fastest(key, count, backend, cache=directory, so_far=fastest)
     made = _counts(directory)
-    made[key.file_name] = count
+    made[key.file_name] = fastest.made
     (directory / COUNTS).write_text(json.dumps(made))
     return True
 
 
-def after_point(exp: Experiment, run_path: Path, backend: str,
-                progress: Callable[[str], None] = lambda line: None
-                ) -> Callable[[RunKey, int], None]:
-    """What records each mode's trace right after the runs of the point it is the one VM
-    of (gpuvm.experiment.execute calls it after each point's last run), the fastest of
-    as many recordings as that point had runs -- `repetitions`, or more where it was
-    short (rundir.wants_another): the validation prices that point from the trace, and
-    the fastest of three recordings against the fastest of twelve runs would price it
-    long.  So the trace and those runs meet the host's cores alike.  Recorded after all the runs instead, a
-    pv trace (the fastest of 12) priced one pv VM at 1.20x the fastest of its 12 runs,
-    made minutes before (make paper, 2026-11-29), where `gpuvm calibrate --emulator`,
-    recording each trace right before its runs, priced it at 0.99-1.06x in three
-    sittings of four that day (1.45x in the fourth)."""
-    one_vm, by_point = one_vm_scenario(exp), keys(exp)
+@dataclass
+class BesideRuns:
+    """Records each mode's trace beside the runs of the point it is the one VM of: one
+    recording right after each of that point's runs (gpuvm.experiment.execute calls
+    `after_run` after every run), the fastest kept once the point has all its runs
+    (`after_point`) -- as many recordings as the point had runs, `repetitions` or more
+    where it was short (rundir.wants_another), and made when they were.  Why: the
+    validation prices that point from the trace, so the trace should meet the host's
+    cores as those runs did.  Recorded after all the runs instead, a pv trace (the
+    fastest of 12) priced one pv VM at 1.20x the fastest of its 12 runs, made minutes
+    before (make paper, 2026-11-29); and the runs of a point are spread over the
+    experiment's rounds (rundir.plan), so recordings made back to back once the point was
+    done would land in one stretch of the host where its runs did not.  A resumed run
+    that lost the recordings made so far makes the rest when the point is done."""
 
-    def record_after(point: RunKey, runs: int) -> None:
-        if point.scenario == one_vm:
-            record_trace(exp, run_path, by_point[(point.mode, point.scenario)],
-                         max(runs, exp.repetitions), backend, progress)
-    return record_after
+    exp: Experiment
+    run_path: Path
+    backend: str
+    progress: Callable[[str], None] = lambda line: None
+    _so_far: dict[TraceKey, Fastest] = field(default_factory=dict)
+
+    def _key(self, point: RunKey) -> TraceKey | None:
+        """The trace `point` is the one VM of (None: not a 1-VM point)."""
+        if point.scenario != one_vm_scenario(self.exp):
+            return None
+        return keys(self.exp)[(point.mode, point.scenario)]
+
+    def after_run(self, run: RunKey) -> None:
+        key = self._key(run)
+        if key is None or (self.run_path / TRACES / key.file_name).is_file():
+            return  # (kept already: a run resumed after its point was done)
+        fastest = self._so_far.setdefault(key, Fastest())
+        self.progress(f"recording one VM's trace for the validation: {key.file_name} "
+                      f"(beside {run.scenario} {run.mode} rep {run.rep}; "
+                      f"{fastest.made + 1} so far)")
+        fastest.add(record_run(key, self.backend))
+
+    def after_point(self, point: RunKey, runs: int) -> None:
+        key = self._key(point)
+        if key is not None:
+            record_trace(self.exp, self.run_path, key, max(runs, self.exp.repetitions),
+                         self.backend, self.progress, self._so_far.pop(key, None))
 
 
 def record(exp: Experiment, run_path: Path, backend: str,
            progress: Callable[[str], None] = lambda line: None) -> None:
     """Record each trace `exp`'s scenarios need that `run_path` has not got yet (those
-    `after_point` recorded are there; any other, the fastest of `repetitions`); then,
+    BesideRuns recorded are there; any other, the fastest of `repetitions`); then,
     where any was recorded or it was not yet, what the host's lock and wake-ups cost
     (about.json)."""
     directory = run_path / TRACES

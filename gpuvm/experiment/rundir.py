@@ -50,11 +50,30 @@ class RunKey(NamedTuple):
     rep: int
 
 
+def points(exp: Experiment) -> list[RunKey]:
+    """Each point (scenario x mode x policy) once, as its first repetition, in the
+    experiment file's order (native has no scheduler: first policy only)."""
+    return [RunKey(s.name, m, p, 0) for s in exp.scenarios for m in exp.modes
+            for p in (exp.policies if MODES[m].mediated else exp.policies[:1])]
+
+
 def plan(exp: Experiment) -> list[RunKey]:
-    """Every run, in the order they are made (native has no scheduler: first policy only)."""
-    return [RunKey(s.name, m, p, r) for s in exp.scenarios for m in exp.modes
-            for p in (exp.policies if MODES[m].mediated else exp.policies[:1])
-            for r in range(exp.repetitions)]
+    """Every planned run, in the order they are made.  By rounds (the default): the
+    first repetition of every point, then the second of every point, and so on.  Why:
+    the host's speed drifts in stretches of seconds (a 16-core lent machine's cores run
+    slow or fast by turns), and a point whose runs are made back to back can land all of
+    them in one slow stretch, so the fastest of them is no better than one: on the
+    2-core host the three back-to-back runs of four fv-opt VMs were all 1,012 ms or
+    more in one `make paper`, against a fastest of 658-829 ms in four others, and the
+    twelve of four pv VMs 99.7 ms or more against 77-83 (docs/model-validation.md).  Spread over rounds, a point's runs meet the host at different times, as
+    repeated measurements should.  By points (`order = "points"`): each point's runs back
+    to back.  Within a round the file's order holds, so a scenario that plans from an
+    earlier one's run (pin_hot_from) finds it."""
+    firsts = points(exp)
+    reps = range(exp.repetitions)
+    if exp.order == "points":
+        return [key._replace(rep=r) for key in firsts for r in reps]
+    return [key._replace(rep=r) for r in reps for key in firsts]
 
 
 def wants_another(exp: Experiment, makespans_ns: Sequence[int]) -> bool:

@@ -160,17 +160,33 @@ def load_trace(key: TraceKey, backend: str = "auto", refresh: bool = False,
     return data
 
 
+@dataclass
+class Fastest:
+    """The fastest of the recordings of one trace made so far, and how many were made:
+    recordings may be made one at a time, each beside a run of the point the trace
+    prices, and the fastest kept once the point has all its runs (record_fastest)."""
+
+    trace: dict[str, Any] | None = None
+    made: int = 0
+
+    def add(self, trace: dict[str, Any]) -> None:
+        """Count `trace`, keeping it where it is faster than every one before (host load
+        only ever adds time, so the fastest recording is the least disturbed one)."""
+        if self.trace is None or sum(trace["wall_ns"].values()) \
+                < sum(self.trace["wall_ns"].values()):
+            self.trace = trace
+        self.made += 1
+
+
 def record_fastest(key: TraceKey, reps: int, backend: str = "auto",
-                   cache: Path = CACHE) -> dict[str, Any]:
-    """Record `key` `reps` times and cache the fastest (host load only ever adds time, so
-    the fastest recording is the least disturbed one); returns it."""
-    best: dict[str, Any] | None = None
-    for _ in range(max(1, reps)):
-        trace = record_run(key, backend)
-        if best is None or sum(trace["wall_ns"].values()) < sum(best["wall_ns"].values()):
-            best = trace
-    assert best is not None
-    best = with_lock_releases(best, key, backend)
+                   cache: Path = CACHE, so_far: Fastest | None = None) -> dict[str, Any]:
+    """Record `key` until there are `reps` recordings (with those `so_far` made) and
+    cache the fastest; returns it."""
+    fastest = so_far if so_far is not None else Fastest()
+    while fastest.made < max(1, reps):
+        fastest.add(record_run(key, backend))
+    assert fastest.trace is not None
+    best = with_lock_releases(fastest.trace, key, backend)
     cache.mkdir(parents=True, exist_ok=True)
     write_trace(cache / key.file_name, best)
     data = read_trace(cache / key.file_name)
