@@ -109,3 +109,24 @@ def test_bad_suites_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
         parse(text, "s.toml")
     assert "\n" not in str(info.value)
+
+
+def test_fit_traces_names_a_file_beside_it_with_single_vms(tmp_path):
+    """experiment.fit_traces (the single VMs a scaling run fits its prices on) is a path
+    relative to the file that names it, checked before anything runs."""
+    (tmp_path / "fit.toml").write_text(GOOD.replace("count = 2", "count = 1"))
+    exp = load(_write(tmp_path, GOOD, 'fit_traces = "fit.toml"'))
+    assert exp.fit_traces == str(tmp_path / "fit.toml")
+    with pytest.raises(ConfigError, match=r"good\.toml: experiment\.fit_traces: .*nofit\.toml: "
+                                          r"cannot read"):
+        load(_write(tmp_path, GOOD, 'fit_traces = "nofit.toml"'))
+    (tmp_path / "pairs.toml").write_text(GOOD)  # its one scenario runs two VMs
+    with pytest.raises(ConfigError, match=r"experiment\.fit_traces: pairs\.toml: has no "
+                                          r"single-VM scenario"):
+        load(_write(tmp_path, GOOD, 'fit_traces = "pairs.toml"'))
+
+
+def _write(directory, text: str, line: str):
+    path = directory / "good.toml"
+    path.write_text(text.replace("repetitions = 2", f"repetitions = 2\n{line}"))
+    return path

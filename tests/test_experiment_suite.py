@@ -27,6 +27,7 @@ name = "sc"
 kind = "scaling"
 modes = ["fv-opt", "pv"]
 output = "{out}/sc"
+fit_traces = "fit.toml"
 [[scenario]]
 name = "1vm"
 [[scenario.vm]]
@@ -34,6 +35,23 @@ name = "vm"
 benchmark = "idle"
 [[scenario]]
 name = "2vm"
+[[scenario.vm]]
+name = "vm"
+benchmark = "idle"
+count = 2
+"""
+
+FIT = """
+[experiment]
+name = "fit"
+modes = ["fv-opt", "pv-naive"]
+[[scenario]]
+name = "idle-1vm"
+[[scenario.vm]]
+name = "vm"
+benchmark = "idle"
+[[scenario]]
+name = "idle-2vm"
 [[scenario.vm]]
 name = "vm"
 benchmark = "idle"
@@ -62,7 +80,7 @@ def _section(report: str, heading: str) -> str:
 
 
 def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
-    for name, text in (("ov", OVERHEAD), ("sc", SCALING), ("suite", SUITE)):
+    for name, text in (("ov", OVERHEAD), ("sc", SCALING), ("fit", FIT), ("suite", SUITE)):
         (tmp_path / f"{name}.toml").write_text(text.format(out=tmp_path))
     done = gpuvm(str(tmp_path / "suite.toml"))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -80,14 +98,19 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
     # replays those, the hand-off and cores fitted on its 2-VM runs
     traces = tmp_path / "sc" / "latest" / "traces"
     kept = sorted(p.name for p in traces.iterdir())
-    assert kept == ["about.json", "idle_default_fv-opt_direct.npz", "idle_default_pv_pv.npz",
-                    "recordings.json"]
+    assert kept == ["about.json", "fit", "idle_default_fv-opt_direct.npz",
+                    "idle_default_pv_pv.npz", "recordings.json"]
+    # and the single VMs of its fit_traces file (not the 2-VM one), the prices fitted
+    # on them too
+    assert sorted(p.name for p in (traces / "fit").iterdir()) == [
+        "idle_default_fv-opt_direct.npz", "idle_default_pv-naive_pv.npz"]
     said = done.stderr
     recorded = said.index("recording one VM's trace for the validation: "
                           "idle_default_fv-opt_direct.npz")
     assert said.index("1vm fv-opt fifo rep 0") < recorded < said.index("1vm pv fifo rep 0")
     validation = _section(report, "### Validation")
     assert "recorded beside its mode's 1-VM runs (a recording right after each)" in validation
+    assert "fitted on those traces and 2 single VMs of `fit.toml` recorded after" in validation
     counts = json.loads((traces / "recordings.json").read_text())
     assert set(counts) == {"idle_default_fv-opt_direct.npz", "idle_default_pv_pv.npz"}
     # with what recording cost per event on this host, timed beside them

@@ -18,6 +18,10 @@ the field, before anything runs.
     lock_rounds = false       # kind "scaling", VMs as threads on KVM: time the interpreter
                               # lock's rounds with the kept traces (about 2.5 min on 2
                               # cores), so the report's validation grows the work as measured
+    fit_traces = "calibrate-emulator.toml"  # kind "scaling": record that file's single VMs
+                              # under its modes once each, and fit the validation's
+                              # per-event prices on them too, as `gpuvm calibrate
+                              # --emulator` does (relative to this file)
     repetitions = 1           # every point (scenario x mode x policy) runs this many times
     repeat_until_s = 0.0      # and again while its runs' makespans add up to less than
     max_repetitions = 1       # this, up to this many runs (a short run is noisier; the
@@ -129,6 +133,9 @@ class Experiment:
     backend: str = "auto"
     isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
     lock_rounds: bool = False  # scaling: time the lock's rounds for the validation
+    # scaling: the experiment file whose single VMs are recorded to fit the validation's
+    # per-event prices on (gpuvm.experiment.run_traces; "": the 1-VM traces alone)
+    fit_traces: str = ""
     repetitions: int = 1
     # a point whose runs took less than this together (makespans, s) runs again, up to
     # max_repetitions runs (0, or max_repetitions not above `repetitions`: exactly
@@ -273,6 +280,22 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
             for spec, vgpu in vms]
 
 
+def _fit_file(exp: "_Table", source: str) -> str:
+    """experiment.fit_traces as a path (relative to the file that names it), checked now:
+    it must load, and have single-VM scenarios to record."""
+    name = exp.get("fit_traces", str, "")
+    if not name:
+        return ""
+    path = (Path(source).parent if source != "<config>" else Path.cwd()) / name
+    try:
+        fit = load(path)
+    except (OSError, ConfigError) as exc:
+        raise exp.fail("fit_traces", str(exc)) from None
+    if not any(len(s.vms) == 1 for s in fit.scenarios):
+        raise exp.fail("fit_traces", f"{name}: has no single-VM scenario to record")
+    return str(path)
+
+
 def parse(text: str, source: str = "<config>") -> Experiment:
     try:
         data = tomllib.loads(text)
@@ -300,6 +323,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                         else f"must be one of {', '.join(BACKENDS)}"),
         isolated=exp.get("isolated", bool, False),
         lock_rounds=exp.get("lock_rounds", bool, False),
+        fit_traces=_fit_file(exp, source),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         repeat_until_s=exp.get("repeat_until_s", float, 0.0,
                                check=lambda s: None if s >= 0 else "must be >= 0"),

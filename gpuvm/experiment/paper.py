@@ -328,7 +328,7 @@ def _validation(part: SuitePart) -> list[str]:
                        cores=cpus, wake=kept.wake_curve, lock_use=kept.lock_rounds,
                        with_spread=False, with_halves=False,
                        record_event_ns=kept.record_event_ns, signal_ns=signal,
-                       untimed=kept.untimed)
+                       untimed=kept.untimed, fit_traces=kept.fit)
     p = analysis.profile
     recordings = _span(kept.recordings.values() or [part.exp.repetitions])
     runs = _span(Counter((scenario, mode) for scenario, mode, _ in runs_of(part.rows)).values()
@@ -341,7 +341,12 @@ def _validation(part: SuitePart) -> list[str]:
         + f" and kept with them (`traces/` in `{part.path}`"
         + (f"; the fastest of {recordings} recordings" if recordings != "1" else "") + ")"
         + (f", less what recording took per event ({kept.record_event_ns / 1e3:.1f} us, "
-           f"timed apart); " if kept.record_event_ns else "; ")
+           f"timed apart)" if kept.record_event_ns else "")
+        + "; the per-event prices, which split a handler's time into work holding the "
+          "lock and time blocked, fitted on those traces"
+        + (f" and {len(kept.fit)} single VMs of `{Path(part.exp.fit_traces).name}` recorded "
+           f"after the runs, as `gpuvm calibrate --emulator` fits them; "
+           if kept.fit else " alone; ")
         + ("" if part.exp.isolated else  # processes of their own share no such lock
            f"the interpreter lock as CPython writes it, a woken thread landing "
            f"{p.lock_handoff_ns / 1e3:.1f} us later ("

@@ -44,6 +44,7 @@ ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_even
 #                       "lock_use": [...], "untimed_use": [...] (where the
 #                       experiment asks: lock_rounds)}
 COUNTS = "recordings.json"  # {trace file: of how many recordings it is the fastest}
+FIT = "fit"  # under TRACES: the single VMs the per-event prices are fitted on (fit_traces)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class KeptTraces:
     untimed: tuple[UntimedRun, ...] = ()  # the same VMs untimed (none: not run)
     # per trace file, of how many recordings it is the fastest (empty: runs from before)
     recordings: Mapping[str, int] = field(default_factory=dict)
+    # (mode, trace) of the single VMs the prices are fitted on besides the 1-VM traces
+    # (none: the run recorded none -- fit_traces unset, or runs from before)
+    fit: tuple[tuple[str, Mapping], ...] = ()
 
 
 def keys(exp: Experiment) -> dict[tuple[str, str], TraceKey]:
@@ -152,6 +156,7 @@ def record(exp: Experiment, run_path: Path, backend: str,
     recorded = False
     for key in dict.fromkeys(keys(exp).values()):
         recorded |= record_trace(exp, run_path, key, exp.repetitions, backend, progress)
+    recorded |= record_fits(exp, run_path, backend, progress)
     if recorded or not (directory / ABOUT).is_file():  # the host as it was recording
         about = {"cpus": os.cpu_count(),
                  record_cost.ABOUT_KEY: round(record_cost.measure(), 1),
@@ -165,6 +170,49 @@ def record(exp: Experiment, run_path: Path, backend: str,
                 about["lock_use"] = lock_use.to_about(uses)
                 about[untimed_growth.ABOUT_KEY] = untimed_growth.to_about(untimed)
         (directory / ABOUT).write_text(json.dumps(about))
+
+
+def fit_keys(exp: Experiment) -> list[TraceKey]:
+    """The single VMs of `exp`'s fit_traces file under each of its modes (none where
+    the experiment names no such file): what `gpuvm calibrate --emulator` records
+    first and fits its per-event prices on."""
+    if not exp.fit_traces:
+        return []
+    from gpuvm.experiment.config import load as load_experiment
+    fit = load_experiment(exp.fit_traces)
+    return list(dict.fromkeys(
+        TraceKey(s.vms[0].benchmark, s.vms[0].params, mode, exp.isolated)
+        for s in fit.scenarios if len(s.vms) == 1 for mode in fit.modes))
+
+
+def record_fits(exp: Experiment, run_path: Path, backend: str,
+                progress: Callable[[str], None] = lambda line: None) -> bool:
+    """Record each of `fit_keys` not yet in the run's traces/fit/, once (as
+    `gpuvm calibrate --emulator --trace-reps 1`); whether any was recorded.  Why: the
+    validation's per-event prices decide how much of a handler's recorded time is work
+    holding the interpreter lock and how much is blocked, which the 1-VM traces of
+    three modes of one benchmark pin down poorly: fitted on these eighteen VMs as well
+    (calibrate's own fit traces, read into three of this 2-core host's runs of
+    2026-11-29, a what-if), pv's 2- to 8-VM points moved up by 5-18 points, out of a
+    7-26% shortfall, and the 1-VM points by 0-2 (docs/model-validation.md)."""
+    missing = [key for key in fit_keys(exp)
+               if not (run_path / TRACES / FIT / key.file_name).is_file()]
+    if missing:
+        progress(f"recording {len(missing)} single VMs of {Path(exp.fit_traces).name} to "
+                 f"fit the per-event prices on, as `gpuvm calibrate --emulator` does")
+    for key in missing:
+        record_fastest(key, 1, backend, cache=run_path / TRACES / FIT)
+    return bool(missing)
+
+
+def _fits(directory: Path) -> tuple[tuple[str, Mapping], ...]:
+    """(mode, trace) of each readable trace in `directory` (none: no such directory)."""
+    found = []
+    for path in sorted(directory.glob("*.npz")) if directory.is_dir() else ():
+        trace = read_trace(path)
+        if trace is not None:
+            found.append((str(trace["key"]["mode"]), trace))
+    return tuple(found)
 
 
 def _counts(directory: Path) -> dict[str, int]:
@@ -213,4 +261,5 @@ def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
     if any(trace is None for trace in traces.values()):
         return None
     return KeptTraces(lambda mode, scenario: traces[by_point[(mode, scenario)]], cpus,
-                      recorder, woken, curve, uses, untimed, _counts(directory))
+                      recorder, woken, curve, uses, untimed, _counts(directory),
+                      _fits(directory / FIT))
