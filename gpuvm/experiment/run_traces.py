@@ -193,8 +193,8 @@ def record_fits(exp: Experiment, run_path: Path, backend: str,
     holding the interpreter lock and how much is blocked, which the 1-VM traces of
     three modes of one benchmark pin down poorly: fitted on these eighteen VMs as well
     (calibrate's own fit traces, read into three of this 2-core host's runs of
-    2026-11-29, a what-if), pv's 2- to 8-VM points moved up by 5-18 points, out of a
-    7-26% shortfall, and the 1-VM points by 0-2 (docs/model-validation.md)."""
+    2026-11-29, a what-if), pv's 2- to 8-VM points moved up by 4-18 points, out of a
+    7-26% shortfall, and the 1-VM points not at all (docs/model-validation.md)."""
     missing = [key for key in fit_keys(exp)
                if not (run_path / TRACES / FIT / key.file_name).is_file()]
     if missing:
