@@ -197,15 +197,17 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
                           f"planned runs already recorded")
         try:
             to_make = sum(key not in done for key in plan(exp))
+            after_run: Callable[[RunKey], None] = lambda key: None
+            after_point: Callable[[RunKey, int], None] = lambda point, runs: None
+            if exp.kind == "scaling":  # what the report's validation replays
+                from gpuvm.experiment import run_traces
+                beside = run_traces.BesideRuns(exp, run.path, exp.backend,
+                                               lambda line: console.print(line))
+                after_run, after_point = beside.after_run, beside.after_point
             with _progress_bar(console, to_make) as (report_line, one_more):
-                traced: dict[str, Any] = {}
-                if exp.kind == "scaling":  # what the report's validation replays
-                    from gpuvm.experiment import run_traces
-                    beside = run_traces.BesideRuns(exp, run.path, exp.backend,
-                                                   lambda line: console.print(line))
-                    traced = {"after_run": beside.after_run, "after_point": beside.after_point}
                 new = execute(exp, run, progress=report_line, skip=done,
-                              deferred=stop.deferred, unplanned=one_more, **traced)
+                              deferred=stop.deferred, unplanned=one_more,
+                              after_run=after_run, after_point=after_point)
             rows = _rows(run, kept) + new
             if exp.kind == "scaling":  # any trace not yet recorded; the host's lock
                 run_traces.record(exp, run.path, exp.backend,

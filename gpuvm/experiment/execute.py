@@ -288,7 +288,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             if exp.order == "points":
                 while one_more(more, sink):
                     more = more._replace(rep=more.rep + 1)
-                after_point(key, more.rep)
+                after_point(more, more.rep)
             else:
                 open_points.append(more)
         while open_points:  # by rounds: one more run of each point still short, a round
