@@ -148,9 +148,9 @@ class BesideRuns:
 def record(exp: Experiment, run_path: Path, backend: str,
            progress: Callable[[str], None] = lambda line: None) -> None:
     """Record each trace `exp`'s scenarios need that `run_path` has not got yet (those
-    BesideRuns recorded are there; any other, the fastest of `repetitions`); then,
-    where any was recorded or it was not yet, what the host's lock and wake-ups cost
-    (about.json)."""
+    BesideRuns recorded are there; any other, the fastest of `repetitions`) and the
+    single VMs of its fit_traces file (record_fits); then, where any was recorded or it
+    was not yet, what the host's lock and wake-ups cost (about.json)."""
     directory = run_path / TRACES
     directory.mkdir(exist_ok=True)
     recorded = False

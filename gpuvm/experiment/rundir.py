@@ -65,9 +65,10 @@ def plan(exp: Experiment) -> list[RunKey]:
     them in one slow stretch, so the fastest of them is no better than one: on the
     2-core host the three back-to-back runs of four fv-opt VMs were all 1,012 ms or
     more in one `make paper`, against a fastest of 658-829 ms in four others, and the
-    twelve of four pv VMs 99.7 ms or more against 77-83 (docs/model-validation.md).  Spread over rounds, a point's runs meet the host at different times, as
-    repeated measurements should.  By points (`order = "points"`): each point's runs back
-    to back.  Within a round the file's order holds, so a scenario that plans from an
+    twelve of four pv VMs 99.7 ms or more against 77-83 (docs/model-validation.md).
+    Spread over rounds, a point's runs meet the host at different times, as repeated
+    measurements should.  By points (`order = "points"`): each point's runs back to
+    back.  Within a round the file's order holds, so a scenario that plans from an
     earlier one's run (pin_hot_from) finds it."""
     firsts = points(exp)
     reps = range(exp.repetitions)
