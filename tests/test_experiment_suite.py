@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 OVERHEAD = """
@@ -178,12 +179,27 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     monkeypatch.setattr(untimed_growth, "untimed_round", untimed_round)
     scenarios = tuple(Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", "idle", ()) for i in range(n)))
                       for n in (1, 2, 4))
+    monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
     exp = Experiment("sc", "scaling", scenarios, modes=("fv-opt", "pv"), lock_rounds=True)
-    uses, untimed = run_traces._rounds(exp, lambda line: None)
+    rounds = run_traces.rounds_beside_runs(exp, "kvm", lambda line: None)
+    for rep in range(lock_use.GROWTH_REPS + 1):  # before each round of runs
+        rounds.before_rep(rep)
+    rounds.after()
     counts = (1,) * lock_use.BASE_RUNS + (2,) * (lock_use.BASE_RUNS - 1) + (2, 4)
     assert asked == [(("fv-opt", "pv"), counts, rep) for rep in range(lock_use.GROWTH_REPS)]
     assert asked_untimed == asked  # the same VMs untimed, round by round
-    assert len(uses) == len(untimed) == lock_use.GROWTH_REPS * len(counts)
+    assert len(rounds.uses) == len(rounds.untimed) == lock_use.GROWTH_REPS * len(counts)
+    assert rounds.among == lock_use.GROWTH_REPS  # every one before a round of runs
+    # one round of runs (or a resumed run: none) leaves the rest to after the runs
+    asked.clear()
+    one = run_traces.rounds_beside_runs(exp, "kvm", lambda line: None)
+    one.before_rep(0)
+    one.after()
+    assert [rep for *_, rep in asked] == [0] * lock_use.GROWTH_REPS and one.among == 1
+    # asked for none, VMs in processes of their own, or in-process guests: none
+    assert run_traces.rounds_beside_runs(replace(exp, lock_rounds=False), "kvm", print) is None
+    assert run_traces.rounds_beside_runs(replace(exp, isolated=True), "kvm", print) is None
+    assert run_traces.rounds_beside_runs(exp, "inproc", print) is None
 
 
 def test_the_scaling_section_says_what_the_vms_waited_for_the_mediators_lock():
@@ -195,3 +211,13 @@ def test_the_scaling_section_says_what_the_vms_waited_for_the_mediators_lock():
     assert "5.0 ms (pv, 5% of the makespan)" in text
     # runs from before the waits were counted say nothing of them
     assert _measured_waits({m: ScalePoint(m, 8, 1.0, 1.0, 1.0, 1.0) for m in ("fv", "pv")}) == ""
+
+
+def test_the_validation_says_when_the_locks_rounds_were_made():
+    """Among the runs' rounds, partly after them (a run of one repetition), or all after
+    them (a resumed run, or runs from before)."""
+    from gpuvm.calibrate.lock_use import GROWTH_REPS
+    from gpuvm.experiment.paper import _when_rounds
+    assert _when_rounds(GROWTH_REPS) == f"before each of the first {GROWTH_REPS} rounds of runs"
+    assert _when_rounds(1) == "before the first round of runs and after the runs"
+    assert _when_rounds(0) == "after the runs"

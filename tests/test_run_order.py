@@ -56,11 +56,17 @@ def test_short_points_run_again_in_further_rounds(tmp_path):
     exp = _experiment(tmp_path, "repeat_until_s = 86400\nmax_repetitions = 4")
     done: list[tuple[str, int]] = []
     after: list[tuple[str, int]] = []
-    rows = execute(exp, RunDir.create(exp), after_run=lambda key: after.append(key[::3]),
-                   after_point=lambda key, runs: done.append((key.scenario, runs)))
+    events: list[object] = []
+    rows = execute(exp, RunDir.create(exp),
+                   after_run=lambda key: (after.append(key[::3]), events.append(key[::3])),
+                   after_point=lambda key, runs: done.append((key.scenario, runs)),
+                   before_round=events.append)
     rounds = [(s, r) for r in range(4) for s in "ab"]
     assert _made(rows) == rounds and after == rounds
     assert done == [("a", 4), ("b", 4)]  # each once, when it has all its runs
+    # before_round comes before each planned round's first run (the lock's rounds go
+    # there), not before the short points' further rounds
+    assert events == [0, ("a", 0), ("b", 0), 1, ("a", 1), ("b", 1)] + rounds[4:]
 
 
 def test_by_points_each_points_runs_are_back_to_back(tmp_path):
@@ -72,6 +78,9 @@ def test_by_points_each_points_runs_are_back_to_back(tmp_path):
                    after_point=lambda key, runs: done.append(key.scenario))
     assert _made(rows) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
     assert done == ["a", "b"]
+    began: list[int] = []
+    execute(exp, RunDir.create(exp), before_round=began.append)
+    assert began == []  # no rounds to be before: the lock's rounds all come after
     assert "made in rounds" not in write_report(exp, rows, tmp_path).read_text()
 
 
@@ -82,8 +91,11 @@ def test_a_resumed_run_in_rounds_makes_what_it_lacks_in_round_order(tmp_path):
     loaded = run.read_rows()
     run.rewrite_rows([line for row, line in zip(loaded.rows, loaded.lines)
                       if (row["scenario"], row["rep"]) not in {("a", 1), ("b", 2)}])
-    again = execute(exp, run, skip=complete_runs(run.read_rows().rows, exp))
+    began: list[int] = []
+    again = execute(exp, run, skip=complete_runs(run.read_rows().rows, exp),
+                    before_round=began.append)
     assert _made(again) == [("a", 1), ("b", 2)]
+    assert began == [1]  # round 0 was made before: nothing is run before it again
 
 
 def test_an_unknown_order_is_one_line_naming_the_key(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 from gpuvm import cli
 from gpuvm.calibrate import command, lock_use, untimed_growth, validation
+from gpuvm.calibrate.lock_rounds import LockRounds
 from gpuvm.vmm.kvm import kvm_usable
 
 DATA = Path(__file__).parent / "data"
@@ -125,7 +126,7 @@ def test_each_sitting_times_the_lock_before_its_own_first_repetitions(monkeypatc
     price the growth better), their rows labelled with the repetition they came before,
     and none is added after a sitting that had them all."""
     timed = _fake_rounds(monkeypatch)
-    rounds = command._LockRounds(False, ["fv", "pv"], [1, 2, 4], lambda line: None,
+    rounds = LockRounds(False, ["fv", "pv"], [1, 2, 4], lambda line: None,
                                  first_rep)
     last = first_rep + lock_use.GROWTH_REPS + 1
     for rep in range(first_rep, last + 1):
@@ -147,12 +148,12 @@ def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch
     its runs, labelled with it -- a growth from one round alone priced one 2-VM fv-opt
     run of 37.5 us per exit (against 28.0) as 1.53x."""
     timed = _fake_rounds(monkeypatch)
-    rounds = command._LockRounds(False, ["fv"], [1, 2], lambda line: None, 5)
+    rounds = LockRounds(False, ["fv"], [1, 2], lambda line: None, 5)
     rounds.before_rep(5)
     rounds.after()
     assert len(timed) == lock_use.GROWTH_REPS
     assert {u.rep for u in rounds.uses} == {5}
-    isolated = command._LockRounds(True, ["fv"], [1, 2], lambda line: None)
+    isolated = LockRounds(True, ["fv"], [1, 2], lambda line: None)
     isolated.before_rep(0)
     isolated.after()  # VMs in processes of their own share no lock: nothing timed
     assert len(timed) == lock_use.GROWTH_REPS and not isolated.uses

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from gpuvm.calibrate.lock_rounds import LockRounds
 from gpuvm.calibrate.stats import MAX_REPS_FACTOR, MIN_REPS, SHORT_MODE_S
 from gpuvm.errors import UserError
 
@@ -558,7 +559,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     in_situ = record_cost.in_situ(modes, isolated=args.emulator_isolated,
                                   progress=_progress)
     counts = sorted({len(s.vms) for s in scaling.scenarios})
-    rounds = _LockRounds(args.emulator_isolated, modes, counts, _progress)
+    rounds = LockRounds(args.emulator_isolated, modes, counts, _progress)
     # 1. single VMs of the calibration file, traced (fastest of `reps` each)
     fit_traces = []
     for scenario in fit_exp.scenarios:
@@ -615,68 +616,6 @@ def _progress(line: str) -> None:
     print(f"… {line}", file=sys.stderr, flush=True)
 
 
-class _LockRounds:
-    """The lock's timed rounds (gpuvm.calibrate.lock_use) of one sitting, where VMs are
-    threads under KVM: one before each of its first GROWTH_REPS repetitions
-    (`before_rep`, `validation.measure`'s hook; numbered from `first_rep`: a
-    `--more-of` sitting times its own rounds, pooled with its bundle's), and after the
-    last (`after`) as many as a sitting of fewer repetitions left untimed -- pv's runs
-    too where `modes` has pv, and fv-opt's beside fv's where it has fv-opt.  `uses`
-    holds their runs, each labelled with the repetition it was timed beside.
-
-    Why GROWTH_REPS rounds every sitting: the growth is a ratio of a few runs' times,
-    and more of them price it better -- over eight bundles of 2026-11-27, both rounds
-    pooled put 83 of 96 points within 10% (mean |error| 5.5%), either round alone 78
-    and 79 (6.3%, 6.0%; scratch `.scratch/ab_rounds.py`); and a one-repetition sitting
-    on a lent machine (2026-11-28) timed one round, whose fv-opt 2-VM run of 37.5 us
-    per exit against 28.0 priced fv-opt's growth to two VMs at 1.53x, and that sitting
-    came within 10% at 6 of 12 points.  Since 2026-11-28 each count's fastest run of
-    all the rounds is kept (lock_use.fastest_runs) rather than all pooled: over twelve
-    bundles 109 of 144 points within 10%, pooled 100."""
-
-    def __init__(self, isolated: bool, modes: list[str], counts: list[int],
-                 progress: Callable[[str], None], first_rep: int = 0) -> None:
-        from gpuvm.calibrate import lock_use, untimed_growth, validation
-        from gpuvm.vmm.kvm import kvm_usable
-
-        self.uses: list[lock_use.LockUse] = []
-        self.untimed: list[untimed_growth.UntimedRun] = []  # the same VMs untimed
-        self._first_rep = first_rep
-        self._last_rep = first_rep  # the last repetition `before_rep` was called for
-        self._rounds = 0
-        self._progress = progress
-        self._grown = lock_use.round_counts(counts, validation.FIT_VMS)
-        self._time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
-        self._modes = modes
-
-    def before_rep(self, rep: int) -> None:
-        """Beside the runs they predict, not minutes before them -- the lent machine's
-        speed drifts (one VM of fv took 2.4 s, then 2.0 s ten minutes later), and two
-        rounds timed up front gave growths of 1.07x/1.24x at 4/8 VMs in one run and
-        0.99x/1.15x in the next, the latter's 4- and 8-VM points 9-22% short (runs
-        20261126-142007, -142902)."""
-        from gpuvm.calibrate import lock_use
-        self._last_rep = rep
-        if rep - self._first_rep < lock_use.GROWTH_REPS:
-            self._round(rep)
-
-    def after(self) -> None:
-        """The rounds a sitting of fewer than GROWTH_REPS repetitions has not timed,
-        labelled with its last."""
-        from gpuvm.calibrate import lock_use
-        while self._time_the_lock and self._rounds < lock_use.GROWTH_REPS:
-            self._round(self._last_rep)
-
-    def _round(self, rep: int) -> None:
-        from gpuvm.calibrate import lock_use, untimed_growth
-        if not self._time_the_lock:
-            return
-        self._rounds += 1
-        self.uses.extend(lock_use.timed_round(self._modes, self._grown, rep, self._progress))
-        self.untimed.extend(untimed_growth.untimed_round(self._modes, self._grown, rep,
-                                                         self._progress))
-
-
 def _measure_more(args: argparse.Namespace, reps: int, source: Path
                   ) -> tuple[list, list[tuple[str, dict]], dict, CoreSamples | None]:
     """`--more-of DIR`: `reps` more repetitions of DIR's scaling runs, numbered after its
@@ -715,7 +654,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     isolated = bool(about.get("isolated"))
     load_before = round(os.getloadavg()[0], 2)
     first_rep = max(m.rep for m in before) + 1
-    rounds = _LockRounds(isolated, modes, counts, _progress, first_rep)
+    rounds = LockRounds(isolated, modes, counts, _progress, first_rep)
     with CoreProbe() as probe:
         more = validation.measure(bench.benchmark, bench.params, modes, counts, reps,
                                   progress=_progress, isolated=isolated,

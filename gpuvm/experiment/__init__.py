@@ -199,19 +199,26 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             to_make = sum(key not in done for key in plan(exp))
             after_run: Callable[[RunKey], None] = lambda key: None
             after_point: Callable[[RunKey, int], None] = lambda point, runs: None
+            before_round: Callable[[int], None] = lambda rep: None
+            rounds = None
             if exp.kind == "scaling":  # what the report's validation replays
                 from gpuvm.experiment import run_traces
                 beside = run_traces.BesideRuns(exp, run.path, exp.backend,
                                                lambda line: console.print(line))
                 after_run, after_point = beside.after_run, beside.after_point
+                rounds = run_traces.rounds_beside_runs(exp, exp.backend,
+                                                       lambda line: console.print(line))
+                if rounds is not None:
+                    before_round = rounds.before_rep
             with _progress_bar(console, to_make) as (report_line, one_more):
                 new = execute(exp, run, progress=report_line, skip=done,
                               deferred=stop.deferred, unplanned=one_more,
-                              after_run=after_run, after_point=after_point)
+                              after_run=after_run, after_point=after_point,
+                              before_round=before_round)
             rows = _rows(run, kept) + new
             if exp.kind == "scaling":  # any trace not yet recorded; the host's lock
                 run_traces.record(exp, run.path, exp.backend,
-                                  progress=lambda line: console.print(line))
+                                  progress=lambda line: console.print(line), rounds=rounds)
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)
                 run.mark_complete(len(rows))

@@ -205,14 +205,16 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             deferred: Callable[[], AbstractContextManager[object]] = nullcontext,
             unplanned: Callable[[], None] = lambda: None,
             after_run: Callable[[RunKey], None] = lambda key: None,
-            after_point: Callable[[RunKey, int], None] = lambda point, runs: None
+            after_point: Callable[[RunKey, int], None] = lambda point, runs: None,
+            before_round: Callable[[int], None] = lambda rep: None
             ) -> list[VmRow]:
     """Make every planned run not in `skip`, in plan order (rundir.plan), then the
     further runs of the points still short (rundir.wants_another; `unplanned()` is
     called before each such run) -- in further rounds of those points, or right after a
     point's own runs where the experiment is ordered by points.  `after_run(key)` after
     each run made; `after_point(key, runs)` once a point (scenario, mode, policy:
-    `key`) has all its `runs`.  Returns the new rows.
+    `key`) has all its `runs`; in rounds, `before_round(rep)` before the first run it
+    makes of each planned round (repetition `rep` of every point).  Returns the new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
     run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
@@ -277,8 +279,12 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
 
     with run.appender() as sink:
         open_points: list[RunKey] = []  # each short point's next run, in plan order
+        begun: set[int] = set()  # the planned rounds a run has been made of
         for i, key in enumerate(keys, 1):
             if key not in skip:
+                if exp.order == "rounds" and key.rep not in begun:
+                    begun.add(key.rep)
+                    before_round(key.rep)
                 make(key, f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} "
                           f"rep {key.rep}", sink)
                 after_run(key)

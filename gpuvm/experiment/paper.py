@@ -360,10 +360,11 @@ def _validation(part: SuitePart) -> list[str]:
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
         f"runs, the other counts predicted"
         + ((f"; the guests' and the lock's work growing with the VMs as the same VMs' CPU "
-            f"did when run untimed after the runs, and the host taking the threads' "
-            f"cores as often as in the lock's timed rounds" if kept.untimed else
+            f"did when run untimed {_when_rounds(kept.rounds_among_runs)}, and the host "
+            f"taking the threads' cores as often as in the lock's timed rounds"
+            if kept.untimed else
             f"; the guests' and the lock's work growing with the VMs as the lock's timed "
-            f"rounds after the runs had it") if kept.lock_rounds else
+            f"rounds {_when_rounds(kept.rounds_among_runs)} had it") if kept.lock_rounds else
            f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
            f"true` asks for them)")
         + (f".  Each point is the fastest of its runs ({runs} a point: a short point runs "
@@ -373,6 +374,17 @@ def _validation(part: SuitePart) -> list[str]:
         + ": `gpuvm calibrate --emulator`'s, with more runs a point, is the model's "
         "validation (README).",
         analysis.points)
+
+
+def _when_rounds(among: int) -> str:
+    """When the lock's rounds were made, as the validation's text says it: `among` of
+    them before a round of runs, the rest after the runs."""
+    from gpuvm.calibrate.lock_use import GROWTH_REPS
+    before = "before the first round of runs" if among == 1 else \
+        f"before each of the first {among} rounds of runs"
+    if among >= GROWTH_REPS:
+        return before
+    return f"{before} and after the runs" if among else "after the runs"
 
 
 def _span(counts: Iterable[int]) -> str:
