@@ -13,7 +13,8 @@ import pytest
 from gpuvm.experiment.config import ConfigError, parse
 from gpuvm.experiment.execute import execute
 from gpuvm.experiment.report import write_report
-from gpuvm.experiment.rundir import RunDir, RunKey, complete_runs, wants_another
+from gpuvm.experiment.rundir import (RunDir, RunKey, complete_runs, fingerprint,
+                                     further_runs, wants_another, why_another)
 from gpuvm.experiment import run_traces
 from gpuvm.sim import traces
 
@@ -95,11 +96,44 @@ def test_wants_another_counts_runs_and_their_time(tmp_path):
     assert fixed.max_repetitions == 2 and not wants_another(fixed, [1] * 2)
 
 
+def test_a_point_whose_runs_disagree_runs_again_within_its_time(tmp_path):
+    """`repeat_while_spread`: past `repeat_until_s`, a point whose slowest run took more
+    than that times its fastest runs again while its runs took under `spread_until_s`
+    together, up to max_repetitions -- and its further run's label says why."""
+    exp = _experiment(tmp_path, "repeat_until_s = 1.0\nmax_repetitions = 5\n"
+                                "repeat_while_spread = 1.15\nspread_until_s = 10.0")
+    s = 1_000_000_000
+    assert why_another(exp, [2 * s, int(2.6 * s)]) == \
+        "spread: the slowest of 2 runs 1.30x the fastest"
+    assert not wants_another(exp, [2 * s, int(2.2 * s)])  # 1.10x: they agree
+    assert not wants_another(exp, [5 * s, int(6.5 * s)])  # 11.5 s: out of time
+    assert not wants_another(exp, [s, 2 * s, s, s, s])  # the most runs
+    assert why_another(exp, [s // 10]) == "short: 0.10 s in 1 runs"
+    assert "or under 10 s with the slowest over 1.15x the fastest" in further_runs(exp)
+    # off unless asked: the same runs of a point without the keys stop at once
+    plain = _experiment(tmp_path, "repeat_until_s = 1.0\nmax_repetitions = 5")
+    assert not wants_another(plain, [2 * s, int(2.6 * s)])
+    # and the plan's hash is the one it had before the keys existed
+    assert "repeat_while_spread" not in fingerprint(plain)
+    assert fingerprint(exp)["repeat_while_spread"] == 1.15
+
+
 @pytest.mark.parametrize("budget, culprit", [
     ("max_repetitions = 1", "experiment.max_repetitions: must be >= repetitions (2)"),
     ("repeat_until_s = 2.0", "experiment.repeat_until_s: has no effect unless "
                              "max_repetitions is above repetitions (2)"),
     ("repeat_until_s = -1.0\nmax_repetitions = 3", "experiment.repeat_until_s: must be >= 0"),
+    ("repeat_while_spread = 0.9\nspread_until_s = 5.0\nmax_repetitions = 3",
+     "experiment.repeat_while_spread: must be 0 (off) or above 1"),
+    ("repeat_while_spread = 1.2\nspread_until_s = 5.0",
+     "experiment.repeat_while_spread: has no effect unless max_repetitions is above "
+     "repetitions (2)"),
+    ("repeat_while_spread = 1.2\nmax_repetitions = 3",
+     "experiment.repeat_while_spread: has no effect without both repeat_while_spread and "
+     "spread_until_s above 0"),
+    ("spread_until_s = 5.0\nmax_repetitions = 3",
+     "experiment.spread_until_s: has no effect without both"),
+    ("spread_until_s = -1.0\nmax_repetitions = 3", "experiment.spread_until_s: must be >= 0"),
 ])
 def test_bad_budgets_are_one_line_naming_the_key(tmp_path, budget, culprit):
     with pytest.raises(ConfigError, match=culprit.replace("(", r"\(").replace(")", r"\)")):

@@ -177,7 +177,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from gpuvm.experiment.execute import execute
     from gpuvm.experiment.interrupt import StopSignals
     from gpuvm.experiment.report import write_report
-    from gpuvm.experiment.rundir import RunDir, complete_runs, plan
+    from gpuvm.experiment.rundir import RunDir, complete_runs, further_runs, plan
 
     console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
     with StopSignals() as stop:
@@ -186,9 +186,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             console.print(f"[bold]{exp.name}[/]: {len(exp.scenarios)} scenario(s) x "
                           f"{len(exp.modes)} mode(s) x {len(exp.policies)} polic(y/ies) x "
                           f"{exp.repetitions} rep(s)"
-                          + (f" (a point shorter than {exp.repeat_until_s:g} s: up to "
-                             f"{exp.max_repetitions})"
-                             if exp.max_repetitions > exp.repetitions else "")
+                          + (f" ({further_runs(exp)})" if further_runs(exp) else "")
                           + f" -> {run.path}")
         else:
             exp, run, done, kept = _open_for_resume(exp, args)

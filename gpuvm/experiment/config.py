@@ -26,6 +26,8 @@ the field, before anything runs.
     repeat_until_s = 0.0      # and again while its runs' makespans add up to less than
     max_repetitions = 1       # this, up to this many runs (a short run is noisier; the
                               # scaling validation keeps each point's fastest)
+    repeat_while_spread = 0.0 # and again while its slowest run took more than this
+    spread_until_s = 0.0      # times its fastest, until its runs add up to this (0: not)
     order = "rounds"          # one run of every point a round, round after round; or
                               # "points": each point's runs back to back
     time_scale = 1.0          # device clock speed relative to wall time
@@ -142,6 +144,10 @@ class Experiment:
     # `repetitions`; gpuvm.experiment.rundir.wants_another)
     repeat_until_s: float = 0.0
     max_repetitions: int = 1
+    # and a point whose slowest run took more than repeat_while_spread times its fastest
+    # runs again while its runs took less than spread_until_s together (0: not)
+    repeat_while_spread: float = 0.0
+    spread_until_s: float = 0.0
     # "rounds": repetition r of every point, then r + 1 (rundir.plan says why);
     # "points": each point's runs back to back
     order: str = "rounds"
@@ -327,6 +333,11 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         repeat_until_s=exp.get("repeat_until_s", float, 0.0,
                                check=lambda s: None if s >= 0 else "must be >= 0"),
+        repeat_while_spread=exp.get("repeat_while_spread", float, 0.0,
+                                    check=lambda r: None if r == 0 or r > 1
+                                    else "must be 0 (off) or above 1"),
+        spread_until_s=exp.get("spread_until_s", float, 0.0,
+                               check=lambda s: None if s >= 0 else "must be >= 0"),
         order=exp.get("order", str, "rounds", check=lambda o: None if o in ORDERS
                       else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
@@ -351,9 +362,14 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     result["max_repetitions"] = exp.get(
         "max_repetitions", int, reps,
         check=lambda m: None if m >= reps else f"must be >= repetitions ({reps})")
-    if result["repeat_until_s"] > 0 and result["max_repetitions"] == reps:
-        raise exp.fail("repeat_until_s", f"has no effect unless max_repetitions is above "
-                                         f"repetitions ({reps})")
+    for key in ("repeat_until_s", "repeat_while_spread"):
+        if result[key] > 0 and result["max_repetitions"] == reps:
+            raise exp.fail(key, f"has no effect unless max_repetitions is above "
+                                f"repetitions ({reps})")
+    if (result["repeat_while_spread"] > 0) != (result["spread_until_s"] > 0):
+        key = "repeat_while_spread" if result["repeat_while_spread"] > 0 else "spread_until_s"
+        raise exp.fail(key, "has no effect without both repeat_while_spread and "
+                            "spread_until_s above 0")
     exp.done()
     if result["kind"] == "isolation" and result["backend"] == "inproc" \
             and not result["isolated"]:

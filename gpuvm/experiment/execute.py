@@ -18,7 +18,7 @@ from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 from gpuvm.calibrate.emulator import measured_makespan_ns
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
-from gpuvm.experiment.rundir import RunDir, RunKey, plan, wants_another, write_atomically
+from gpuvm.experiment.rundir import RunDir, RunKey, plan, why_another, write_atomically
 from gpuvm.device.profile import load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.host_port import work_counters
@@ -268,12 +268,14 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
         """Make `more` (a point's run beyond its planned ones) if the point is still
         short; whether it is."""
         spans = makespans(more)
-        if exp.max_repetitions <= more.rep or spans is None or not wants_another(exp, spans):
+        why = None if exp.max_repetitions <= more.rep or spans is None \
+            else why_another(exp, spans)
+        if why is None:
             return False
         if more not in skip:
             unplanned()
             make(more, f"[+] {more.scenario} {more.mode} {more.policy} rep {more.rep} "
-                       f"(short: {sum(spans) / 1e9:.2f} s in {len(spans)} runs)", sink)
+                       f"({why})", sink)
             after_run(more)
         return True
 

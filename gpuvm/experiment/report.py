@@ -19,8 +19,8 @@ from pathlib import Path
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import VmRow
-from gpuvm.experiment.rundir import REPORT_RECORD, config_hash, planned_vm_runs, \
-    write_atomically
+from gpuvm.experiment.rundir import (REPORT_RECORD, config_hash, further_runs,
+                                     planned_vm_runs, write_atomically)
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.figure import UtilisationPanel, render_panels
 from scheduler.metrics import VmMetrics
@@ -314,9 +314,7 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     md += [exp.description, "",
            f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
            f"{exp.repetitions}" + (
-               f" (up to {exp.max_repetitions} where a point's runs took under "
-               f"{exp.repeat_until_s:g} s together)"
-               if exp.max_repetitions > exp.repetitions else "")
+               f" ({further_runs(exp)})" if further_runs(exp) else "")
            + (", made in rounds (one run of every point a round)"
               if exp.order == "rounds" and exp.repetitions > 1 else "") + "; " + (
                f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
