@@ -91,9 +91,9 @@ def wants_another(exp: Experiment, makespans_ns: Sequence[int]) -> bool:
     And, where the experiment asks (`repeat_while_spread`), while its slowest run took
     more than that times its fastest and its runs less than `spread_until_s` together.
     Why: a point whose runs disagree has a fastest run less to be trusted -- two fv VMs
-    took 1.95-2.13 s in most runs on the 2-core host and 2.2-3.2 s in the rest (14 of
-    33 runs, 2026-11-29), and where all three of a point's runs were of the rest the
-    point came out 10.8% slower than the model (make paper 20261129-205826)."""
+    took 1.94-2.19 s in 19 of 33 runs on the 2-core host and 2.20-3.24 s in the other
+    14 (eleven make paper runs, 2026-11-29), and where all three of a point's runs were
+    of the slow ones the point came out 10.8% slower than the model (20261129-205826)."""
     return why_another(exp, makespans_ns) is not None
 
 
