@@ -58,7 +58,7 @@ def test_a_short_point_runs_up_to_the_most_and_the_report_says_so(tmp_path):
     assert len(more) == 3 and sum("(short: " in line for line in lines) == 3
     text = write_report(exp, rows, run.path).read_text()
     assert "repetitions: 2 (up to 5 where a point's runs took under 86400 s together)" in text
-    assert "Runs: 2 of 2 planned VM runs and 3 more of short points" in text
+    assert "Runs: 2 of 2 planned VM runs and 3 more of points run again" in text
 
 
 def test_a_point_over_the_budget_runs_its_repetitions_only(tmp_path):

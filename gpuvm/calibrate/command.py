@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from gpuvm.calibrate.lock_rounds import LockRounds
 from gpuvm.calibrate.stats import MAX_REPS_FACTOR, MIN_REPS, SHORT_MODE_S
 from gpuvm.errors import UserError
 
@@ -529,6 +528,7 @@ def _measure_emulator_runs(args: argparse.Namespace, reps: int
     the lock's timed rounds among them."""
     from gpuvm.calibrate import (lock_turns, lock_use, record_cost, untimed_growth, validation,
                                  wake_cost)
+    from gpuvm.calibrate.lock_rounds import LockRounds
     from gpuvm.calibrate.wake import WAKE_MODE, measure, measure_on_exits
     from gpuvm.experiment.config import REPO, load
     from gpuvm.sim.traces import TraceKey, record_fastest
@@ -627,6 +627,7 @@ def _measure_more(args: argparse.Namespace, reps: int, source: Path
     two.  Only on the machine, and the boot, that measured DIR."""
     from gpuvm.calibrate import lock_use, untimed_growth, validation
     from gpuvm.calibrate.core_speed import CoreProbe
+    from gpuvm.calibrate.lock_rounds import LockRounds
 
     try:
         before, fit_traces, about = validation.load(source)

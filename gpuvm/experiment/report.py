@@ -305,7 +305,7 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     reprice(exp, rows)
     write_csv(rows, out / "results.csv")
     planned = planned_vm_runs(exp)
-    extra = sum(r.rep >= exp.repetitions for r in rows)  # short points run again
+    extra = sum(r.rep >= exp.repetitions for r in rows)  # points run again (why_another)
     md = [f"# {exp.name}", ""]
     if not complete:
         md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows) - extra} of "
@@ -323,7 +323,7 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
                f"device clock: wall time, scale {exp.time_scale:g}; ") + "backend: "
            f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
            f"Runs: {len(rows) - extra} of {planned} planned VM runs"
-           + (f" and {extra} more of short points" if extra else "")
+           + (f" and {extra} more of points run again" if extra else "")
            + f", {sum(r.passed for r in rows)} "
            "passed.  Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
     failed = [r for r in rows if not r.passed]
