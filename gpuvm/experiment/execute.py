@@ -209,9 +209,10 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             before_round: Callable[[int], None] = lambda rep: None
             ) -> list[VmRow]:
     """Make every planned run not in `skip`, in plan order (rundir.plan), then the
-    further runs of the points still short (rundir.wants_another; `unplanned()` is
-    called before each such run) -- in further rounds of those points, or right after a
-    point's own runs where the experiment is ordered by points.  `after_run(key)` after
+    further runs of the points that want them (short, or their runs disagreeing:
+    rundir.why_another; `unplanned()` is called before each such run) -- in further
+    rounds of those points, or right after a point's own runs where the experiment is
+    ordered by points.  `after_run(key)` after
     each run made; `after_point(key, runs)` once a point (scenario, mode, policy:
     `key`) has all its `runs`; in rounds, `before_round(rep)` before the first run it
     makes of each planned round (repetition `rep` of every point).  Returns the new rows.
@@ -299,7 +300,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
                 after_point(more, more.rep)
             else:
                 open_points.append(more)
-        while open_points:  # by rounds: one more run of each point still short, a round
+        while open_points:  # by rounds: one more run of each point that wants it, a round
             still: list[RunKey] = []
             for more in open_points:
                 if one_more(more, sink):

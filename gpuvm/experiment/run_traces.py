@@ -112,7 +112,7 @@ class BesideRuns:
     recording right after each of that point's runs (gpuvm.experiment.execute calls
     `after_run` after every run), the fastest kept once the point has all its runs
     (`after_point`) -- as many recordings as the point had runs, `repetitions` or more
-    where it was short (rundir.wants_another), and made when they were.  Why: the
+    where it ran again (rundir.wants_another), and made when they were.  Why: the
     validation prices that point from the trace, so the trace should meet the host's
     cores as those runs did.  Recorded after all the runs instead, a pv trace (the
     fastest of 12) priced one pv VM at 1.20x the fastest of its 12 runs, made minutes
