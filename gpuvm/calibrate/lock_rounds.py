@@ -55,7 +55,8 @@ class LockRounds:
         self.among = 0  # the rounds made before a repetition (the rest: after the last)
         self._progress = progress
         self._grown = lock_use.round_counts(counts, FIT_VMS)
-        self._time_the_lock = not isolated and kvm_usable()[0]  # VMs as threads
+        # whether there is a lock to time: VMs as threads, on KVM
+        self.times_the_lock = not isolated and kvm_usable()[0]
         self._modes = list(modes)
 
     def before_rep(self, rep: int) -> None:
@@ -67,12 +68,12 @@ class LockRounds:
     def after(self) -> None:
         """The rounds fewer than GROWTH_REPS repetitions have not timed, labelled with
         the last."""
-        while self._time_the_lock and self._rounds < GROWTH_REPS:
+        while self.times_the_lock and self._rounds < GROWTH_REPS:
             self._round(self._last_rep)
 
     def _round(self, rep: int) -> bool:
         """One round labelled `rep`; whether it was made (VMs as threads on KVM)."""
-        if not self._time_the_lock:
+        if not self.times_the_lock:
             return False
         self._rounds += 1
         self.uses.extend(lock_use.timed_round(self._modes, self._grown, rep, self._progress))

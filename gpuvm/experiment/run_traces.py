@@ -38,7 +38,6 @@ from gpuvm.calibrate.wake_cost import WakeCost
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.rundir import RunKey
 from gpuvm.sim.traces import Fastest, TraceKey, read_trace, record_fastest, record_run
-from gpuvm.vmm.kvm import kvm_usable
 
 TRACES = "traces"  # in the run directory
 ABOUT = "about.json"  # the host they were recorded on: {"cpus": N, "record_event_ns": ns,
@@ -174,7 +173,7 @@ def record(exp: Experiment, run_path: Path, backend: str,
             about["wake"] = lock_turns.through_lock(wake.measure(),
                                                     lock_turns.measure()).to_about()
             rounds = rounds or rounds_beside_runs(exp, backend, progress)
-            if rounds is not None and kvm_usable()[0]:
+            if rounds is not None and rounds.times_the_lock:
                 rounds.after()
                 about["lock_use"] = lock_use.to_about(rounds.uses)
                 about[untimed_growth.ABOUT_KEY] = untimed_growth.to_about(rounds.untimed)
