@@ -221,3 +221,31 @@ def test_the_validation_says_when_the_locks_rounds_were_made():
     assert _when_rounds(GROWTH_REPS) == f"before each of the first {GROWTH_REPS} rounds of runs"
     assert _when_rounds(1) == "before the first round of runs and after the runs"
     assert _when_rounds(0) == "after the runs"
+
+
+def test_the_validation_shows_each_points_runs_and_names_the_widest_spread():
+    """The table carries each point's runs and how far its slowest lay from its fastest,
+    and the text names the point whose runs lay furthest apart -- this run's, not a
+    number from another host."""
+    from types import SimpleNamespace
+
+    from gpuvm.experiment.paper import _validation_table, _widest, run_spans
+    measured = [SimpleNamespace(mode="fv", vms=2, makespan_ns=ms * 1_000_000)
+                for ms in (4_935, 4_543, 4_519)]
+    measured += [SimpleNamespace(mode="pv", vms=1, makespan_ns=ms * 1_000_000)
+                 for ms in (23, 37)]
+    spans = run_spans(measured)
+    assert (spans[("fv", 2)].runs, spans[("fv", 2)].fastest_ms,
+            spans[("fv", 2)].slowest_ms) == (3, 4_519.0, 4_935.0)
+    assert _widest(spans) == ", and here the runs of pv at 1 VM took 23.0-37.0 ms, " \
+                             "the widest spread"
+    assert _widest({k: s for k, s in spans.items() if k[0] == "fv"}).endswith(
+        "fv at 2 VMs took 4,519.0-4,935.0 ms, the widest spread")
+    assert _widest(run_spans(measured[:1])) == ""  # one run a point: no spread to name
+    point = SimpleNamespace(mode="fv", vms=2, measured_ms=4_519.0, predicted_ms=5_145.5,
+                            error_pct=13.9)
+    table = _validation_table("how", [point], spans)
+    assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 | 3 | 4,935.0 | 1.09x |" in table
+    assert all(line.count("|") == 9 for line in table if line.startswith("|"))
+    # a validation without its runs (from the committed profile) keeps the five columns
+    assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 |" in _validation_table("how", [point])

@@ -14,7 +14,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
@@ -324,7 +324,9 @@ def _validation(part: SuitePart) -> list[str]:
 
     cpus = kept.cpus
     signal = kept.woken.signal_ns if kept.woken else None
-    analysis = analyse(measured_from_rows([asdict(r) for r in part.rows], kept.trace_of),
+    measured = measured_from_rows([asdict(r) for r in part.rows], kept.trace_of)
+    spans = run_spans(measured)
+    analysis = analyse(measured,
                        cores=cpus, wake=kept.wake_curve, lock_use=kept.lock_rounds,
                        with_spread=False, with_halves=False,
                        record_event_ns=kept.record_event_ns, signal_ns=signal,
@@ -368,12 +370,45 @@ def _validation(part: SuitePart) -> list[str]:
            f".  Nothing grows with the VMs: the run timed no lock rounds (`lock_rounds = "
            f"true` asks for them)")
         + (f".  Each point is the fastest of its runs ({runs} a point: a short point runs "
-           f"more; host load only adds time, and a run of two fv VMs here took 1.97-3.3 s "
-           f"by turns).  This is still the rougher table"
-           if runs != "1" else ".  With one run of each point this is the rougher table")
+           f"more; host load only adds time{_widest(spans)}).  This is still the rougher "
+           f"table" if runs != "1" else
+           ".  With one run of each point this is the rougher table")
         + ": `gpuvm calibrate --emulator`'s, with more runs a point, is the model's "
         "validation (README).",
-        analysis.points)
+        analysis.points, spans)
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """One validation point's runs: how many, and the fastest and slowest makespan --
+    printed beside the point's error, because on a shared host the fastest run can sit
+    well below the rest, and an error of 10% means little beside runs 1.6x apart."""
+
+    runs: int
+    fastest_ms: float
+    slowest_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.slowest_ms / self.fastest_ms if self.fastest_ms else 1.0
+
+
+def run_spans(measured: Iterable) -> dict[tuple[str, int], RunSpan]:
+    """Per (mode, VMs) of the validation's measurements (one per run), their RunSpan."""
+    makespans: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for m in measured:
+        makespans[(m.mode, m.vms)].append(m.makespan_ns / 1e6)
+    return {k: RunSpan(len(v), min(v), max(v)) for k, v in makespans.items()}
+
+
+def _widest(spans: Mapping[tuple[str, int], RunSpan]) -> str:
+    """The point whose runs lay furthest apart, as the validation's text names it."""
+    several = {k: s for k, s in spans.items() if s.runs > 1}
+    if not several:
+        return ""
+    (mode, vms), span = max(several.items(), key=lambda kv: kv[1].ratio)
+    return (f", and here the runs of {mode} at {vms} VM{'s' if vms != 1 else ''} took "
+            f"{span.fastest_ms:,.1f}-{span.slowest_ms:,.1f} ms, the widest spread")
 
 
 def _when_rounds(among: int) -> str:
@@ -422,15 +457,24 @@ def _validation_by_profile(part: SuitePart) -> list[str]:
         validate_traces([asdict(r) for r in part.rows], profile, trace_of))
 
 
-def _validation_table(how: str, points: list) -> list[str]:
+def _validation_table(how: str, points: list,
+                      spans: Mapping[tuple[str, int], RunSpan] | None = None) -> list[str]:
     """The validation section: its heading, how the model was priced, a row per point
-    and the summary line."""
+    (with its runs' spread where `spans` has them) and the summary line."""
     from gpuvm.calibrate.emulator import summary
 
-    return ["### Validation: the model predicts this emulator", "", how, "",
-            "| mode | VMs | emulator ms | model ms | error % |", "|---|---|---|---|---|",
+    def spread(p) -> str:
+        span = spans.get((p.mode, p.vms)) if spans else None
+        return (f" {span.runs} | {span.slowest_ms:,.1f} | {span.ratio:.2f}x |" if span
+                else " - | - | - |") if spans else ""
+
+    head = ("| mode | VMs | emulator ms" + (" (fastest run)" if spans else "")
+            + " | model ms | error % |"
+            + (" runs | slowest run ms | slowest / fastest |" if spans else ""))
+    return ["### Validation: the model predicts this emulator", "", how, "", head,
+            "|---" * head.count(" | ") + "|---|",
             *(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
-              f"| {p.error_pct:+.1f} |" for p in points),
+              f"| {p.error_pct:+.1f} |{spread(p)}" for p in points),
             "", summary(points) + ".", ""]
 
 
