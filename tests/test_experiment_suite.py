@@ -229,23 +229,33 @@ def test_the_validation_shows_each_points_runs_and_names_the_widest_spread():
     number from another host."""
     from types import SimpleNamespace
 
+    import pytest
+
     from gpuvm.experiment.paper import _validation_table, _widest, run_spans
-    measured = [SimpleNamespace(mode="fv", vms=2, makespan_ns=ms * 1_000_000)
-                for ms in (4_935, 4_543, 4_519)]
-    measured += [SimpleNamespace(mode="pv", vms=1, makespan_ns=ms * 1_000_000)
-                 for ms in (23, 37)]
+    measured = [SimpleNamespace(mode="fv", vms=2, rep=rep, makespan_ns=ms * 1_000_000)
+                for rep, ms in enumerate((4_935, 4_543, 4_519))]
+    measured += [SimpleNamespace(mode="pv", vms=1, rep=rep, makespan_ns=ms * 1_000_000)
+                 for rep, ms in enumerate((23, 37))]
     spans = run_spans(measured)
-    assert (spans[("fv", 2)].runs, spans[("fv", 2)].fastest_ms,
-            spans[("fv", 2)].slowest_ms) == (3, 4_519.0, 4_935.0)
+    fv = spans[("fv", 2)]
+    assert (fv.runs, fv.fastest_ms, fv.slowest_ms) == (3, 4_519.0, 4_935.0)
+    # odd runs (4,543) against even ones (the fastest of 4,935 and 4,519)
+    assert fv.odd_vs_even_pct == pytest.approx(100 * (4_543 / 4_519 - 1))
+    assert spans[("pv", 1)].odd_vs_even_pct == pytest.approx(100 * (37 / 23 - 1))
     assert _widest(spans) == ", and here the runs of pv at 1 VM took 23.0-37.0 ms, " \
                              "the widest spread"
     assert _widest({k: s for k, s in spans.items() if k[0] == "fv"}).endswith(
         "fv at 2 VMs took 4,519.0-4,935.0 ms, the widest spread")
-    assert _widest(run_spans(measured[:1])) == ""  # one run a point: no spread to name
+    one = run_spans(measured[:1])
+    assert _widest(one) == "" and one[("fv", 2)].odd_vs_even_pct is None
     point = SimpleNamespace(mode="fv", vms=2, measured_ms=4_519.0, predicted_ms=5_145.5,
                             error_pct=13.9)
     table = _validation_table("how", [point], spans)
-    assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 | 3 | 4,935.0 | 1.09x |" in table
+    assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 | 3 | 1.09x | +0.5 |" in table
     assert all(line.count("|") == 9 for line in table if line.startswith("|"))
+    assert "points within 10%.  The emulator against itself (the fastest of each " \
+           "point's odd runs against the fastest of its even ones): 1/2 points within " \
+           "10%, mean |difference| 30.7%." in table[-2]
     # a validation without its runs (from the committed profile) keeps the five columns
     assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 |" in _validation_table("how", [point])
+    assert "against itself" not in _validation_table("how", [point])[-2]

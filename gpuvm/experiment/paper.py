@@ -380,13 +380,16 @@ def _validation(part: SuitePart) -> list[str]:
 
 @dataclass(frozen=True)
 class RunSpan:
-    """One validation point's runs: how many, and the fastest and slowest makespan --
-    printed beside the point's error, because on a shared host the fastest run can sit
-    well below the rest, and an error of 10% means little beside runs 1.6x apart."""
+    """One validation point's runs: how many, the fastest and slowest makespan, and the
+    fastest of its odd-numbered runs against the fastest of its even ones -- printed
+    beside the point's error, because on a shared host the fastest run can sit well
+    below the rest, and a miss is the model's only where the emulator, measured again
+    the same way, comes out close to itself (gpuvm.calibrate.halves splits runs so)."""
 
     runs: int
     fastest_ms: float
     slowest_ms: float
+    odd_vs_even_pct: float | None  # None: runs of one parity only
 
     @property
     def ratio(self) -> float:
@@ -395,10 +398,29 @@ class RunSpan:
 
 def run_spans(measured: Iterable) -> dict[tuple[str, int], RunSpan]:
     """Per (mode, VMs) of the validation's measurements (one per run), their RunSpan."""
-    makespans: dict[tuple[str, int], list[float]] = defaultdict(list)
+    from gpuvm.calibrate.halves import HALVES
+    makespans: dict[tuple[str, int], list[list[float]]] = defaultdict(
+        lambda: [[] for _ in range(HALVES)])
     for m in measured:
-        makespans[(m.mode, m.vms)].append(m.makespan_ns / 1e6)
-    return {k: RunSpan(len(v), min(v), max(v)) for k, v in makespans.items()}
+        makespans[(m.mode, m.vms)][m.rep % HALVES].append(m.makespan_ns / 1e6)
+    spans = {}
+    for key, (even, odd) in makespans.items():
+        every = even + odd
+        spans[key] = RunSpan(len(every), min(every), max(every),
+                             100 * (min(odd) / min(even) - 1) if even and odd else None)
+    return spans
+
+
+def _against_itself(spans: Mapping[tuple[str, int], RunSpan]) -> str:
+    """The summary of the emulator against itself, or "" where no point has both."""
+    from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
+    pcts = [s.odd_vs_even_pct for s in spans.values() if s.odd_vs_even_pct is not None]
+    if not pcts:
+        return ""
+    return (f"The emulator against itself (the fastest of each point's odd runs against "
+            f"the fastest of its even ones): {sum(abs(p) <= GOAL_ERROR_PCT for p in pcts)}"
+            f"/{len(pcts)} points within {GOAL_ERROR_PCT:g}%, mean |difference| "
+            f"{statistics.mean(map(abs, pcts)):.1f}%.")
 
 
 def _widest(spans: Mapping[tuple[str, int], RunSpan]) -> str:
@@ -460,22 +482,25 @@ def _validation_by_profile(part: SuitePart) -> list[str]:
 def _validation_table(how: str, points: list,
                       spans: Mapping[tuple[str, int], RunSpan] | None = None) -> list[str]:
     """The validation section: its heading, how the model was priced, a row per point
-    (with its runs' spread where `spans` has them) and the summary line."""
+    (with its runs' spread where `spans` has them) and the summary lines."""
     from gpuvm.calibrate.emulator import summary
 
     def spread(p) -> str:
         span = spans.get((p.mode, p.vms)) if spans else None
-        return (f" {span.runs} | {span.slowest_ms:,.1f} | {span.ratio:.2f}x |" if span
-                else " - | - | - |") if spans else ""
+        if not span:
+            return " - | - | - |" if spans else ""
+        itself = "-" if span.odd_vs_even_pct is None else f"{span.odd_vs_even_pct:+.1f}"
+        return f" {span.runs} | {span.ratio:.2f}x | {itself} |"
 
     head = ("| mode | VMs | emulator ms" + (" (fastest run)" if spans else "")
             + " | model ms | error % |"
-            + (" runs | slowest run ms | slowest / fastest |" if spans else ""))
+            + (" runs | slowest / fastest | odd vs even runs % |" if spans else ""))
+    itself = _against_itself(spans or {})
     return ["### Validation: the model predicts this emulator", "", how, "", head,
             "|---" * head.count(" | ") + "|---|",
             *(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
               f"| {p.error_pct:+.1f} |{spread(p)}" for p in points),
-            "", summary(points) + ".", ""]
+            "", summary(points) + "." + (f"  {itself}" if itself else ""), ""]
 
 
 # ------------------------------------------------------------------------- isolation
