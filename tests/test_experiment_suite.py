@@ -166,19 +166,20 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     from gpuvm.experiment import run_traces
     from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 
-    asked, asked_untimed = [], []
+    asked, asked_untimed, untimed_benchmarks = [], [], []
 
     def timed_round(modes, counts, rep, progress):
         asked.append((tuple(modes), tuple(counts), rep))
         return [lock_use.LockUse("fv", n, rep, 1_000_000, 10, 100, 0, 0, 0) for n in counts]
 
-    def untimed_round(modes, counts, rep, progress):
+    def untimed_round(modes, counts, rep, progress, benchmark=None):
         asked_untimed.append((tuple(modes), tuple(counts), rep))
+        untimed_benchmarks.append(benchmark)
         return [untimed_growth.UntimedRun("fv", n, rep, "idle", 1, 1, 0, 0) for n in counts]
     monkeypatch.setattr(lock_use, "timed_round", timed_round)
     monkeypatch.setattr(untimed_growth, "untimed_round", untimed_round)
-    scenarios = tuple(Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", "idle", ()) for i in range(n)))
-                      for n in (1, 2, 4))
+    scenarios = tuple(Scenario(f"{n}vm", tuple(VmConfig(f"vm{i}", "mmul", (128,))
+                                              for i in range(n))) for n in (1, 2, 4))
     monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
     exp = Experiment("sc", "scaling", scenarios, modes=("fv-opt", "pv"), lock_rounds=True)
     rounds = run_traces.rounds_beside_runs(exp, "kvm", lambda line: None)
@@ -187,7 +188,8 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     rounds.after()
     counts = (1,) * lock_use.BASE_RUNS + (2,) * (lock_use.BASE_RUNS - 1) + (2, 4)
     assert asked == [(("fv-opt", "pv"), counts, rep) for rep in range(lock_use.GROWTH_REPS)]
-    assert asked_untimed == asked  # the same VMs untimed, round by round
+    assert asked_untimed == asked  # the same counts untimed, round by round ...
+    assert set(untimed_benchmarks) == {("mmul", (128,))}  # ... of the runs' own benchmark
     assert len(rounds.uses) == len(rounds.untimed) == lock_use.GROWTH_REPS * len(counts)
     assert rounds.among == lock_use.GROWTH_REPS  # every one before a round of runs
     # one round of runs (or a resumed run: none) leaves the rest to after the runs
@@ -200,6 +202,11 @@ def test_a_scaling_run_that_asks_times_the_locks_rounds(monkeypatch):
     assert run_traces.rounds_beside_runs(replace(exp, lock_rounds=False), "kvm", print) is None
     assert run_traces.rounds_beside_runs(replace(exp, isolated=True), "kvm", print) is None
     assert run_traces.rounds_beside_runs(exp, "inproc", print) is None
+    # VMs of more than one benchmark: the untimed runs run the timed rounds' own
+    mixed = replace(exp, scenarios=exp.scenarios + (
+        Scenario("8vm", tuple(VmConfig(f"vm{i}", "idle", ()) for i in range(8))),))
+    assert run_traces.runs_benchmark(exp) == ("mmul", (128,))
+    assert run_traces.runs_benchmark(mixed) is None
 
 
 def test_the_scaling_section_says_what_the_vms_waited_for_the_mediators_lock():

@@ -110,3 +110,24 @@ def test_the_command_says_which_growth_came_untimed_and_the_cores_taken(capsys):
     out = capsys.readouterr().out
     assert "fv (idle, untimed) 4 VMs 1.10x" in out and "pv (vecadd, timed) 4 VMs 1.40x" in out
     assert "fv 4 VMs 8.3 / 0.70" in out
+
+
+def test_untimed_vms_run_the_benchmark_they_are_given(monkeypatch):
+    """A scaling run's untimed VMs run its own benchmark (run_traces.runs_benchmark);
+    calibrate's, the timed rounds' own (idle for fv, vecadd for pv)."""
+    from types import SimpleNamespace
+
+    from gpuvm.calibrate import lock_use
+    ran = []
+
+    def run_alike(benchmark, params, vms, options, what):
+        ran.append((benchmark, tuple(params), vms, options.mode))
+        return [SimpleNamespace(wall_ns=10, outcome=SimpleNamespace(vcpu=SimpleNamespace(
+            cpu_ns=5, voluntary_switches=1, involuntary_switches=0))) for _ in range(vms)]
+    monkeypatch.setattr("gpuvm.experiment.execute.run_alike", run_alike)
+    runs = untimed_growth.measure("fv", [1, 2], 0, benchmark=("mmul", (128,)))
+    assert ran == [("mmul", (128,), 1, "fv"), ("mmul", (128,), 2, "fv")]
+    assert [r.benchmark for r in runs] == ["mmul", "mmul"] and runs[1].cpu_ns == 10
+    ran.clear()
+    untimed_growth.measure("pv", [1], 0)
+    assert ran == [(lock_use.PV_GROWTH_BENCHMARK, tuple(lock_use.PV_GROWTH_PARAMS), 1, "pv")]

@@ -158,12 +158,19 @@ def test_a_sitting_of_one_repetition_times_its_other_rounds_after_it(monkeypatch
     isolated.after()  # VMs in processes of their own share no lock: nothing timed
     assert len(timed) == lock_use.GROWTH_REPS and not isolated.uses
     assert len(timed.untimed) == lock_use.GROWTH_REPS and not isolated.untimed
+    assert set(timed.untimed_benchmarks) == {None}  # calibrate's: the timed rounds' own
+    # a scaling run's rounds run its own benchmark untimed
+    own = LockRounds(False, ["fv"], [1, 2], lambda line: None,
+                     untimed_benchmark=("mmul", (128,)))
+    own.before_rep(0)
+    assert timed.untimed_benchmarks[-1] == ("mmul", (128,))
 
 
 class _Asked(list):
     """What the rounds were asked to time, with what they were asked to run untimed."""
 
     untimed: list[tuple[str, tuple[int, ...], int]]
+    untimed_benchmarks: list[tuple[str, tuple[int, ...]] | None]
 
 
 def _fake_rounds(monkeypatch) -> _Asked:
@@ -173,6 +180,7 @@ def _fake_rounds(monkeypatch) -> _Asked:
     monkeypatch.setattr("gpuvm.vmm.kvm.kvm_usable", lambda: (True, "here"))
     timed = _Asked()
     timed.untimed = []
+    timed.untimed_benchmarks = []
 
     def measure(benchmark, params, modes, counts, reps, progress=None, sample_every=1):
         timed.append((benchmark, reps))
@@ -180,8 +188,9 @@ def _fake_rounds(monkeypatch) -> _Asked:
                                  sample_every=sample_every)
                 for m in modes for n in counts]
 
-    def measure_untimed(mode, counts, rep, progress=None):
+    def measure_untimed(mode, counts, rep, progress=None, benchmark=None):
         timed.untimed.append((mode, tuple(counts), rep))
+        timed.untimed_benchmarks.append(benchmark)
         return [untimed_growth.UntimedRun(mode, n, rep, "idle", 1, 1, 0, 0) for n in counts]
 
     monkeypatch.setattr(lock_use, "measure", measure)

@@ -43,7 +43,8 @@ class LockRounds:
     20261126-142007, -142902)."""
 
     def __init__(self, isolated: bool, modes: Sequence[str], counts: Sequence[int],
-                 progress: Callable[[str], None], first_rep: int = 0) -> None:
+                 progress: Callable[[str], None], first_rep: int = 0,
+                 untimed_benchmark: untimed_growth.Benchmark | None = None) -> None:
         from gpuvm.calibrate.validation import FIT_VMS
         from gpuvm.vmm.kvm import kvm_usable
 
@@ -58,6 +59,9 @@ class LockRounds:
         # whether there is a lock to time: VMs as threads, on KVM
         self.times_the_lock = not isolated and kvm_usable()[0]
         self._modes = list(modes)
+        # what the untimed VMs run: the runs' own benchmark where given, else the timed
+        # rounds' (untimed_growth.untimed_round)
+        self._untimed_benchmark = untimed_benchmark
 
     def before_rep(self, rep: int) -> None:
         """A round before repetition `rep` where it is one of the first GROWTH_REPS."""
@@ -78,5 +82,6 @@ class LockRounds:
         self._rounds += 1
         self.uses.extend(lock_use.timed_round(self._modes, self._grown, rep, self._progress))
         self.untimed.extend(untimed_growth.untimed_round(self._modes, self._grown, rep,
-                                                         self._progress))
+                                                         self._progress,
+                                                         self._untimed_benchmark))
         return True

@@ -16,8 +16,10 @@ benchmark's own, the same at every count, so CPU per VM over one VM's is the gro
 per exit.  The timed rounds still say how the threads' time splits at KVM_RUN and how
 often the host took their cores (lock_use.preempt_rates).
 
-The runs are the timed rounds' own VMs -- fv and fv-opt VMs of `idle`, pv VMs of
-`vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode, and the
+The runs are a scaling run's own benchmark where its VMs all run one (mmul in
+`experiments/scaling.toml`: a growth measured on other VMs did not carry to them,
+run_traces.runs_benchmark), else the timed rounds' own VMs -- fv and fv-opt VMs of
+`idle`, pv VMs of `vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode, and the
 counts between one VM and the most MIDDLE_TRIES times at least: a run can land in a
 lock convoy, 2-VM fv runs most of all (here 1.9-2.0 s, or 3.2-4.9 s in a convoy: both
 of one sitting's two were, and fv came out 34% long at 2 VMs, 20261129-125115), so
@@ -74,14 +76,19 @@ def round_counts(counts: Sequence[int], runs: int) -> list[int]:
     return distinct * runs + [n for n in middle for _ in range(MIDDLE_TRIES - runs)]
 
 
+Benchmark = tuple[str, tuple[int, ...]]  # a benchmark's name and parameters
+
+
 def measure(mode: str, counts: Sequence[int], rep: int,
-            progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
-    """A run of each of `counts` VMs of `mode` (benchmark_of) on KVM, in order, nothing
-    timed; RuntimeError where a VM fails."""
+            progress: Callable[[str], None] = lambda line: None,
+            benchmark: Benchmark | None = None) -> list[UntimedRun]:
+    """A run of each of `counts` VMs of `mode` on KVM, in order, nothing timed, each VM
+    running `benchmark` (default: the timed rounds' own, benchmark_of); RuntimeError
+    where a VM fails."""
     from gpuvm.experiment.execute import run_alike
     from gpuvm.run.spec import RunOptions
 
-    benchmark, params = benchmark_of(mode)
+    benchmark, params = benchmark or benchmark_of(mode)
     out = []
     for n in counts:
         results = run_alike(benchmark, params, n, RunOptions(mode=mode, backend="kvm"),
@@ -99,16 +106,20 @@ def measure(mode: str, counts: Sequence[int], rep: int,
 
 
 def untimed_round(modes: Sequence[str], counts: Sequence[int], rep: int,
-                  progress: Callable[[str], None] = lambda line: None) -> list[UntimedRun]:
+                  progress: Callable[[str], None] = lambda line: None,
+                  benchmark: Benchmark | None = None) -> list[UntimedRun]:
     """One round of untimed runs for a sitting of `modes` beside the lock's timed round:
     each mode the timed rounds time that `modes` has (fv always), at each distinct
-    count of `counts` (`round_counts`), labelled repetition `rep`."""
+    count of `counts` (`round_counts`), labelled repetition `rep` -- VMs of `benchmark`
+    where given (a scaling run's own: see `measure`), else the timed rounds' own."""
     timed = [GROWTH_MODE, *(m for m in (*BESIDE_MODES, PV_GROWTH_MODE) if m in modes)]
-    progress(f"running the same VMs untimed, for their CPU's growth ("
+    progress(f"running " + (f"VMs of {benchmark[0]} {list(benchmark[1])}" if benchmark
+                            else "the same VMs") + " untimed, for their CPU's growth ("
              + "; ".join(f"{m}: {', '.join(map(str, round_counts(counts, UNTIMED_RUNS[m])))}"
                          for m in timed) + ")")
     return [run for mode in timed
-            for run in measure(mode, round_counts(counts, UNTIMED_RUNS[mode]), rep, progress)]
+            for run in measure(mode, round_counts(counts, UNTIMED_RUNS[mode]), rep, progress,
+                               benchmark)]
 
 
 def growths(runs: Sequence[UntimedRun]

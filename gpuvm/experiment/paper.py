@@ -361,8 +361,9 @@ def _validation(part: SuitePart) -> list[str]:
            + "); ")
         + f"the host cores ({p.host_cores:g} of {cpus}) fitted on the {FIT_VMS}-VM "
         f"runs, the other counts predicted"
-        + ((f"; the guests' and the lock's work growing with the VMs as the same VMs' CPU "
-            f"did when run untimed {_when_rounds(kept.rounds_among_runs)}, and the host "
+        + ((f"; the guests' and the lock's work growing with the VMs as the CPU of VMs of "
+            f"{', '.join(sorted({r.benchmark for r in kept.untimed}))} did when run "
+            f"untimed {_when_rounds(kept.rounds_among_runs)}, and the host "
             f"taking the threads' cores as often as in the lock's timed rounds"
             if kept.untimed else
             f"; the guests' and the lock's work growing with the VMs as the lock's timed "

@@ -246,7 +246,21 @@ def rounds_beside_runs(exp: Experiment, backend: str, progress: Callable[[str], 
     if not exp.lock_rounds or exp.isolated or backend == "inproc":
         return None
     counts = sorted({len(s.vms) for s in exp.scenarios})
-    return LockRounds(exp.isolated, exp.modes, counts, progress)
+    return LockRounds(exp.isolated, exp.modes, counts, progress,
+                      untimed_benchmark=runs_benchmark(exp))
+
+
+def runs_benchmark(exp: Experiment) -> tuple[str, tuple[int, ...]] | None:
+    """The one benchmark (name, parameters) every VM of `exp` runs, which its untimed
+    runs then run too; None where its VMs run more than one.  Why the runs' own: the
+    growth measured on the timed rounds' VMs (fv's of idle, pv's of vecadd) did not
+    carry to the validated VMs of mmul by as much as the model missed -- on a lent
+    machine idle fv VMs grew 1.41x in CPU to two VMs where mmul's grew 1.13x, and over
+    four lent bundles fv at 2 VMs came out long as far as idle's growth went (+1% at
+    1.08x, +24% at 1.31x); here pv at 2 VMs came out -15 to -8% where vecadd's growth
+    was 1.02-1.06x (docs/model-validation.md, 2026-11-29)."""
+    kinds = {(vm.benchmark, tuple(vm.params)) for s in exp.scenarios for vm in s.vms}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def load(exp: Experiment, run_path: Path) -> KeptTraces | None:
