@@ -362,6 +362,37 @@ def test_a_stop_signal_waits_for_the_rows_being_written():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def test_a_stop_python_ignored_is_raised_again_before_the_next_rows(monkeypatch):
+    """A signal's KeyboardInterrupt raised inside a weakref callback is ignored by Python:
+    the stop still comes, at the next rows, and Python's "Exception ignored" report of
+    it is not passed on (any other is)."""
+    import weakref
+    from types import SimpleNamespace
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: reported.append(info.exc_type))
+
+    class Guest:
+        pass
+
+    with StopSignals() as stop:
+        guest = Guest()
+        ref = weakref.ref(guest, lambda ref: os.kill(os.getpid(), signal.SIGTERM) or
+                          time.sleep(0.05))
+        del guest  # the callback runs here; the KeyboardInterrupt raised in it is ignored
+        assert ref() is None and stop.received == signal.SIGTERM
+        written = False
+        with pytest.raises(KeyboardInterrupt):
+            with stop.deferred():
+                written = True
+        assert not written and stop.exit_status == 143
+        sys.unraisablehook(SimpleNamespace(exc_type=ValueError))
+    assert reported == [ValueError]  # the ignored stop was not reported; the other was
+    reported.clear()
+    sys.unraisablehook(SimpleNamespace(exc_type=KeyboardInterrupt))
+    assert reported == [KeyboardInterrupt]  # the hook before it is back
+
+
 @pytest.mark.kvm
 def test_sigterm_stops_running_kvm_guests(tmp_path):
     from gpuvm.vmm.backends import kvm_usable
