@@ -19,12 +19,12 @@ often the host took their cores (lock_use.preempt_rates).
 The runs are a scaling run's own benchmark where its VMs all run one (mmul in
 `experiments/scaling.toml`: a growth measured on other VMs did not carry to them,
 run_traces.runs_benchmark), else the timed rounds' own VMs -- fv and fv-opt VMs of
-`idle`, pv VMs of `vecadd` -- at the same counts, UNTIMED_RUNS of each count a round by mode, and the
-counts between one VM and the most MIDDLE_TRIES times at least: a run can land in a
-lock convoy, 2-VM fv runs most of all (here 1.9-2.0 s, or 3.2-4.9 s in a convoy: both
-of one sitting's two were, and fv came out 34% long at 2 VMs, 20261129-125115), so
-each count's fastest run is kept, as the validation keeps its points'
-(validation.fastest)."""
+`idle`, pv VMs of `vecadd` -- at the same counts, UNTIMED_RUNS of each count a round
+by mode, and the counts between one VM and the most MIDDLE_TRIES times at least: a
+run can land in a lock convoy, 2-VM fv runs most of all (here 1.9-2.0 s, or 3.2-4.9 s
+in a convoy: both of one sitting's two were, and fv came out 34% long at 2 VMs,
+20261129-125115), so each count's fastest run is kept, as the validation keeps its
+points' (validation.fastest)."""
 
 from __future__ import annotations
 

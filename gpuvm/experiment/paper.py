@@ -11,7 +11,7 @@ shared reference on GPUvm (ATC'14 abstract, TC'16, and a reading note marked [no
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -319,7 +319,6 @@ def _validation(part: SuitePart) -> list[str]:
     kept = run_traces.load(part.exp, part.path)
     if kept is None:
         return _validation_by_profile(part)
-    from gpuvm.calibrate.emulator import runs_of
     from gpuvm.calibrate.validation import FIT_VMS, analyse, measured_from_rows
 
     cpus = kept.cpus
@@ -333,8 +332,7 @@ def _validation(part: SuitePart) -> list[str]:
                        untimed=kept.untimed, fit_traces=kept.fit)
     p = analysis.profile
     recordings = _span(kept.recordings.values() or [part.exp.repetitions])
-    runs = _span(Counter((scenario, mode) for scenario, mode, _ in runs_of(part.rows)).values()
-                 or [part.exp.repetitions])
+    runs = _span([span.runs for span in spans.values()] or [part.exp.repetitions])
     return _validation_table(
         f"The same model priced as `gpuvm calibrate --emulator` prices it: each event at "
         f"what one VM's trace of its mode took, recorded "
