@@ -250,7 +250,7 @@ def rounds_beside_runs(exp: Experiment, backend: str, progress: Callable[[str], 
                       untimed_benchmark=runs_benchmark(exp))
 
 
-def runs_benchmark(exp: Experiment) -> tuple[str, tuple[int, ...]] | None:
+def runs_benchmark(exp: Experiment) -> untimed_growth.Benchmark | None:
     """The one benchmark (name, parameters) every VM of `exp` runs, which its untimed
     runs then run too; None where its VMs run more than one.  Why the runs' own: the
     growth measured on the timed rounds' VMs (fv's of idle, pv's of vecadd) did not
