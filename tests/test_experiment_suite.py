@@ -262,7 +262,37 @@ def test_the_validation_shows_each_points_runs_and_names_the_widest_spread():
     assert all(line.count("|") == 9 for line in table if line.startswith("|"))
     assert "points within 10%.  The emulator against itself (the fastest of each " \
            "point's odd runs against the fastest of its even ones): 1/2 points within " \
-           "10%, mean |difference| 30.7%." in table[-2]
+           "10%, mean |difference| 30.7%.  Of the model's 1 miss, 0 lie where the " \
+           "emulator misses itself by over 10% too." in table[-2]
     # a validation without its runs (from the committed profile) keeps the five columns
     assert "| fv | 2 | 4,519.0 | 5,145.5 | +13.9 |" in _validation_table("how", [point])
     assert "against itself" not in _validation_table("how", [point])[-2]
+    assert "miss" not in _validation_table("how", [point])[-2]
+
+
+def test_the_validation_says_which_misses_lie_where_the_emulator_misses_itself():
+    """A model miss at a point whose odd and even runs are themselves over the goal
+    apart is counted and named; a miss at a steady point is counted only; a point
+    within the goal is no miss, however unsteady."""
+    from types import SimpleNamespace
+
+    from gpuvm.experiment.paper import RunSpan, _misses_in_noise
+
+    def point(mode: str, vms: int, error_pct: float) -> SimpleNamespace:
+        return SimpleNamespace(mode=mode, vms=vms, error_pct=error_pct)
+
+    spans = {("fv", 1): RunSpan(3, 2_000.0, 2_400.0, -11.1),
+             ("fv", 2): RunSpan(3, 4_000.0, 4_100.0, +2.0),
+             ("pv", 4): RunSpan(12, 80.0, 120.0, -13.2),
+             ("pv", 8): RunSpan(1, 170.0, 170.0, None)}
+    points = [point("fv", 1, +11.7), point("fv", 2, -16.6), point("pv", 4, +3.0),
+              point("pv", 8, +20.0)]
+    assert _misses_in_noise(points, spans) == (
+        "Of the model's 3 misses, 1 lies where the emulator misses itself by over 10% "
+        "too (fv at 1 VM).")
+    spans[("fv", 2)] = RunSpan(3, 4_000.0, 4_600.0, -12.0)
+    assert _misses_in_noise(points, spans).endswith(
+        "3 misses, 2 lie where the emulator misses itself by over 10% too (fv at 1 VM, "
+        "fv at 2 VMs).")
+    assert _misses_in_noise([point("fv", 1, +9.9)], spans) == ""
+    assert _misses_in_noise(points, {("pv", 8): spans[("pv", 8)]}) == ""

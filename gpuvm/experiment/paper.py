@@ -422,6 +422,33 @@ def _against_itself(spans: Mapping[tuple[str, int], RunSpan]) -> str:
             f"{statistics.mean(map(abs, pcts)):.1f}%.")
 
 
+def _misses_in_noise(points: Iterable, spans: Mapping[tuple[str, int], RunSpan]) -> str:
+    """How many of the model's misses lie at points where the emulator, measured again
+    the same way (odd runs against even ones), misses itself too -- or "" where the
+    model missed nowhere or no point has runs of both parities.  Why: on a noisy host a
+    point's fastest run may not repeat to the goal; a miss there says less about the
+    model than one where the emulator agrees with itself, and the reader should not
+    have to pair the columns up by eye (docs/model-validation.md, 2026-11-30)."""
+    from gpuvm.calibrate.emulator import GOAL_ERROR_PCT
+    if not any(s.odd_vs_even_pct is not None for s in spans.values()):
+        return ""
+    misses = [p for p in points if abs(p.error_pct) > GOAL_ERROR_PCT]
+    if not misses:
+        return ""
+
+    def unsteady(p) -> bool:
+        span = spans.get((p.mode, p.vms))
+        return bool(span and span.odd_vs_even_pct is not None
+                    and abs(span.odd_vs_even_pct) > GOAL_ERROR_PCT)
+
+    noisy = [p for p in misses if unsteady(p)]
+    named = ", ".join(f"{p.mode} at {p.vms} VM{'s' if p.vms != 1 else ''}" for p in noisy)
+    return (f"Of the model's {len(misses)} miss{'es' if len(misses) != 1 else ''}, "
+            f"{len(noisy)} lie{'s' if len(noisy) == 1 else ''} where the emulator misses "
+            f"itself by over {GOAL_ERROR_PCT:g}% too" + (f" ({named})" if noisy else "")
+            + ".")
+
+
 def _widest(spans: Mapping[tuple[str, int], RunSpan]) -> str:
     """The point whose runs lay furthest apart, as the validation's text names it."""
     several = {k: s for k, s in spans.items() if s.runs > 1}
@@ -494,7 +521,8 @@ def _validation_table(how: str, points: list,
     head = ("| mode | VMs | emulator ms" + (" (fastest run)" if spans else "")
             + " | model ms | error % |"
             + (" runs | slowest / fastest | odd vs even runs % |" if spans else ""))
-    itself = _against_itself(spans or {})
+    itself = "  ".join(filter(None, (_against_itself(spans or {}),
+                                     _misses_in_noise(points, spans or {}))))
     return ["### Validation: the model predicts this emulator", "", how, "", head,
             "|---" * head.count(" | ") + "|---|",
             *(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
