@@ -394,6 +394,16 @@ class RunSpan:
     def ratio(self) -> float:
         return self.slowest_ms / self.fastest_ms if self.fastest_ms else 1.0
 
+    def repeats_within(self, pct: float) -> bool | None:
+        """Whether its odd runs' fastest lies within `pct` of its even runs'; None where
+        its runs are of one parity only."""
+        return None if self.odd_vs_even_pct is None else abs(self.odd_vs_even_pct) <= pct
+
+
+def _point_name(mode: str, vms: int) -> str:
+    """"fv at 1 VM", "pv at 8 VMs": a validation point as its text names it."""
+    return f"{mode} at {vms} VM{'s' if vms != 1 else ''}"
+
 
 def run_spans(measured: Iterable) -> dict[tuple[str, int], RunSpan]:
     """Per (mode, VMs) of the validation's measurements (one per run), their RunSpan."""
@@ -416,9 +426,9 @@ def _against_itself(spans: Mapping[tuple[str, int], RunSpan]) -> str:
     pcts = [s.odd_vs_even_pct for s in spans.values() if s.odd_vs_even_pct is not None]
     if not pcts:
         return ""
+    within = sum(bool(s.repeats_within(GOAL_ERROR_PCT)) for s in spans.values())
     return (f"The emulator against itself (the fastest of each point's odd runs against "
-            f"the fastest of its even ones): {sum(abs(p) <= GOAL_ERROR_PCT for p in pcts)}"
-            f"/{len(pcts)} points within {GOAL_ERROR_PCT:g}%, mean |difference| "
+            f"the fastest of its even ones): {within}/{len(pcts)} points within {GOAL_ERROR_PCT:g}%, mean |difference| "
             f"{statistics.mean(map(abs, pcts)):.1f}%.")
 
 
@@ -435,14 +445,9 @@ def _misses_in_noise(points: Iterable, spans: Mapping[tuple[str, int], RunSpan])
     misses = [p for p in points if abs(p.error_pct) > GOAL_ERROR_PCT]
     if not misses:
         return ""
-
-    def unsteady(p) -> bool:
-        span = spans.get((p.mode, p.vms))
-        return bool(span and span.odd_vs_even_pct is not None
-                    and abs(span.odd_vs_even_pct) > GOAL_ERROR_PCT)
-
-    noisy = [p for p in misses if unsteady(p)]
-    named = ", ".join(f"{p.mode} at {p.vms} VM{'s' if p.vms != 1 else ''}" for p in noisy)
+    noisy = [p for p in misses if (span := spans.get((p.mode, p.vms)))
+             and span.repeats_within(GOAL_ERROR_PCT) is False]
+    named = ", ".join(_point_name(p.mode, p.vms) for p in noisy)
     return (f"Of the model's {len(misses)} miss{'es' if len(misses) != 1 else ''}, "
             f"{len(noisy)} lie{'s' if len(noisy) == 1 else ''} where the emulator misses "
             f"itself by over {GOAL_ERROR_PCT:g}% too" + (f" ({named})" if noisy else "")
@@ -455,7 +460,7 @@ def _widest(spans: Mapping[tuple[str, int], RunSpan]) -> str:
     if not several:
         return ""
     (mode, vms), span = max(several.items(), key=lambda kv: kv[1].ratio)
-    return (f", and here the runs of {mode} at {vms} VM{'s' if vms != 1 else ''} took "
+    return (f", and here the runs of {_point_name(mode, vms)} took "
             f"{span.fastest_ms:,.1f}-{span.slowest_ms:,.1f} ms, the widest spread")
 
 
