@@ -34,7 +34,7 @@ run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
 
 # The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
-# paper's numbers (results/paper/latest/report.md); about 8 minutes on 2 cores.
+# paper's numbers (results/paper/latest/report.md); 7-10 minutes on 2 cores (README).
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 
