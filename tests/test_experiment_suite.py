@@ -94,6 +94,9 @@ def test_a_suite_runs_its_parts_and_reports_beside_the_paper(tmp_path: Path):
                      "a VM's waits for the mediator's lock"):
         assert expected in report, expected
     assert (tmp_path / "suite" / "latest" / "scaling.png").exists()
+    # and the validation's figure, the model against the emulator's runs per mode
+    assert (tmp_path / "suite" / "latest" / "validation.png").stat().st_size > 0
+    assert "![validation](validation.png)" in _section(report, "### Validation")
     # the scaling run kept one VM's trace per mode, recorded beside its mode's 1-VM
     # runs (a recording right after each, the fastest kept), and the validation
     # replays those, the hand-off and cores fitted on its 2-VM runs

@@ -276,7 +276,7 @@ def scaling_section(part: SuitePart, costs: CostProfile, out: Path) -> list[str]
                   f"| {p.wall_makespan_ms:,.1f} | {p.wall_makespan_ms / b.wall_makespan_ms:.2f} "
                   f"| {p.wall_mediator_wait_ms:,.1f} |")
     md += ["", f"![scaling]({fig.name})", ""]
-    md += _validation(part)
+    md += _validation(part, out)
     eight = {p.mode: p for p in points if p.vms == 8}
     if {"fv", "pv"} <= set(eight):
         fv, pv = eight["fv"], eight["pv"]
@@ -309,11 +309,11 @@ def _measured_waits(eight: dict[str, ScalePoint]) -> str:
 EMULATOR_PROFILE = "emulator"  # written by `gpuvm calibrate --emulator`
 
 
-def _validation(part: SuitePart) -> list[str]:
+def _validation(part: SuitePart, out: Path) -> list[str]:
     """The model against the emulator's own wall-clock makespans of the scaling runs:
     priced as `gpuvm calibrate --emulator` prices it, from the traces the run kept
-    (gpuvm.experiment.run_traces); a run from before those were kept, by the cached
-    traces and this emulator's committed profile."""
+    (gpuvm.experiment.run_traces), with a figure of both in `out`; a run from before
+    those were kept, by the cached traces and this emulator's committed profile."""
     from gpuvm.experiment import run_traces
 
     kept = run_traces.load(part.exp, part.path)
@@ -374,7 +374,8 @@ def _validation(part: SuitePart) -> list[str]:
            ".  With one run of each point this is the rougher table")
         + ": `gpuvm calibrate --emulator`'s, with more runs a point, is the model's "
         "validation (README).",
-        analysis.points, spans)
+        analysis.points, spans,
+        figure=_validation_figure(analysis.points, spans, out / "validation.png"))
 
 
 @dataclass(frozen=True)
@@ -510,10 +511,55 @@ def _validation_by_profile(part: SuitePart) -> list[str]:
         validate_traces([asdict(r) for r in part.rows], profile, trace_of))
 
 
+def _validation_figure(points: list, spans: Mapping[tuple[str, int], RunSpan],
+                       path: Path) -> Path:
+    """validation.png: per mode, the emulator's makespan against the VM count -- its
+    fastest run, with a bar up to its slowest -- and the model's prediction of it, each
+    labelled with its error.  Why: the table gives the errors, but whether the model
+    follows the emulator's growth, and how far the model's miss is from the emulator's
+    own spread, reads at a glance only on a picture; absolute milliseconds (log axis),
+    not ratios to one VM, so a 1-VM miss is not hidden in every other point."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    modes = sorted({p.mode for p in points})
+    fig, axes = plt.subplots(1, len(modes), figsize=(3.9 * len(modes), 3.6), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        ps = sorted((p for p in points if p.mode == mode), key=lambda p: p.vms)
+        n = [p.vms for p in ps]
+        fastest = [p.measured_ms for p in ps]
+        slowest = [max(spans[(p.mode, p.vms)].slowest_ms, p.measured_ms)
+                   if (p.mode, p.vms) in spans else p.measured_ms for p in ps]
+        ax.errorbar(n, fastest, yerr=[[0] * len(ps), [s - f for s, f in zip(slowest, fastest)]],
+                    fmt="s", color="C0", capsize=3, label="emulator (fastest run; bar: slowest)")
+        ax.plot(n, [p.predicted_ms for p in ps], "o-", color="C1", label="model")
+        for p in ps:
+            ax.annotate(f"{p.error_pct:+.1f}%", (p.vms, p.predicted_ms), fontsize=7,
+                        textcoords="offset points", xytext=(4, -10))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        plain = ticker.FuncFormatter(lambda v, _: f"{v:,.0f}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.set_xticks(n, [str(v) for v in n])
+        ax.set_xlabel("VMs")
+        ax.set_ylabel("makespan ms (this emulator)")
+        ax.set_title(f"{mode}: the model against the emulator", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _validation_table(how: str, points: list,
-                      spans: Mapping[tuple[str, int], RunSpan] | None = None) -> list[str]:
+                      spans: Mapping[tuple[str, int], RunSpan] | None = None,
+                      figure: Path | None = None) -> list[str]:
     """The validation section: its heading, how the model was priced, a row per point
-    (with its runs' spread where `spans` has them) and the summary lines."""
+    (with its runs' spread where `spans` has them), the summary lines and the figure."""
     from gpuvm.calibrate.emulator import summary
 
     def spread(p) -> str:
@@ -532,7 +578,8 @@ def _validation_table(how: str, points: list,
             "|---" * head.count(" | ") + "|---|",
             *(f"| {p.mode} | {p.vms} | {p.measured_ms:,.1f} | {p.predicted_ms:,.1f} "
               f"| {p.error_pct:+.1f} |{spread(p)}" for p in points),
-            "", summary(points) + "." + (f"  {itself}" if itself else ""), ""]
+            "", summary(points) + "." + (f"  {itself}" if itself else ""), "",
+            *([f"![validation]({figure.name})", ""] if figure else [])]
 
 
 # ------------------------------------------------------------------------- isolation
