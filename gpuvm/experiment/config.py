@@ -31,9 +31,8 @@ the field, before anything runs.
     order = "rounds"          # one run of every point a round, round after round; or
                               # "points": each point's runs back to back
     time_scale = 1.0          # device clock speed relative to wall time
-    clock = "wall"            # or "virtual": device time advances with GPU work and
-                              # guest exits only, so results do not move with host load
-    guest_exit_ns = 12000     # clock "virtual": guest time one exit costs (trap_ns)
+    clock = "virtual"         # each event a guest causes takes its price in
+                              # cost_profile, so results repeat on any host; or "wall"
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
     vram_mib = 256            # the emulated GPU's VRAM (default: the device profile's)
     hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
@@ -74,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvm.device import regs
-from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS
+from gpuvm.device.clock import CLOCKS
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
@@ -153,8 +152,7 @@ class Experiment:
     order: str = "rounds"
     time_scale: float = 1.0
     timeout_s: float = 600.0
-    clock: str = "wall"  # "wall" | "virtual" (gpuvm/device/clock.py)
-    guest_exit_ns: int = DEFAULT_EXIT_NS
+    clock: str = "virtual"  # "virtual" | "wall" (gpuvm/device/clock.py)
     cost_profile: str = "xen-2014"
     scheduler: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -342,10 +340,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                       else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
-        clock=exp.get("clock", str, "wall", check=lambda c: None if c in CLOCKS
+        clock=exp.get("clock", str, "virtual", check=lambda c: None if c in CLOCKS
                       else f"must be one of {', '.join(CLOCKS)}"),
-        guest_exit_ns=exp.get("guest_exit_ns", int, DEFAULT_EXIT_NS,
-                              check=lambda n: None if n >= 0 else "must be >= 0"),
         cost_profile=exp.get("cost_profile", str, "xen-2014"),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),

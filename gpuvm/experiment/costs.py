@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuvm.device import regs
+from gpuvm.device.clock import EventPrices
 from gpuvm.mediator.modes import MODES
 
 # the checkout's experiments/costs/, or the copy a `pip install .` puts in the package
@@ -76,6 +77,10 @@ RECORD_EVENT_OF = {mode: f"{prefix}record_event_ns"
 MODE_RECORD_EVENTS = tuple(dict.fromkeys(RECORD_EVENT_OF.values()))  # each once
 RECORD_EVENT_MODE = {"record_event_ns": "fv"} \
     | {RECORD_EVENT_OF[mode]: mode for mode in OWN_FIELD_MODES}  # measured on
+
+
+# the counted events whose time the mediator spends holding its lock (mediator_ns)
+LOCKED_COUNTERS = frozenset({"shadow.ptes_scanned", "shadow.syncs", "shadow.bar_syncs"})
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,31 @@ class CostProfile:
         if not xs or not ys or x < xs[0]:
             return None
         return ys[0] + _beyond_first(xs, ys, x)
+
+    def event_prices(self, mediated: bool) -> EventPrices:
+        """These prices as the virtual clock charges them, event by event, on the trap
+        path: the same events modelled_ns prices from counts (engine time aside, which
+        the guest waits for on the GPU instead), so one VM alone spends exactly its
+        priced counts in virtual time beside its waits."""
+        bars = (regs.BAR0, regs.BAR1, regs.BAR3, regs.BAR4)
+        exit_ns = {bar: self.trap_ns for bar in bars} if mediated else \
+            {regs.BAR0: self.mmio_native_ns, regs.BAR1: self.aperture_native_ns,
+             regs.BAR3: self.aperture_native_ns}
+        counter_ns = {
+            "pv.pts_allocated": self.pt_alloc_ns + regs.SMALL_PTES_PER_PT * self.pt_zero_word_ns,
+            "hcall.set_pgd": regs.PDE_COUNT * self.pt_zero_word_ns,
+            "hcall.calls": self.hypercall_ns,
+            "hcall.entries": self.hcall_entry_ns,
+            "shadow.ptes_scanned": self.pte_scanned_ns,
+            "shadow.syncs": self.shadow_sync_ns,
+            "shadow.bar_syncs": self.shadow_sync_ns,
+            "remap.maps": self.remap_ns,
+            "remap.unmaps": self.remap_ns,
+        }
+        return EventPrices({bar: round(ns) for bar, ns in exit_ns.items()},
+                           round(self.trap_mediator_ns) if mediated else 0,
+                           {k: v for k, v in counter_ns.items() if v},
+                           LOCKED_COUNTERS)
 
     @staticmethod
     def pv_zero_words(counters: dict[str, int]) -> int:

@@ -232,7 +232,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
         scenario = scenarios[key.scenario]
         options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                              time_scale=exp.time_scale, isolated=exp.isolated,
-                             clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
+                             clock=exp.clock, prices=costs.event_prices(MODES[key.mode].mediated),
                              scheduler={**exp.scheduler, "policy": key.policy},
                              vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
                              confined=exp.kind == "isolation")

@@ -317,8 +317,8 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
                f" ({further_runs(exp)})" if further_runs(exp) else "")
            + (", made in rounds (one run of every point a round)"
               if exp.order == "rounds" and exp.repetitions > 1 else "") + "; " + (
-               f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
-               f"exit; device time does not follow the host's load); "
+               f"device clock: virtual (each event at its price in {exp.cost_profile}; "
+               f"results repeat on any host); "
                if exp.clock == "virtual" else
                f"device clock: wall time, scale {exp.time_scale:g}; ") + "backend: "
            f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",

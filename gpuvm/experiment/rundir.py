@@ -151,9 +151,7 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
         if exp.repeat_while_spread:  # (so runs from before keep their hash)
             out["repeat_while_spread"] = exp.repeat_while_spread
             out["spread_until_s"] = exp.spread_until_s
-    if exp.clock != "wall":  # (so wall-clock experiments keep the hash they had)
-        out["clock"] = exp.clock
-        out["guest_exit_ns"] = exp.guest_exit_ns
+    out["clock"] = exp.clock
     return out
 
 

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.clock import VirtualLock
 from gpuvm.device.dma import BusMap
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import pte
@@ -40,6 +41,8 @@ class Mediator:
                  host_backing: int = DEFAULT_HOST_BACKING) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
+        # the same lock in virtual time, where the GPU's clock is virtual (VGpu.under_lock)
+        self.vlock = VirtualLock(gpu.clock) if gpu.clock.virtual else None
         self.hyp_global = HYP_GLOBAL
         self.counts: defaultdict[str, int] = defaultdict(int)  # the mediator's own events
         self.bus = BusMap()  # every vGPU's DMA mappings, each at its partition's window

@@ -248,6 +248,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     party = clock.guest(spec.name, start_ns((spec, params, flags)),
                                         machine.clock_scope(spec))
                     session.use_clock(clock, party)
+                    use_meter = getattr(machine, "use_meter", None)
+                    if use_meter is not None:
+                        use_meter(spec, party)
                 due.append(_Running(spec, ram, attached, runner, now + options.timeout,
                                     session, party))
             if arrivals is not None:  # only now that the arrived vCPUs hold the clock

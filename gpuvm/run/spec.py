@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
-from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
+from gpuvm.device.clock import CLOCKS, FREE, DeviceClock, EventPrices, VirtualClock
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 
@@ -115,11 +115,11 @@ class RunOptions:
     # only bounds how late a fault the wait did not see is noticed.
     wait_slice: float = 30.0
     time_scale: float = 1.0  # device clock speed relative to wall time (clock "wall")
-    # "wall": device time is wall time; "virtual": it advances with modelled progress
-    # only -- GPU work, and guest_exit_ns per guest exit -- so scheduling results do not
-    # depend on host load (gpuvm/device/clock.py)
-    clock: str = "wall"
-    guest_exit_ns: int = DEFAULT_EXIT_NS
+    # "virtual": device time advances with modelled progress only -- GPU work, and each
+    # event a guest causes at its price in `prices` -- so every result is the same on
+    # every host (gpuvm/device/clock.py); "wall": device time is wall time (a live demo)
+    clock: str = "virtual"
+    prices: EventPrices = FREE  # the cost profile's, for the run's mode(s)
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
@@ -166,7 +166,7 @@ def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
             raise RunError("clock: a virtual device clock needs the VMs in the mediator's "
                            "process (not --isolated)")
         try:
-            return VirtualClock(options.guest_exit_ns)
+            return VirtualClock()
         except ValueError as exc:
             raise RunError(f"clock: {exc}") from None
     return DeviceClock(options.time_scale)

@@ -115,6 +115,10 @@ class GuestSession:
             counts.update(self._extra_counters())
         for key, value in self.port_counts.items():
             counts[f"port.{key}"] = value
+        party = self.clock_party
+        if party is not None:  # on a virtual clock its waits for the mediator's lock
+            counts["mediator_lock.waits"] = party.lock_waits
+            counts["mediator_lock.wait_ns"] = party.lock_wait_ns
         counts.update(self.hostmem.counters)
         return counts
 
