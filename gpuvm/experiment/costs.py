@@ -329,7 +329,7 @@ class CostProfile:
         path: the same events modelled_ns prices from counts (engine time aside, which
         the guest waits for on the GPU instead), so one VM alone spends exactly its
         priced counts in virtual time beside its waits."""
-        bars = (regs.BAR0, regs.BAR1, regs.BAR3, regs.BAR4)
+        bars = (regs.BAR0, regs.BAR1, regs.BAR3)  # BAR4's write is the hypercall itself
         exit_ns = {bar: self.trap_ns for bar in bars} if mediated else \
             {regs.BAR0: self.mmio_native_ns, regs.BAR1: self.aperture_native_ns,
              regs.BAR3: self.aperture_native_ns}
