@@ -224,6 +224,7 @@ class GuestParty:
         self.lock_waits = 0
         self.lock_wait_ns = 0
         self.thread: int | None = None
+        self._open = False  # an exit is under way (tick opened it, _settle closes it)
         self.stream = EventStream(at)
         self._flat = clock.exit_ns
         # makes the vCPU's thread look at what it waits for now, where a signal woke it
@@ -254,6 +255,9 @@ class GuestParty:
             with self.clock._lock:
                 self.pending += self.foreign
                 self.foreign = 0.0
+        if not self._open:
+            return
+        self._open = False
         ns = round(self.pending)
         self.stream.exit(ns + self._flat,
                          round(self.locked) if self.lock_start is not None else -1)
@@ -261,6 +265,16 @@ class GuestParty:
         self.pending = 0.0
         self.locked = 0.0
         self.lock_start = None
+
+    def wait_starts(self) -> int:
+        """The guest waits on the GPU: its exit ends here.  Returns the time it waits
+        from (give it to `wait_ends`)."""
+        self._settle()
+        return self.v
+
+    def wait_ends(self, since: int) -> None:
+        """The wait that began at `since` is over (the guest awake at `v`)."""
+        self.stream.waited(self.v - since)
 
     def horizon(self) -> int:
         """(clock lock held) The earliest virtual time this vCPU may still ask for the
@@ -273,8 +287,8 @@ class GuestParty:
     def tick(self) -> None:
         """A new exit starts: the last one's price is added (no clock lock unless the
         time may pass something due, or another vCPU waits for this one)."""
-        if self.exits:
-            self._settle()
+        self._settle()
+        self._open = True
         self.exits += 1
         self.v += self._flat  # a flat price, paid as the exit starts
         clock = self.clock
@@ -292,10 +306,8 @@ class GuestParty:
         """The guest sleeps until the GPU signals -- unless it already signalled since
         `generation` was read (then the guest looks again, still awake at that time)."""
         self._settle()  # the exit that waits ends here; the wait starts at its end
-        self.stream.wait_from(self.v)
         with self.clock._lock:
             if self.clock._generations.get(self.scope, 0) != generation:
-                self.stream.woke(self.v)
                 return
             self.blocked = True
             self.clock._cond.notify_all()
@@ -307,28 +319,26 @@ class GuestParty:
             if self.blocked:
                 self.blocked = False
                 self.v = max(self.v, self.clock._now)
-                self.stream.woke(self.v)
 
     def leave(self) -> None:
-        if self.thread == threading.get_ident() and self.exits:
+        if self.thread == threading.get_ident():
             self._settle()
-            self.exits = 0
         self.clock._remove(self)
 
 
 class EventStream:
     """What one vCPU did, priced, in order: the input of the simpy model's replay.
 
-    Entries: ("x", count, ns, locked_ns) -- `count` consecutive exits each costing `ns`,
+    Entries: ["x", count, ns, locked_ns] -- `count` consecutive exits each costing `ns`,
     of which `locked_ns` under the mediator's lock (-1: the exit did not take it);
-    ("w", ns) -- the guest slept on the GPU and woke `ns` later (in the run that recorded
-    it: alone, that is the GPU's own time); ("d", pchid) -- a doorbell the scheduler
-    took.  Plain lists: appending must cost the trap path next to nothing."""
+    ["d", engine_ns] -- a doorbell, and the engine time the submission it rang took
+    (filled in when it completes; 0: it ran nothing); ["w", ns] -- a wait on the GPU,
+    over `ns` later (alone, that is how long its GPU work took).  Plain lists: appending
+    must cost the trap path next to nothing."""
 
     def __init__(self, start: int) -> None:
         self.start = start
         self.entries: list[list] = []
-        self._slept_at: int | None = None
 
     def exit(self, ns: int, locked_ns: int) -> None:
         entries = self.entries
@@ -339,16 +349,14 @@ class EventStream:
                 return
         entries.append(["x", 1, ns, locked_ns])
 
-    def wait_from(self, at: int) -> None:
-        self._slept_at = at
+    def waited(self, ns: int) -> None:
+        self.entries.append(["w", ns])
 
-    def woke(self, at: int) -> None:
-        if self._slept_at is not None:
-            self.entries.append(["w", at - self._slept_at])
-            self._slept_at = None
-
-    def doorbell(self, pchid: int) -> None:
-        self.entries.append(["d", pchid])
+    def doorbell(self) -> list:
+        """A doorbell rung now; the entry to fill in with its engine time."""
+        entry = ["d", 0]
+        self.entries.append(entry)
+        return entry
 
 
 class VirtualLock:
@@ -508,7 +516,6 @@ class VirtualClock:
                 if g.blocked and (g.scope is None or scope is None or g.scope is scope):
                     g.blocked = False
                     g.v = max(g.v, self._now)
-                    g.stream.woke(g.v)
                     if g.waker is not None:
                         woken.append(g.waker)
         for waker in woken:

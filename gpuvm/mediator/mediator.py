@@ -73,8 +73,8 @@ class Mediator:
     def rd(self, offset: int) -> int:
         return self.gpu.mmio_read(regs.BAR0, offset, 4)
 
-    def submit(self, vm: object, pchid: int, put: int) -> None:
-        self.submissions.submit(vm, pchid, put)
+    def submit(self, vm: VGpu, pchid: int, put: int) -> None:
+        self.submissions.submit(vm, pchid, put, vm.doorbell_ledger())
 
     def channel_reset(self, pchid: int) -> None:
         self.submissions.channel_reset(pchid)

@@ -137,6 +137,11 @@ class VGpu:
         mediator's lock in virtual time (`vlock`, the mediator's) as well as for real."""
         self.meter, self._prices, self._vlock = party, prices, vlock
 
+    def doorbell_ledger(self) -> list | None:
+        """A doorbell is rung: its entry in the vCPU's event stream (filled in with the
+        engine time it takes), or None off a virtual clock."""
+        return None if self.meter is None else self.meter.stream.doorbell()
+
     def count(self, name: str, n: int) -> None:
         self.counts[name] += n
         if self.meter is not None:

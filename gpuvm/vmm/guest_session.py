@@ -217,6 +217,7 @@ class GuestSession:
         party = self.clock_party
         if party is not None:
             plain = done
+            since = party.wait_starts()
 
             def done() -> bool:  # noqa: F811 -- asleep in virtual time while not done
                 generation = party.generation()  # read before looking (see block)
@@ -228,6 +229,7 @@ class GuestSession:
         ok = self.attached.wait_event(done, timeout)
         if party is not None:
             party.unblock()
+            party.wait_ends(since)
         faults = len(self.stats.faults())
         if fence_reached():
             rec.status = abi.WAIT_OK
