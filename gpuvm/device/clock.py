@@ -224,7 +224,7 @@ class GuestParty:
         self.lock_waits = 0
         self.lock_wait_ns = 0
         self.thread: int | None = None
-        self._open = False  # an exit is under way (tick opened it, _settle closes it)
+        self._open = False  # an exit is under way (tick opened it, settle closes it)
         self.stream = EventStream(at)
         self._flat = clock.exit_ns
         # makes the vCPU's thread look at what it waits for now, where a signal woke it
@@ -249,8 +249,9 @@ class GuestParty:
         mediator's lock (the mediator's own part of a trap)."""
         self.locked += ns
 
-    def _settle(self) -> None:
-        """Close the current exit: its priced time moves `v` on (vCPU thread)."""
+    def settle(self) -> None:
+        """Close the current exit: its priced time moves `v` on (vCPU thread; a guest
+        that ends closes its last one)."""
         if self.foreign:
             with self.clock._lock:
                 self.pending += self.foreign
@@ -269,7 +270,7 @@ class GuestParty:
     def wait_starts(self) -> int:
         """The guest waits on the GPU: its exit ends here.  Returns the time it waits
         from (give it to `wait_ends`)."""
-        self._settle()
+        self.settle()
         return self.v
 
     def wait_ends(self, since: int) -> None:
@@ -287,7 +288,7 @@ class GuestParty:
     def tick(self) -> None:
         """A new exit starts: the last one's price is added (no clock lock unless the
         time may pass something due, or another vCPU waits for this one)."""
-        self._settle()
+        self.settle()
         self._open = True
         self.exits += 1
         self.v += self._flat  # a flat price, paid as the exit starts
@@ -305,7 +306,7 @@ class GuestParty:
     def block(self, generation: int) -> None:
         """The guest sleeps until the GPU signals -- unless it already signalled since
         `generation` was read (then the guest looks again, still awake at that time)."""
-        self._settle()  # the exit that waits ends here; the wait starts at its end
+        self.settle()  # the exit that waits ends here; the wait starts at its end
         with self.clock._lock:
             if self.clock._generations.get(self.scope, 0) != generation:
                 return
@@ -322,7 +323,7 @@ class GuestParty:
 
     def leave(self) -> None:
         if self.thread == threading.get_ident():
-            self._settle()
+            self.settle()
         self.clock._remove(self)
 
 
@@ -454,14 +455,17 @@ class VirtualClock:
         is due at or before it, and no ordered timer (the scheduler) before it.  Lock
         asks are then granted in virtual-time order whatever order the threads reach
         them in (wall time: the others' vCPUs run on meanwhile)."""
-        with self._lock:
-            key = (party.v, party.rank)
-            while not self._my_turn(party, key):
+        key = (party.v, party.rank)
+        while True:
+            with self._lock:
+                if self._my_turn(party, key):
+                    return
                 self._turn_waiters += 1
                 try:
                     self._cond.wait(WAKE_POLL_S)
                 finally:
                     self._turn_waiters -= 1
+            self.advance()  # a timer this vCPU waits for may have become due meanwhile
 
     def _my_turn(self, party: GuestParty, key: tuple[int, int]) -> bool:
         """(lock held) See wait_turn."""

@@ -185,18 +185,26 @@ def _with_channel_time(session: GuestSession, device: object
     return lambda: session.snapshot() | {SERVER_ENGINE_COUNTER: engine()}
 
 
-def _detach_at_last_time(machine: Machine, r: _Running) -> None:
+def _leave_clock(r: _Running) -> object | None:
+    """An ended VM's vCPU leaves the virtual clock, and a timer holds device time at its
+    last time until its vGPU is removed there (_detach_at_last_time): every VM that
+    ended is let go first, so none holds back the removal of another."""
+    if r.party is None:
+        return None
+    leaving = r.party.clock.timer(f"{r.spec.name} leaving", ordered=True)
+    leaving.set_alarm(r.party.v)
+    r.party.leave()
+    return leaving
+
+
+def _detach_at_last_time(machine: Machine, r: _Running, leaving: object | None) -> None:
     """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
-    vCPU's last time: a timer holds device time there while the vCPU leaves the clock
-    (an ended guest must not hold back the scheduler's handling of that very time) and
-    this thread stamps the removal with that time."""
+    vCPU's last time (held there by `leaving`, from _leave_clock): this thread stamps
+    the removal with that time."""
     if r.party is None:
         machine.detach(r.spec)
         return
     clock = r.party.clock
-    leaving = clock.timer(f"{r.spec.name} leaving", ordered=True)
-    leaving.set_alarm(r.party.v)
-    r.party.leave()
     clock.bind_thread(r.party)  # stamps: its (last) time
     try:
         machine.detach(r.spec)
@@ -263,7 +271,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 r.runner.start()
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
-            for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
+            ended = [r for r in running if not r.runner.alive() or now >= r.deadline]
+            leaving = {r.spec.name: _leave_clock(r) for r in ended if not r.runner.alive()}
+            for r in ended:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
                 metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
                 results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
@@ -275,7 +285,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
-                    _detach_at_last_time(machine, r)
+                    _detach_at_last_time(machine, r, leaving.get(r.spec.name)
+                                         or _leave_clock(r))
                 if r.party is not None:
                     r.party.leave()  # an ended VM holds no device time back
             for o in observers:

@@ -145,6 +145,8 @@ class GuestSession:
             self.recorder.begin()  # the VM's setup before this is not the guest's time
 
     def finish(self) -> None:
+        if self.clock_party is not None:
+            self.clock_party.settle()
         self._cut_phase(None)
         self.hostmem.finish()
         # a virtual clock's vCPU stays at its last time until the VMM has removed its
