@@ -61,7 +61,7 @@ def gpu_bound(name: str, kernels: int = 200, kernel_ns: int = 2_000_000,
 def run(policy: str, vram: int = 100 * MiB, working_set: int = 75 * MiB):
     config = SchedulerConfig(policy, SchedulerParams(quantum_ns=100_000_000))
     traces = [gpu_bound("A", working_set=working_set), gpu_bound("B", working_set=working_set)]
-    return replay(traces, cores=8, policy=config, residency=residency_for(XEN, vram))
+    return replay(traces, policy=config, residency=residency_for(XEN, vram))
 
 
 def totals(result) -> dict[str, int]:

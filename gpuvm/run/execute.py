@@ -22,13 +22,11 @@ from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
 from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.device import VfioError
-from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
-from gpuvm.vmm.event_trace import EventRecorder
-from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, KvmRunTime, boot_params_for
+from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
 from scheduler.metrics import VmMetrics
@@ -158,31 +156,12 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     session = GuestSession(spec.name, ram, attached,
                            wait_timeout=min(options.wait_slice, options.timeout),
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
-    if options.record_events:
-        session.recorder = EventRecorder(_with_channel_time(session, device),
-                                         after_run=options.after_kvm_run,
-                                         count_lock_releases=options.count_lock_releases)
-        session.recorder.install(session)
-    if options.time_kvm_run:
-        session.kvm_run_time = KvmRunTime(every=options.kvm_run_sample_every)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
                          attached.bar_sizes)
     attached.connect_mappings(runner.memslots)
     return attached, runner, session
-
-
-def _with_channel_time(session: GuestSession, device: object
-                       ) -> Callable[[], dict[str, int]]:
-    """What a recorded VM's counters are read with: the session's, and where the device
-    says, its host time running the VM's channels (SERVER_ENGINE_COUNTER, as a VM over
-    vfio-user reports it).  In one process that work holds the interpreter lock every
-    VM's thread needs, and the model serialises it (gpuvm.sim.replay)."""
-    engine = getattr(device, "engine_host_ns", None)
-    if engine is None:
-        return session.snapshot
-    return lambda: session.snapshot() | {SERVER_ENGINE_COUNTER: engine()}
 
 
 def _leave_clock(r: _Running) -> object | None:

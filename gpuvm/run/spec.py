@@ -7,7 +7,7 @@ gpuvm/run/mediated.py) is written against these types without importing the loop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
@@ -134,26 +134,6 @@ class RunOptions:
     # Tenants must be confined from one another: refuses the in-process backend for more
     # than one VM (its guests are native code inside the VMM process, with no isolation).
     confined: bool = False
-    # Record each VM's per-event trace (gpuvm.vmm.event_trace; session.recorder): only
-    # where a trace is wanted (gpuvm.sim.traces), since it adds a little to every trap.
-    record_events: bool = False
-    # With record_events and the KVM backend: called on the vCPU thread each time
-    # KVM_RUN returns, with when it was entered (time.perf_counter_ns) -- before the
-    # exit is handled.  gpuvm.calibrate.wake measures how a woken thread's exits slow.
-    after_kvm_run: Callable[[int], None] | None = None
-    # With record_events and the KVM backend: count where the vCPU thread lets the
-    # interpreter lock go (gpuvm.vmm.lock_releases).  Each counted release traps into
-    # the kernel -- about 1 us on this 2-core host, ~20 us on the lent machines' vCPUs,
-    # which doubled a pv trace -- so a counting run's times are not the VM's: a trace
-    # takes the counts from a run of their own (gpuvm.sim.traces).
-    count_lock_releases: bool = False
-    # The KVM backend: sum each vCPU thread's wall and CPU time inside KVM_RUN
-    # (session.kvm_run_time): its CPU outside is its work under the interpreter lock
-    # (gpuvm.calibrate.lock_use).  Two thread-clock and two getrusage reads per timed
-    # exit, holding the lock: with kvm_run_sample_every N one exit in N on average is
-    # timed and the sums scaled to all (KvmRunTime), so the timing slows the run less.
-    time_kvm_run: bool = False
-    kvm_run_sample_every: int = 1
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:

@@ -1,7 +1,7 @@
 """`gpuvm model FILE.toml`: the model of the whole system on an experiment file's
 scenarios -- each VM replays the cached trace of its benchmark x mode (recorded on the
-emulator once), priced by a cost profile, competing for the mediator, the engine under
-the scheduler policy, and the host cores.  `--vms N` makes every scenario N VMs of its
+emulator once), priced by a cost profile, competing for the mediator and the engine
+under the scheduler policy.  `--vms N` makes every scenario N VMs of its
 kind (its VMs repeated in turn), so "1,024 VMs of this kind" needs no 1,024-VM run."""
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ def _ints(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="experiment file (TOML)")
     parser.add_argument("--profile", default=None,
-                        help="cost profile(s), comma-separated (default: the file's; "
-                             "`emulator` predicts this emulator)")
-    parser.add_argument("--cores", type=int, default=0,
-                        help="host cores (default: the profile's host_cores)")
+                        help="cost profile(s), comma-separated (default: the file's)")
     parser.add_argument("--vms", default=None, metavar="N[,N...]",
                         help="run every scenario with N VMs of its kind (several: a sweep)")
     parser.add_argument("--dask", nargs="?", const="local", default=None, metavar="ADDRESS",
@@ -61,19 +58,17 @@ def main(args: argparse.Namespace) -> int:
     if not exp.scenarios:
         raise UserError(f"{args.config}: has no scenarios of its own (a suite? give one of "
                         "its files)")
-    if args.cores < 0:
-        raise UserError(f"--cores {args.cores}: must be at least 1")
     counts = _ints(args.vms) if args.vms else [0]
-    points = points_for(exp, counts, profiles, args.cores)
+    points = points_for(exp, counts, profiles)
     traces = traces_needed(exp, points, args.backend, args.refresh)
     rows = run_sweep(exp, points, traces, args.dask,
                      progress=lambda line: print(f"model: {line}", file=sys.stderr))
     table = Table(title=f"{exp.name}: the model of the whole system")
-    for col in ("scenario", "mode", "policy", "profile", "cores", "VMs", "VM alone ms",
+    for col in ("scenario", "mode", "policy", "profile", "VMs", "VM alone ms",
                 "makespan ms", "x alone", "events"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["scenario"], r["mode"], r["policy"], r["profile"], str(r["cores"]),
+        table.add_row(r["scenario"], r["mode"], r["policy"], r["profile"],
                       f"{r['vms']:,}", f"{r['alone_ns'] / 1e6:,.2f}",
                       f"{r['makespan_ns'] / 1e6:,.2f}",
                       f"{r['makespan_ns'] / r['alone_ns']:.2f}" if r["alone_ns"] else "-",
