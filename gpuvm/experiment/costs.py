@@ -28,12 +28,6 @@ def mmio_exits(counters: Mapping[str, int]) -> int:
     return sum(v for k, v in counters.items() if k.startswith("exits.mmio."))
 
 
-# keys a profile may still carry that no longer price anything: read, and let go.
-# host_cores: the cores the old model gave the VMs (each VM now runs its own work on its
-# own vCPU); xen-2014.toml states it until that file is rewritten
-RETIRED_KEYS = frozenset({"host_cores"})
-
-
 # the counted events whose time the mediator spends holding its lock (mediator_ns)
 LOCKED_COUNTERS = frozenset({"shadow.ptes_scanned", "shadow.syncs", "shadow.bar_syncs"})
 
@@ -149,7 +143,6 @@ def load_costs(name_or_path: str) -> CostProfile:
         raise ValueError(f"cost profile {path}: needs a [costs] table ({exc})") from None
     names = {f.name for f in fields(CostProfile)} - {"name"}
     required = {f.name for f in fields(CostProfile) if f.default is MISSING} - {"name"}
-    table = {k: v for k, v in table.items() if k not in RETIRED_KEYS}
     if not required <= set(table) <= names:
         missing, extra = sorted(required - set(table)), sorted(set(table) - names)
         raise ValueError(f"cost profile {path}: "
