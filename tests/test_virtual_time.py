@@ -11,12 +11,15 @@ in virtual time (gpuvm/device/clock.py), so:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.config import ConfigError, parse
+from gpuvm.experiment.costs import COSTS_DIR, load_costs
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions, VmSpec
@@ -25,6 +28,8 @@ from gpuvm.vmm.kvm import kvm_usable
 
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"
 COSTS = load_costs("xen-2014")
+EXPERIMENT = ('[experiment]\nname = "x"\nkind = "benchmarks"\ncost_profile = "{profile}"\n'
+              '[[scenario]]\nname = "s"\n[[scenario.vm]]\nname = "a"\nbenchmark = "idle"\n')
 
 
 def _options(mode: str) -> RunOptions:
@@ -111,3 +116,23 @@ def test_fv_contends_for_the_mediator_lock_where_pv_does_not(streams):
 def test_a_stream_with_a_bad_entry_is_refused():
     with pytest.raises(ValueError, match="bad entry"):
         VmStream.from_json({"name": "a", "entries": [["x", 1, "12"]]})
+
+
+@pytest.mark.parametrize("value,why", [
+    ("-5", "trap_ns: must be a non-negative number of ns, got -5"),
+    ('"fast"', "trap_ns: must be a non-negative number of ns, got 'fast'"),
+    ("nan", "trap_ns: must be a non-negative number of ns, got nan")])
+def test_an_experiment_with_a_bad_price_is_refused_before_anything_runs(tmp_path, value, why):
+    profile = (Path(COSTS_DIR) / "xen-2014.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(re.sub(r"(?m)^trap_ns = \S+", f"trap_ns = {value}", profile))
+    text = EXPERIMENT.format(profile=bad)
+    with pytest.raises(ConfigError, match=re.escape(f"experiment.cost_profile: cost profile "
+                                                    f"{bad}: {why}")):
+        parse(text)
+
+
+def test_an_experiment_naming_no_such_profile_is_refused():
+    with pytest.raises(ConfigError, match="experiment.cost_profile: cost profile 'nosuch' "
+                                          "not found"):
+        parse(EXPERIMENT.format(profile="nosuch"))

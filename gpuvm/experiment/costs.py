@@ -8,6 +8,7 @@ profile says what it assumes.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -147,10 +148,12 @@ def load_costs(name_or_path: str) -> CostProfile:
         missing, extra = sorted(required - set(table)), sorted(set(table) - names)
         raise ValueError(f"cost profile {path}: "
                          + (f"missing {missing[0]!r}" if missing else f"unknown {extra[0]!r}"))
-    try:
-        return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"cost profile {path}: {exc}") from None
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"cost profile {path}: {key}: must be a non-negative number "
+                             f"of ns, got {value!r}")
+    return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
 
 
 # ------------------------------------------------------------------ host memory (issue 16)
