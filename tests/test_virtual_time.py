@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
 from gpuvm.vmm.kvm import kvm_usable
+from scheduler.config import SchedulerConfig
 
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"
 COSTS = load_costs("xen-2014")
@@ -136,3 +138,38 @@ def test_an_experiment_naming_no_such_profile_is_refused():
     with pytest.raises(ConfigError, match="experiment.cost_profile: cost profile 'nosuch' "
                                           "not found"):
         parse(EXPERIMENT.format(profile="nosuch"))
+
+
+def _window_shares(metrics: dict) -> dict[str, float]:
+    """Each VM's GPU utilisation while both compete (from the later arrival to the
+    first VM's last kernel), in percent."""
+    t0 = max(m.added_at for m in metrics.values())
+    t1 = min(max(e for _, e in m.busy) for m in metrics.values())
+    return {vm: m.utilisation_between(t0, t1) * 100 for vm, m in metrics.items()}
+
+
+@pytest.mark.parametrize("policy", ["band", "credit"])
+def test_the_model_gives_the_emulators_isolation_shares_within_one_point(policy):
+    """Short kernels against long ones arriving later (the isolation experiment, scaled
+    down): the model, replaying each VM's stream recorded alone through the same policy,
+    gives the emulator's GPU shares within 1 pp and its per-VM times within 1%."""
+    sched = {"policy": policy, "period_ms": 30, "band_wait_us": 500}
+    options = replace(_options("fv-opt"), scheduler=sched)
+    a = VmSpec("A", "loop", [2_000_000, 300])
+    b = VmSpec("B", "loop", [20_000_000, 25], start_delay=0.3)
+    alone = {}
+    for spec in (a, b):
+        (r,) = run_vms([replace(spec, start_delay=0)], options)
+        alone[spec.name] = VmStream(spec.name, tuple(
+            tuple(e) for e in r.session.clock_party.stream.entries))
+    together = run_vms([a, b], options)
+    assert all(r.passed for r in together)
+    model = replay([alone["A"], alone["B"].with_start(300_000_000)],
+                   scheduler=SchedulerConfig.from_dict(sched))
+    emulated = _window_shares({r.spec.name: r.scheduler for r in together})
+    modelled = _window_shares(model.metrics)
+    for vm in ("A", "B"):
+        assert modelled[vm] == pytest.approx(emulated[vm], abs=1.0)
+    for r in together:
+        start = round(r.spec.start_delay * 1e9)
+        assert model.end_ns[r.spec.name] - start == pytest.approx(_vm_ns(r), rel=0.01)
