@@ -164,7 +164,7 @@ def test_the_model_gives_the_emulators_isolation_shares_within_one_point(policy)
             tuple(e) for e in r.session.clock_party.stream.entries))
     together = run_vms([a, b], options)
     assert all(r.passed for r in together)
-    model = replay([alone["A"], alone["B"].with_start(300_000_000)],
+    model = replay([alone["A"], alone["B"].placed("B", 300_000_000)],
                    scheduler=SchedulerConfig.from_dict(sched))
     emulated = _window_shares({r.spec.name: r.scheduler for r in together})
     modelled = _window_shares(model.metrics)
