@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
+SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
 COSTS_DIR = Path("experiments") / "costs"
 TRACE_REPS = 2  # --trace-reps's default: a bundle's command names it only where it differs
 
@@ -103,6 +104,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunk", default="4M", help="pinning chunk (default 4M)")
     g.add_argument("--chunk-offset", default="0",
                    help="shift the chunk grid by this much (e.g. 1M: chunk edges inside huge pages)")
+    g.add_argument("--also-offset", default="1M",
+                   help="a second chunk grid for the pin and D2H-into rows (default 1M: every "
+                        "chunk edge inside a 2 MiB huge page; 0: none)")
+    g.add_argument("--shmem-thp", default="never,always",
+                   help="shmem_enabled modes to measure under, each set as root and put "
+                        "back after (default never,always; 'asis': the machine's own)")
+    g.add_argument("--smart-pinning", action="store_true",
+                   help="time the smart-pinning workload (pin none / all / the profile's hot "
+                        "allocations) instead; writes gpu-<model>-smart.toml")
+    g.add_argument("--smart-sizes", default="4K,16K,64K,256K,1M,4M,16M,64M,256M,1G",
+                   help="allocation sizes for --smart-pinning")
     g.add_argument("--reps", type=int, default=7, help=f"repetitions (>= {MIN_REPS}; default 7)")
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
@@ -221,8 +233,15 @@ def main_gpu(args: argparse.Namespace) -> int:
     if chunk % 4096 or pin_bytes % 4096 or offset % 4096 or any(s % 4096 for s in sizes):
         raise UserError("--sizes, --pin-size, --chunk and --chunk-offset must be multiples "
                         "of 4 KiB")
-    if offset >= chunk:
-        raise UserError(f"--chunk-offset {args.chunk_offset} must be smaller than --chunk")
+    also = 0 if args.also_offset.strip() == "0" else parse_size(args.also_offset)
+    if offset >= chunk or also >= chunk or also % 4096:
+        raise UserError("--chunk-offset and --also-offset must be 4 KiB multiples smaller "
+                        "than --chunk")
+    modes = () if args.shmem_thp == "asis" else tuple(m.strip() for m in args.shmem_thp.split(","))
+    bad = [m for m in modes if m not in SHMEM_MODES]
+    if bad:
+        raise UserError(f"--shmem-thp {bad[0]!r} is not one of {', '.join(SHMEM_MODES)} or asis")
+    smart = tuple(parse_sizes(args.smart_sizes)) if args.smart_pinning else ()
     try:
         cuda = find_backend(args.backend)
     except NoGpu as exc:
@@ -230,10 +249,17 @@ def main_gpu(args: argparse.Namespace) -> int:
         return EXIT_NO_GPU
     command = "gpuvm calibrate " + shlex.join(sys.argv[sys.argv.index("calibrate") + 1:]) \
         if "calibrate" in sys.argv else "gpuvm calibrate --gpu"
-    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command, offset)
-    log = (lambda m: print(f"… {m}", file=sys.stderr)) if not args.json else (lambda m: None)
-    profile = gpu.calibrate(cuda, plan, log)
-    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}.toml"
+    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command, offset, modes,
+                    (also,) if also else (), smart, transfers=not args.smart_pinning)
+    log = (lambda m: print(f"… {m}", file=sys.stderr, flush=True)) if not args.json \
+        else (lambda m: None)
+    try:
+        profile = gpu.calibrate(cuda, plan, log)
+    except NoGpu as exc:
+        print(f"gpuvm: error: calibrate --gpu: {exc}", file=sys.stderr)
+        return EXIT_NO_GPU
+    suffix = "-smart" if args.smart_pinning else ""
+    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_toml(profile))
     if args.json:
@@ -249,38 +275,75 @@ def print_profile(profile) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from gpuvm.calibrate.smart_pinning import crossover
+
     d = profile.device
-    console = Console(width=120)
+    console = Console(width=140)
     console.print(escape(f"{d.gpu}, driver {d.driver}, CUDA {d.cuda_runtime}, {d.backend}, "
                          f"kernel {d.kernel}; shmem THP [{d.shmem_thp}], anon THP "
                          f"[{d.anon_thp}]; measured {d.date}; {d.reps} reps, median [min–max]"))
-    t = Table(title="copy bandwidth, GiB/s")
-    for col in ("size", "direction", "host memory", escape("GiB/s median [min–max]")):
-        t.add_column(col)
-    for b in profile.bandwidth:
-        t.add_row(human(b.nbytes), b.direction.upper(), b.host, escape(b.gib_s.text()))
-    console.print(t)
-    grid = f", grid shifted {human(d.chunk_offset)}" if d.chunk_offset else ""
-    t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), {human(d.chunk_bytes)} "
-                    f"chunks{grid}")
-    for col in ("memory", "huge-mapped", "size", "register ms", "unregister ms",
-                "µs/chunk pin", "µs/chunk unpin"):
-        t.add_column(col)
-    for p in profile.pin:
-        t.add_row(p.memory, human(p.huge_kib * 1024) if p.huge_kib else "0", human(p.nbytes),
-                  escape(p.register_ms.text()), escape(p.unregister_ms.text()),
-                  f"{p.register_ms.median * 1000 / p.chunks:.1f}",
-                  f"{p.unregister_ms.median * 1000 / p.chunks:.1f}")
-    console.print(t)
-    t = Table(title="D2H into a memfd (THP vs MADV_NOHUGEPAGE), GiB/s")
-    for col in ("memory", "how the driver handles it", "huge-mapped before→after",
-                escape("GiB/s median [min–max]")):
-        t.add_column(col)
-    for c in profile.d2h_into:
-        t.add_row(c.memory, c.mode, f"{human(c.huge_kib_before * 1024) if c.huge_kib_before else '0'}"
-                  f" → {human(c.huge_kib_after * 1024) if c.huge_kib_after else '0'}",
-                  escape(c.gib_s.text()))
-    console.print(t)
+    for s in profile.thp:
+        console.print(escape(f"shmem THP {s.requested}: reads [{s.selected}]"
+                             + (f" -- NOT measured: {s.note}" if s.note else "")))
+    if profile.bandwidth:
+        t = Table(title="copy bandwidth, GiB/s")
+        for col in ("shmem THP", "size", "direction", "host memory",
+                    escape("GiB/s median [min–max]")):
+            t.add_column(col)
+        for b in profile.bandwidth:
+            t.add_row(b.shmem_thp, human(b.nbytes), b.direction.upper(), b.host,
+                      escape(b.gib_s.text()))
+        console.print(t)
+    if profile.pin:
+        t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), "
+                        f"{human(d.chunk_bytes)} chunks")
+        for col in ("shmem THP", "grid at", "memory", "huge-mapped before→after", "size",
+                    "register ms", "unregister ms", "µs/chunk pin", "µs/chunk unpin"):
+            t.add_column(col)
+        for p in profile.pin:
+            pin_us, unpin_us = p.per_chunk_us()
+            t.add_row(p.shmem_thp, human(p.chunk_offset) if p.chunk_offset else "0", p.memory,
+                      f"{_kib(p.huge_kib)} → {_kib(p.huge_kib_after)}", human(p.nbytes),
+                      escape(p.register_ms.text()), escape(p.unregister_ms.text()),
+                      f"{pin_us:.1f}", f"{unpin_us:.1f}")
+        console.print(t)
+    if profile.d2h_into:
+        t = Table(title="D2H into a memfd (THP vs MADV_NOHUGEPAGE), GiB/s; huge pages: the "
+                        "region's (smaps) and the system's ShmemHugePages (meminfo)")
+        for col in ("shmem THP", "grid at", "memory", "how the driver handles it",
+                    "region huge before→after", "system shmem huge before→after",
+                    escape("GiB/s median [min–max]")):
+            t.add_column(col)
+        for c in profile.d2h_into:
+            t.add_row(c.shmem_thp, human(c.chunk_offset) if c.chunk_offset else "0", c.memory,
+                      c.mode, f"{_kib(c.huge_kib_before)} → {_kib(c.huge_kib_after)}",
+                      f"{_kib(c.shmem_huge_kib_before)} → {_kib(c.shmem_huge_kib_after)}",
+                      escape(c.gib_s.text()))
+        console.print(t)
+        console.print(f"huge-page split cost from these rows: {profile.thp_split_us()} µs "
+                      "(0: the kernel split nothing)")
+    if profile.smart:
+        t = Table(title="smart pinning: allocate + fill + copies + free, ms median [min–max]")
+        for col in ("size", *(f"{p}" for p in ("none", "smart", "all")), "smart/none",
+                    "all/none"):
+            t.add_column(col)
+        by = {(r.policy, r.nbytes): r for r in profile.smart}
+        for size in sorted({r.nbytes for r in profile.smart}):
+            row = [by.get((p, size)) for p in ("none", "smart", "all")]
+            if None in row:
+                continue
+            t.add_row(human(size), *(escape(r.ms.text(3)) for r in row),
+                      f"{row[1].ms.median / row[0].ms.median:.2f}",
+                      f"{row[2].ms.median / row[0].ms.median:.2f}")
+        console.print(t)
+        for policy, against in (("smart", "none"), ("all", "none"), ("all", "smart")):
+            size = crossover(profile.smart, policy, against)
+            console.print(f"{policy} beats {against} from "
+                          f"{human(size) if size else 'no size measured'} up")
+
+
+def _kib(kib: int) -> str:
+    return "?" if kib < 0 else human(kib * 1024) if kib else "0"
 
 
 # ------------------------------------------------------------------ --emulator
