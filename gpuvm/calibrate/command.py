@@ -177,6 +177,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--vms", default=None,
                    help="VM/process counts (default --pt-footprint: 1,8; --lock-use: "
                         "experiments/scaling.toml's)")
+    f.add_argument("--mmu", choices=("fermi", "v2"), default="fermi",
+                   help="page-table format: the emulated Fermi's (4K/128K pages) or a current "
+                        "NVIDIA GPU's five-level one (4K/64K/2M pages, gpuvm.calibrate.mmu_v2)")
+    f.add_argument("--build-limit", default="3G",
+                   help="--mmu v2: build and read back only tables that fit this much "
+                        "emulated VRAM (default 3G); larger ones are counted")
     f.add_argument("--no-cross-check", action="store_true",
                    help="arithmetic only: skip building the tables in emulated VRAM")
 
@@ -1064,6 +1070,8 @@ def main_footprint(args: argparse.Namespace) -> int:
     from gpuvm.calibrate.footprint import build_and_count, footprint_table
 
     nbytes, counts = parse_size(args.map_size), parse_counts(args.vms or "1,8")
+    if args.mmu == "v2":
+        return main_footprint_v2(args, nbytes, counts)
     try:
         rows = footprint_table(nbytes, counts)
     except ValueError as exc:
@@ -1093,4 +1101,47 @@ def main_footprint(args: argparse.Namespace) -> int:
                   f"{r.ptes:,}", f"{r.pdes:,}", f"{r.entry_bytes:,} B ({human(r.entry_bytes)})",
                   str(r.pts), human(r.pt_bytes), "yes" if r in built else "not built")
     Console(width=140).print(t)
+    return 0
+
+
+def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) -> int:
+    from gpuvm.calibrate import mmu_v2
+
+    limit = 0 if args.no_cross_check else parse_size(args.build_limit)
+    try:
+        rows = mmu_v2.study(nbytes, counts, limit)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    bad = [(f, b) for f, b in rows if b is not None and not mmu_v2.agrees(f, b)]
+    if bad:
+        print(f"gpuvm: error: read back differs from the counts for {bad[0][0]}: {bad[0][1]}",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"page": f.page, "nbytes": f.nbytes, "spaces": f.spaces,
+                           "shared": f.shared, "tables": f.tables, "entries": f.entries,
+                           "table_bytes": f.table_bytes, "pte_bytes": f.pte_bytes,
+                           "seed_bytes": f.entries["pte"] * mmu_v2.SEED_PTE_BYTES,
+                           "built": b is not None,
+                           "vram_used": b.vram_used if b else mmu_v2.vram_needed(f),
+                           "pages_translated": f"{b.pages_translated}/{b.pages_checked}"
+                           if b else None} for f, b in rows], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"version-2 GPU page tables mapping {human(nbytes)} of pinned sysram "
+                    "(PD3/PD2/PD1/PD0 + 4K or 64K page tables; 2M pages in PD0)")
+    for col in ("page", "spaces", "mapping", "page entries", "tables", "table bytes",
+                "VRAM (4K-aligned)", "seed: 8 B/page", "built, read back"):
+        t.add_column(col, justify="right")
+    for f, b in rows:
+        t.add_row(f.page, str(f.spaces), "shared once" if f.shared else "own tables",
+                  f"{f.entries['pte']:,}", f"{sum(f.tables.values()):,}",
+                  f"{f.table_bytes:,} ({human(f.table_bytes)})",
+                  human(b.vram_used if b else mmu_v2.vram_needed(f)),
+                  human(f.entries["pte"] * mmu_v2.SEED_PTE_BYTES),
+                  f"yes, {b.pages_translated}/{b.pages_checked} pages translated" if b
+                  else "counted only (over --build-limit)")
+    Console(width=160).print(t)
     return 0
