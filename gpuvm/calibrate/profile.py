@@ -135,7 +135,8 @@ class GpuProfile:
         huge = [p.shmem_thp for p in self.pin if p.memory == "memfd-thp" and p.huge_kib > 0]
         return huge[-1] if huge else self.device.costs_shmem_thp or self.device.shmem_thp
 
-    def _rows(self, rows: list) -> list:
+    def costs_rows(self, rows: list) -> list:
+        """The rows [costs] comes from: the costs mode's, on the main chunk grid."""
         mode = self.costs_mode()
         picked = [r for r in rows if r.shmem_thp in ("", mode)
                   and getattr(r, "chunk_offset", 0) == self.device.chunk_offset]
@@ -162,17 +163,17 @@ class GpuProfile:
         """Medians the emulator prices events with: bandwidth at the largest size measured,
         pin/unpin per chunk per memory kind, the measured split cost."""
         out: dict[str, float] = {}
-        bandwidth = self._rows(self.bandwidth)
+        bandwidth = self.costs_rows(self.bandwidth)
         largest = max((b.nbytes for b in bandwidth), default=0)
         for b in bandwidth:
             if b.nbytes == largest:
                 out[f"{b.direction}_{b.host}_gib_s"] = round(b.gib_s.median, 3)
-        for p in self._rows(self.pin):
+        for p in self.costs_rows(self.pin):
             key = p.memory.replace("-", "_")
             pin_us, unpin_us = p.per_chunk_us()
             out[f"pin_chunk_{key}_us"] = round(pin_us, 3)
             out[f"unpin_chunk_{key}_us"] = round(unpin_us, 3)
-        for c in self._rows(self.d2h_into):
+        for c in self.costs_rows(self.d2h_into):
             key = f"d2h_{c.mode}_{c.memory}".replace("-", "_")
             out[f"{key}_gib_s"] = round(c.gib_s.median, 3)
         if self.d2h_into:

@@ -124,8 +124,6 @@ class HostMemTracker:
         self.events.append(record)
 
     def _pin(self, gpa: int, length: int, write: bool) -> None:
-        if write:
-            self._add("huge_cuts", self.cuts(gpa, length))
         before = self.ram.huge_kib() if self.thp else 0
         if self.nohugepage_pinned and self.thp and length:
             self.ram.advise_nohugepage(gpa, length)
@@ -133,6 +131,8 @@ class HostMemTracker:
             self._advised[first:last + 1] = True
         if self.thp:
             self._add("huge_splits", max(0, before - self.ram.huge_kib()) // (HUGE_PAGE >> 10))
+        if write:  # after the advice: pages advised 4 KiB are not cut (the report's cure)
+            self._add("huge_cuts", self.cuts(gpa, length))
         huge = self.thp_bytes(gpa, length)
         self._add("pins")
         self._add("pin_bytes", length)
