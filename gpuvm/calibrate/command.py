@@ -236,13 +236,13 @@ def main_gpu(args: argparse.Namespace) -> int:
     sizes, pin_bytes, chunk = parse_sizes(args.sizes), parse_size(args.pin_size), \
         parse_size(args.chunk)
     offset = 0 if args.chunk_offset.strip() == "0" else parse_size(args.chunk_offset)
-    if chunk % 4096 or pin_bytes % 4096 or offset % 4096 or any(s % 4096 for s in sizes):
-        raise UserError("--sizes, --pin-size, --chunk and --chunk-offset must be multiples "
-                        "of 4 KiB")
+    if chunk % 4096 or pin_bytes % 4096 or any(s % 4096 for s in sizes):
+        raise UserError("--sizes, --pin-size and --chunk must be multiples of 4 KiB")
     also = 0 if args.also_offset.strip() == "0" else parse_size(args.also_offset)
-    if offset >= chunk or also >= chunk or also % 4096:
-        raise UserError("--chunk-offset and --also-offset must be 4 KiB multiples smaller "
-                        "than --chunk")
+    for flag, value, text in (("--chunk-offset", offset, args.chunk_offset),
+                              ("--also-offset", also, args.also_offset)):
+        if value >= chunk or value % 4096:
+            raise UserError(f"{flag} {text} must be a 4 KiB multiple smaller than --chunk")
     modes = () if args.shmem_thp == "asis" else tuple(m.strip() for m in args.shmem_thp.split(","))
     bad = [m for m in modes if m not in SHMEM_MODES]
     if bad:
