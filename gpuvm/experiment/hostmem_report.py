@@ -24,6 +24,7 @@ from gpuvm.experiment.execute import VmRow
 TOLERANCE = 0.10  # the "within 10%"
 MEASURED = "gpu-h200"
 SMART = "gpu-h200-smart"
+SMART_AGAIN = ("gpu-h200-smart-2",)  # later sittings of the same command: their crossovers
 
 
 def _gib_s(nbytes: int, ns: float) -> float:
@@ -268,12 +269,18 @@ def _smart_measured(rows: list[VmRow], costs: HostMemCosts) -> list[str]:
             continue
         md.append(f"| {size} | {n.ms.text(3)} | {s_.ms.text(3)} | {a.ms.text(3)} | "
                   f"{s_.ms.median / n.ms.median:.2f} | {a.ms.median / n.ms.median:.2f} |")
-    cross = {pair: crossover(prof.smart, *pair)
-             for pair in (("smart", "none"), ("all", "none"), ("all", "smart"))}
     md += ["", "Crossover (the smallest size from which the first beats the second at every "
-           "larger size measured): " + "; ".join(
-               f"{a} beats {b} from {v if v is not None else 'no size'} B" for (a, b), v in
-               cross.items()) + ".", "",
+           "larger size measured):", ""]
+    for name in (SMART, *SMART_AGAIN):
+        path = COSTS_DIR / f"{name}.toml"
+        if not path.exists():
+            continue
+        sitting = prof if name == SMART else gpu_profile.load(path)
+        md.append(f"- `{name}` ({sitting.device.date}): " + "; ".join(
+            f"{a} beats {b} from {v if v is not None else 'no size'} B"
+            for a, b in (("smart", "none"), ("all", "none"), ("all", "smart"))
+            for v in (crossover(sitting.smart, a, b),)) + ".")
+    md += ["",
            "The emulator's model against it, at the experiment's sizes (ratios of the "
            f"modelled times above, `{costs.name}`, vs the measured medians):", "",
            "| size | smart/none modelled | measured | all/none modelled | measured |",
@@ -290,11 +297,10 @@ def _smart_measured(rows: list[VmRow], costs: HostMemCosts) -> list[str]:
                   f"{meas['smart'].ms.median / meas['none'].ms.median:.2f} | "
                   f"{ns['all'] / ns['none']:.2f} | "
                   f"{meas['all'].ms.median / meas['none'].ms.median:.2f} |")
-    return md + ["", "Where they differ the model is missing what the GPU charges: a fixed "
-                 "cost per pinned allocation (cudaHostAlloc/cudaFreeHost, which makes pinning "
-                 "lose below the crossover) and the page faults of filling fresh pageable "
-                 "memory (which pinned allocations pay up front and which make pinning "
-                 "everything win above it).", ""]
+    return md + ["", "The model prices bytes only: it has no fixed cost of pinning "
+                 "(cudaHostAlloc/cudaFreeHost, which makes pinning lose below the crossover "
+                 "on the GPU) and no cost for faulting fresh pageable memory in, so its "
+                 "ratios cannot move with size as the measured ones do.", ""]
 
 
 def hostmem_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]:
