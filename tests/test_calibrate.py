@@ -72,6 +72,8 @@ def test_one_of_gpu_footprint_or_show_is_required(capsys):
     (["--chunk", "4M", "--chunk-offset", "4M"], "--chunk-offset 4M"),
     (["--chunk", "6000"], "multiples of 4 KiB"),
     (["--sizes", "64M,oops"], "'oops'"),
+    (["--shmem-thp", "never,sometimes"], "--shmem-thp 'sometimes'"),
+    (["--also-offset", "5000"], "--also-offset 5000"),
 ])
 def test_bad_gpu_arguments_are_one_line_before_any_gpu_work(capsys, argv, culprit):
     rc, out, err = calibrate(capsys, "--gpu", *argv)

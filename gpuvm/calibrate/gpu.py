@@ -244,8 +244,8 @@ def calibrate(cuda: CudaBackend, plan: Plan,
 
 
 def host_summary() -> str:
-    """'16 cores, 125 GiB' and the virtualisation systemd-detect-virt style hints we can
-    read without tools (DMI product name)."""
+    """'16 cores, MemTotal 125 GiB' and the DMI product name where there is one: which
+    machine a profile was measured on, read without tools."""
     mem = 0
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
