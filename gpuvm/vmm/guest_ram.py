@@ -61,6 +61,7 @@ ALLOC_ENV = "GPUVM_RAM_ALLOC"
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", 10)
 
 
 def default_allocation() -> str:
@@ -121,6 +122,9 @@ class GuestRam:
             self._keepable = False
             self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # a child forked meanwhile (a compiler, a VM process) would share the pages
+            # copy-on-write, and the guest's next store would split the huge page under it
+            self._map.madvise(MADV_DONTFORK)
         else:
             if kept is None:
                 self._fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
