@@ -27,6 +27,8 @@ REGION_KINDS: dict[str, tuple[bool, int | None]] = {
     "anon-4k": (False, getattr(mmap, "MADV_NOHUGEPAGE", 15)),
     # anonymous memory as a program gets it (THP as the system default says)
     "anon": (False, None),
+    # anonymous memory with huge pages asked for (anon THP `madvise` grants them)
+    "anon-thp": (False, getattr(mmap, "MADV_HUGEPAGE", 14)),
     # one memfd holding guest RAM, shmem THP asked for
     "memfd-thp": (True, getattr(mmap, "MADV_HUGEPAGE", 14)),
     # the same memfd with huge pages refused on the range (the recovery in the field report)
@@ -56,6 +58,36 @@ def read_knob(path: Path) -> str:
         return selected_mode(path.read_text())
     except (OSError, ValueError):
         return "unavailable"
+
+
+def set_knob(path: Path, mode: str) -> str | None:
+    """Select `mode` on a sysfs THP knob; None once the knob reads it back, else why not
+    (not root, no such knob, a mode this kernel lacks)."""
+    try:
+        path.write_text(mode)
+    except OSError as exc:
+        return f"cannot set {path} to {mode!r}: {exc.strerror or exc}"
+    now = read_knob(path)
+    return None if now == mode else f"{path} reads [{now}] after writing {mode!r}"
+
+
+# /proc/meminfo counts of huge-page-backed memory, system wide (kB)
+MEMINFO_HUGE = ("AnonHugePages", "ShmemHugePages", "ShmemPmdMapped")
+
+
+def meminfo_kib(text: str | None = None) -> dict[str, int]:
+    """The huge-page lines of /proc/meminfo (or of `text`), in kB; absent ones are 0."""
+    if text is None:
+        try:
+            text = Path("/proc/meminfo").read_text()
+        except OSError:
+            text = ""
+    out = dict.fromkeys(MEMINFO_HUGE, 0)
+    for line in text.splitlines():
+        kb = _KB_FIELD.match(line)
+        if kb and kb.group(1) in out:
+            out[kb.group(1)] = int(kb.group(2))
+    return out
 
 
 def smaps_kib(smaps_text: str, start: int, end: int) -> dict[str, int]:
