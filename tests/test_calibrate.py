@@ -16,6 +16,7 @@ from hypothesis import given, strategies as st
 
 from gpuvm import cli
 from gpuvm.calibrate import hostmem
+from gpuvm import host_pages
 from gpuvm.calibrate.command import model_slug, parse_size
 from gpuvm.calibrate.gpu import chunks
 from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
@@ -134,13 +135,13 @@ THPeligible:    1
 
 
 def test_smaps_fields_are_summed_over_the_vmas_a_region_spans():
-    region = hostmem.smaps_kib(SMAPS, 0x7F0000000000, 0x7F0000400000)
+    region = host_pages.smaps_kib(SMAPS, 0x7F0000000000, 0x7F0000400000)
     assert region["Size"] == 4096 and region["Rss"] == 4096
-    assert region["ShmemPmdMapped"] == 2048 and hostmem.huge_kib(region) == 2048
+    assert region["ShmemPmdMapped"] == 2048 and host_pages.huge_kib(region) == 2048
     assert "THPeligible" not in region  # not a kB field
-    anon = hostmem.smaps_kib(SMAPS, 0x7F0000400000, 0x7F0000401000)
+    anon = host_pages.smaps_kib(SMAPS, 0x7F0000400000, 0x7F0000401000)
     assert anon == {"Size": 2048, "Rss": 1024, "AnonHugePages": 2048}
-    assert hostmem.smaps_kib(SMAPS, 0x7F0000600000, 0x7F0000700000) == {}
+    assert host_pages.smaps_kib(SMAPS, 0x7F0000600000, 0x7F0000700000) == {}
 
 
 @pytest.mark.parametrize("text, mode", [
@@ -149,12 +150,12 @@ def test_smaps_fields_are_summed_over_the_vmas_a_region_spans():
     ("always [madvise] never\n", "madvise"),
 ])
 def test_thp_knob_selected_mode(text, mode):
-    assert hostmem.selected_mode(text) == mode
+    assert host_pages.selected_mode(text) == mode
 
 
 def test_thp_knob_without_a_selection_is_an_error():
     with pytest.raises(ValueError, match="no \\[selected\\] mode"):
-        hostmem.selected_mode("always madvise never")
+        host_pages.selected_mode("always madvise never")
 
 
 @pytest.mark.parametrize("kind", sorted(hostmem.REGION_KINDS))
@@ -178,8 +179,8 @@ def test_host_regions_are_seen_in_smaps_once_populated(kind):
 
 
 def test_thp_memfd_is_huge_when_the_kernel_allows_it():
-    if hostmem.read_knob(hostmem.SHMEM_THP_KNOB) not in ("advise", "always", "within_size"):
-        pytest.skip(f"shmem THP is {hostmem.read_knob(hostmem.SHMEM_THP_KNOB)!r} here")
+    if host_pages.read_knob(host_pages.SHMEM_THP_KNOB) not in ("advise", "always", "within_size"):
+        pytest.skip(f"shmem THP is {host_pages.read_knob(host_pages.SHMEM_THP_KNOB)!r} here")
     region = hostmem.HostRegion.open("memfd-thp", 8 << 20)
     try:
         region.populate()
@@ -330,17 +331,17 @@ def test_hot_allocations_are_those_copied_more_than_the_threshold():
 
 def test_meminfo_huge_page_lines():
     text = "MemTotal: 100 kB\nAnonHugePages:    4096 kB\nShmemHugePages:  2048 kB\n"
-    assert hostmem.meminfo_kib(text) == {"AnonHugePages": 4096, "ShmemHugePages": 2048,
+    assert host_pages.meminfo_kib(text) == {"AnonHugePages": 4096, "ShmemHugePages": 2048,
                                          "ShmemPmdMapped": 0}
-    assert set(hostmem.meminfo_kib()) == set(hostmem.MEMINFO_HUGE)
+    assert set(host_pages.meminfo_kib()) == set(host_pages.MEMINFO_HUGE)
 
 
 def test_a_knob_that_does_not_take_the_mode_says_why(tmp_path):
     knob = tmp_path / "shmem_enabled"
     knob.write_text("always [never]\n")
-    why = hostmem.set_knob(knob, "always")  # a plain file reads back what was written
+    why = host_pages.set_knob(knob, "always")  # a plain file reads back what was written
     assert why is not None and "reads [unavailable]" in why
-    assert "cannot set" in hostmem.set_knob(tmp_path / "no" / "knob", "always")
+    assert "cannot set" in host_pages.set_knob(tmp_path / "no" / "knob", "always")
 
 
 class MemmoveBackend:

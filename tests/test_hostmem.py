@@ -52,7 +52,7 @@ def test_guest_ram_backings_and_smaps():
 def _rss_kib(ram: GuestRam) -> int:
     from pathlib import Path
 
-    from gpuvm.calibrate.hostmem import smaps_kib
+    from gpuvm.host_pages import smaps_kib
     return smaps_kib(Path("/proc/self/smaps").read_text(), ram.host_address,
                      ram.host_address + ram.size)["Rss"]
 
@@ -122,7 +122,7 @@ def test_the_default_allocation_is_immediate_unless_the_environment_says(monkeyp
 
 
 def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
-    from gpuvm.calibrate import hostmem as knobs
+    from gpuvm import host_pages as knobs
 
     mode = knobs.read_knob(knobs.SHMEM_THP_KNOB)
     if mode not in ("advise", "always", "within_size"):
@@ -140,7 +140,7 @@ def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
 def test_thp_guest_ram_is_on_huge_pages_even_with_shmem_thp_off():
     """"thp" guest RAM is a memfd where shmem THP is on, else anonymous memory that
     MADV_HUGEPAGE puts on huge pages -- which then cannot be shared with another process."""
-    from gpuvm.calibrate import hostmem as knobs
+    from gpuvm import host_pages as knobs
 
     if knobs.read_knob(knobs.ANON_THP_KNOB) not in ("always", "madvise"):
         pytest.skip(f"anonymous THP is {knobs.read_knob(knobs.ANON_THP_KNOB)!r} here")

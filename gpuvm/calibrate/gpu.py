@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpuvm.calibrate import hostmem, smart_pinning
+from gpuvm import host_pages
 from gpuvm.calibrate.cuda import CudaBackend, driver_version
 from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
                                      ThpSetting)
@@ -155,7 +156,7 @@ def measure_d2h_into(cuda: CudaBackend, plan: Plan, dev: int, kind: str, shmem: 
         region = hostmem.HostRegion.open(kind, plan.pin_bytes)
         try:
             region.populate()
-            before, sys_before = region.thp_kib(), hostmem.meminfo_kib()["ShmemHugePages"]
+            before, sys_before = region.thp_kib(), host_pages.meminfo_kib()["ShmemHugePages"]
             pieces = chunks(region.address, plan.pin_bytes, plan.chunk_bytes, offset)
             if mode == "pageable":
                 def copy() -> None: cuda.d2h(region.address, dev, plan.pin_bytes)
@@ -177,7 +178,7 @@ def measure_d2h_into(cuda: CudaBackend, plan: Plan, dev: int, kind: str, shmem: 
                 unpin_all(cuda, pieces)
             rows.append(CopyInto(kind, mode, plan.pin_bytes, before, region.thp_kib(),
                                  rate(plan.pin_bytes, samples), shmem, offset, sys_before,
-                                 hostmem.meminfo_kib()["ShmemHugePages"], samples))
+                                 host_pages.meminfo_kib()["ShmemHugePages"], samples))
         finally:
             region.close()
     return rows
@@ -208,12 +209,13 @@ def calibrate(cuda: CudaBackend, plan: Plan,
               progress: Callable[[str], None] = lambda _: None) -> GpuProfile:
     """Measure under each shmem THP mode of the plan (set and put back here, where the
     kernel lets us), then the smart-pinning benchmark if the plan has sizes."""
-    started = hostmem.read_knob(hostmem.SHMEM_THP_KNOB)
+    started = host_pages.read_knob(host_pages.SHMEM_THP_KNOB)
     settings, bandwidth, pins, copies = [], [], [], []
     try:
         for mode in (plan.shmem_modes or (started,)) if plan.transfers else ():
-            note = "" if mode == started else hostmem.set_knob(hostmem.SHMEM_THP_KNOB, mode) or ""
-            selected = hostmem.read_knob(hostmem.SHMEM_THP_KNOB)
+            note = "" if mode == started else \
+                host_pages.set_knob(host_pages.SHMEM_THP_KNOB, mode) or ""
+            selected = host_pages.read_knob(host_pages.SHMEM_THP_KNOB)
             settings.append(ThpSetting(mode, selected, note))
             if note:
                 progress(f"shmem THP {mode!r} not measured: {note}")
@@ -224,8 +226,8 @@ def calibrate(cuda: CudaBackend, plan: Plan,
             pins += more_pins
             copies += more_copies
     finally:
-        if hostmem.read_knob(hostmem.SHMEM_THP_KNOB) != started:
-            why = hostmem.set_knob(hostmem.SHMEM_THP_KNOB, started)
+        if host_pages.read_knob(host_pages.SHMEM_THP_KNOB) != started:
+            why = host_pages.set_knob(host_pages.SHMEM_THP_KNOB, started)
             if why:
                 progress(f"could not put shmem THP back to {started!r}: {why}")
     smart = smart_pinning.measure(cuda, plan.smart_sizes, plan.reps, progress) \
@@ -235,8 +237,8 @@ def calibrate(cuda: CudaBackend, plan: Plan,
         gpu=cuda.device_name(), driver=driver_version(), cuda_runtime=cuda.runtime_version(),
         backend=cuda.name, date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=plan.command, kernel=platform.release(),
-        shmem_thp=hostmem.read_knob(hostmem.SHMEM_THP_KNOB),
-        anon_thp=hostmem.read_knob(hostmem.ANON_THP_KNOB),
+        shmem_thp=host_pages.read_knob(host_pages.SHMEM_THP_KNOB),
+        anon_thp=host_pages.read_knob(host_pages.ANON_THP_KNOB),
         reps=plan.reps, chunk_bytes=plan.chunk_bytes, chunk_offset=plan.chunk_offset,
         host=host_summary())
     profile = GpuProfile(info, bandwidth, pins, copies, settings, smart)

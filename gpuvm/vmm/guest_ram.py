@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuvm.calibrate.hostmem import SHMEM_THP_KNOB, huge_kib, read_knob, smaps_kib
+from gpuvm.host_pages import SHMEM_THP_KNOB, huge_kib, read_knob, smaps_kib
 from gpuvm.device.host_memory import close_memfd_mapping
 from gpuvm.errors import UserError
 from gpuvm.vmm.ram_pool import POOL, RamPool
