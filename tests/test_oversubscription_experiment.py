@@ -17,13 +17,12 @@ from gpuvm.experiment.oversub_report import (EMULATOR, MODEL, oversubscription_r
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.report import write_report
 from gpuvm.sim.residency import COUNTER_NAMES
+from gpuvm.sim.stream_replay import VmStream
 
 CONFIG = REPO / "experiments" / "oversubscription.toml"
-# a loop-like VM: a short Init, then 200 doorbells of 2 ms kernels
-TRACE = {"phase_counters": {
-    "Init": {"exits.mmio.bar0.write": 200, "pfifo.doorbells": 2, "engine.busy_ns": 20_000},
-    "Launch": {"exits.mmio.bar0.write": 400, "pfifo.doorbells": 200,
-               "engine.busy_ns": 400_000_000}}}
+# a loop-like VM: a short Init, then 200 doorbells of 2 ms kernels, each waited for
+TRACE = VmStream("vm", (("x", 200, 12_000, 200), *(
+    (("x", 2, 12_000, 200), ("d", 2_000_000), ("w", 2_000_000)) * 200)))
 
 
 def loader(vm, mode, policy):
@@ -31,11 +30,13 @@ def loader(vm, mode, policy):
 
 
 def emulator_row(policy: str, vm: str, counts: dict[str, int] | None, passed: bool = True,
-                 wall_ms: float = 1000.0) -> VmRow:
+                 virtual_ms: float = 1000.0) -> VmRow:
     counters = {"engine.busy_ns": 400_000_000, **(counts or {})}
+    ns = int(virtual_ms * 1e6)
     return VmRow("oversubscription", "2vm-75pct", "fv-opt", policy, 0, vm, "loop", "kvm",
                  passed, None if passed else "not run: no room", 0.5, 0.0,
-                 {"Launch": int(wall_ms * 1e6)}, {}, {}, counters, {"Launch": counters}, {})
+                 {"Launch": ns // 1000}, {"Launch": ns}, {"Launch": ns}, counters,
+                 {"Launch": counters}, {})
 
 
 def test_the_experiment_file_gives_each_vm_75_percent_of_the_vgpu_vram():
@@ -125,8 +126,8 @@ def test_the_report_tables_both_sources_and_draws_the_figure(tmp_path: Path):
              "residency_bytes": 18000 * regs.SMALL_PAGE, "residency_switches": 150,
              "residency_switch_ns": 900_000_000}
     light = {k: v // 50 for k, v in heavy.items()}
-    rows = [emulator_row("band", vm, heavy, wall_ms=3000) for vm in "AB"] + \
-        [emulator_row("quantum", vm, light, wall_ms=1200) for vm in "AB"]
+    rows = [emulator_row("band", vm, heavy, virtual_ms=3000) for vm in "AB"] + \
+        [emulator_row("quantum", vm, light, virtual_ms=1200) for vm in "AB"]
     md = "\n".join(oversubscription_report(exp, rows, tmp_path, load=loader))
     assert (tmp_path / "oversubscription-2vm-75pct.png").stat().st_size > 10_000
     assert "| BAND | fv-opt | emulator | 2/2 | 3,000.0 | 18,000 | 18,000 |" in md
@@ -148,7 +149,7 @@ def test_rows_without_residency_counters_say_the_emulator_does_not_switch(tmp_pa
 
 def test_write_report_dispatches_to_the_oversubscription_report(tmp_path, monkeypatch):
     import gpuvm.experiment.oversub_report as report_module
-    monkeypatch.setattr(report_module, "default_trace_loader", lambda backend: loader)
+    monkeypatch.setattr(report_module, "default_trace_loader", lambda backend, profile: loader)
     exp = load(CONFIG)
     rows = [emulator_row(p, vm, None) for p in ("band", "quantum") for vm in "AB"]
     text = write_report(exp, rows, tmp_path).read_text()

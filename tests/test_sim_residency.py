@@ -8,7 +8,7 @@ import pytest
 
 from gpuvm.device import regs
 from gpuvm.experiment.costs import load_costs
-from gpuvm.sim.replay import CPU, ENGINE, Step, VmTrace, replay
+from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.residency import (COUNTER_NAMES, Residency, ResidencyCosts, ResidencyError,
                                  residency_for)
 from scheduler import SchedulerConfig, SchedulerParams
@@ -44,24 +44,22 @@ def test_a_working_set_larger_than_the_gpu_is_one_clear_error():
     with pytest.raises(ResidencyError, match=r"^big: working set of 65.0 MiB exceeds the "
                                              r"GPU's 64.0 MiB of VRAM$"):
         r.add_vm("big", 65 * MiB)
-    trace = VmTrace("big", (Step(ENGINE, 1000, "Launch"),), working_set_bytes=65 * MiB)
+    stream = VmStream("big", (("d", 1000), ("w", 1000)), working_set_bytes=65 * MiB)
     with pytest.raises(ResidencyError, match="big: working set"):
-        replay([trace], residency=residency_for(XEN, 64 * MiB))
+        replay([stream], residency=residency_for(XEN, 64 * MiB))
 
 
 def gpu_bound(name: str, kernels: int = 200, kernel_ns: int = 2_000_000,
-              gap_ns: int = 20_000, working_set: int = 75 * MiB) -> VmTrace:
+              gap_ns: int = 20_000, working_set: int = 75 * MiB) -> VmStream:
     """Launch and synchronise: a short host step, then a kernel, `kernels` times."""
-    steps = []
-    for _ in range(kernels):
-        steps += [Step(CPU, gap_ns, "Launch"), Step(ENGINE, kernel_ns, "Launch")]
-    return VmTrace(name, tuple(steps), working_set_bytes=working_set)
+    entries = (("x", 1, gap_ns, -1), ("d", kernel_ns), ("w", kernel_ns)) * kernels
+    return VmStream(name, entries, working_set_bytes=working_set)
 
 
 def run(policy: str, vram: int = 100 * MiB, working_set: int = 75 * MiB):
     config = SchedulerConfig(policy, SchedulerParams(quantum_ns=100_000_000))
-    traces = [gpu_bound("A", working_set=working_set), gpu_bound("B", working_set=working_set)]
-    return replay(traces, policy=config, residency=residency_for(XEN, vram))
+    streams = [gpu_bound("A", working_set=working_set), gpu_bound("B", working_set=working_set)]
+    return replay(streams, scheduler=config, residency=residency_for(XEN, vram))
 
 
 def totals(result) -> dict[str, int]:

@@ -29,7 +29,7 @@ def mmio_exits(counters: Mapping[str, int]) -> int:
     return sum(v for k, v in counters.items() if k.startswith("exits.mmio."))
 
 
-# the counted events whose time the mediator spends holding its lock (mediator_ns)
+# the counted events whose time the mediator spends holding its lock
 LOCKED_COUNTERS = frozenset({"shadow.ptes_scanned", "shadow.syncs", "shadow.bar_syncs"})
 
 
@@ -50,7 +50,7 @@ class CostProfile:
     remap_ns: float
     # Optional keys (a profile without them prices those events at 0 / keeps the default):
     # the mediator's own part of trap_ns, done under its lock (the model of the whole
-    # system serialises it; gpuvm.sim.replay)
+    # system serialises it; gpuvm.sim.stream_replay)
     trap_mediator_ns: float = 0.0
     # one 64-bit word of a new PV page directory or table zeroed by the hypervisor: the
     # PV path allocates whole tables, and zeroing them is what the native driver does
@@ -97,18 +97,6 @@ class CostProfile:
         table it allocates (shadow.pv_space zeroes both whole)."""
         return (counters.get("hcall.set_pgd", 0) * regs.PDE_COUNT
                 + counters.get("pv.pts_allocated", 0) * regs.SMALL_PTES_PER_PT)
-
-    def mediator_ns(self, counters: dict[str, int], mediated: bool) -> float:
-        """The part of modelled_ns the mediator spends under its one lock: shadow syncs
-        and the entries they scan (GPUvm: "page shadowing locks GPU resources") and its
-        share of every trap.  PV work (validating hypercall entries, allocating and
-        zeroing tables) is per VM and runs on the VM's own hypercall path."""
-        if not mediated:
-            return 0.0
-        return (mmio_exits(counters) * self.trap_mediator_ns
-                + counters.get("shadow.ptes_scanned", 0) * self.pte_scanned_ns
-                + (counters.get("shadow.syncs", 0) + counters.get("shadow.bar_syncs", 0))
-                * self.shadow_sync_ns)
 
     def modelled_ns(self, counters: dict[str, int], mediated: bool) -> float:
         """Engine time plus every counted event at its price.

@@ -2,25 +2,25 @@
 the GPU, under an exclusive time quantum (QUANTUM) and fine-grained fair share (BAND),
 in the emulator and in the model.
 
-Emulator: each run's makespan (wall time, first VM start to last VM end) and the
+Emulator: each run's makespan (virtual time, first VM start to last VM end) and the
 mediator's residency counters summed over its VMs, read from the rows by the names the
 mediator counts them under (residency_pages_in, residency_pages_out, residency_bytes,
 residency_switches, residency_switch_ns).  A build of the emulator without residency
 switching has none of them: the table says so instead of showing zeros.
 
-Model: each VM's trace alone (gpuvm.sim.traces: the exact counts of one run of its
-benchmark, recorded once) replayed together on a GPU of the experiment's VRAM less what
-the mediator keeps for itself, each VM with its working set (`working_set_mib`, else its
-partition's framebuffer), under the same policy and scheduler parameters, with switches
-priced by the cost profile's residency_* keys (gpuvm.sim.residency).
+Model: each VM's event stream alone (gpuvm.sim.traces: one run of its benchmark on the
+virtual clock, recorded once) replayed together on a GPU of the experiment's VRAM less
+what the mediator keeps for itself, each VM with its working set (`working_set_mib`, else
+its partition's framebuffer), under the same policy and scheduler parameters, with
+switches priced by the cost profile's residency_* keys (gpuvm.sim.residency).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.profile import load_profile
@@ -30,13 +30,13 @@ from gpuvm.experiment.execute import VmRow
 from gpuvm.experiment.report import _makespan_ms
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mediator import HYP_GLOBAL
-from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import VmTrace, replay, trace_from_row
+from gpuvm.sim.stream_replay import VmStream, replay
+from gpuvm.sim.traces import TraceKey, load_trace
 from gpuvm.sim.residency import COUNTER_NAMES, residency_for
 from scheduler import SchedulerConfig
 
 EMULATOR, MODEL = "emulator", "model"
-TraceLoader = Callable[[VmConfig, str, str], Mapping[str, Any]]
+TraceLoader = Callable[[VmConfig, str, str], VmStream]
 
 
 @dataclass
@@ -128,31 +128,25 @@ def emulator_point(rows: list[VmRow], policy: str, mode: str) -> Point:
     return Point(policy, mode, EMULATOR, _makespan_ms(good), counts, passed, note)
 
 
-def default_trace_loader(backend: str) -> TraceLoader:
-    def load(vm: VmConfig, mode: str, _policy: str) -> Mapping[str, Any]:
-        from gpuvm.sim.traces import TraceKey, load_trace
-        return load_trace(TraceKey(vm.benchmark, vm.params, mode), backend)
+def default_trace_loader(backend: str, profile: str) -> TraceLoader:
+    def load(vm: VmConfig, mode: str, _policy: str) -> VmStream:
+        return load_trace(TraceKey(vm.benchmark, vm.params, mode, profile), backend)
     return load
 
 
-def model_traces(exp: Experiment, scenario: Scenario, mode: str, costs: CostProfile,
-                 load: TraceLoader, policy: str) -> list[VmTrace]:
-    mediated = MODES[mode].mediated
-    traces = []
-    for vm in scenario.vms:
-        data = load(vm, mode, policy)
-        trace = trace_from_row({**data, "vm": vm.name, "start_s": vm.start_s,
-                                "share": vm.share}, costs, mediated)
-        traces.append(replace(trace, working_set_bytes=working_set_bytes(vm, exp)))
-    return traces
+def model_streams(exp: Experiment, scenario: Scenario, mode: str, load: TraceLoader,
+                  policy: str) -> list[VmStream]:
+    return [load(vm, mode, policy).placed(vm.name, round(vm.start_s * 1e9), vm.share,
+                                          working_set_bytes(vm, exp))
+            for vm in scenario.vms]
 
 
 def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
                 costs: CostProfile, load: TraceLoader) -> Point:
-    traces = model_traces(exp, scenario, mode, costs, load, policy)
+    streams = model_streams(exp, scenario, mode, load, policy)
     config = SchedulerConfig.from_dict({**exp.scheduler, "policy": policy})
     residency = residency_for(costs, gpu_vram_bytes(exp) - HYP_GLOBAL)
-    result = replay(traces, policy=config, residency=residency)
+    result = replay(streams, scheduler=config, residency=residency)
     counts = {name: sum(c[name] for c in result.residency.values()) for name in COUNTER_NAMES}
     return Point(policy, mode, MODEL, result.makespan_ns / 1e6, counts)
 
@@ -179,9 +173,8 @@ def _cell(value: float | int | None, fmt: str) -> str:
 
 
 def _figure(scenario: str, points: list[Point], path: Path) -> Path:
-    """Makespan per policy from each source on its own axis (the emulator's wall time
-    and the model's modelled time differ by orders of magnitude), and the pages moved
-    side by side."""
+    """Makespan per policy from each source on its own axis, and the pages moved side by
+    side."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -197,7 +190,7 @@ def _figure(scenario: str, points: list[Point], path: Path) -> Path:
         ax.bar_label(drawn, labels=["n/a" if v is None else f"{v:,.0f}" for v in vals],
                      fontsize=7)
 
-    for i, (ax, source, what) in enumerate(((axes[0], EMULATOR, "wall"),
+    for i, (ax, source, what) in enumerate(((axes[0], EMULATOR, "virtual"),
                                             (axes[1], MODEL, "modelled"))):
         got = {(p.policy, p.mode): p.makespan_ms for p in points if p.source == source}
         bars(ax, range(len(labels)), [got.get(k) for k in labels], 0.6, color=f"C{i}")
@@ -239,7 +232,7 @@ def _verdict(points: list[Point], source: str) -> str | None:
 def oversubscription_report(exp: Experiment, rows: list[VmRow], out: Path,
                             load: TraceLoader | None = None) -> list[str]:
     costs = load_costs(exp.cost_profile)
-    load = load or default_trace_loader(exp.backend)
+    load = load or default_trace_loader(exp.backend, exp.cost_profile)
     vram = gpu_vram_bytes(exp)
     usable = vram - HYP_GLOBAL
     md = []
@@ -279,7 +272,7 @@ def oversubscription_report(exp: Experiment, rows: list[VmRow], out: Path,
         md += ["", f"![oversubscription]({fig.name})", "",
                "Pages are counted once each way: a switch that evicts another VM's pages "
                "counts them as that VM's pages out and its own evicted pages as pages in; "
-               "MiB moved = both.  Makespan: emulator = wall time of this emulator "
-               "(first VM start to last VM end); model = modelled time on the cost "
+               "MiB moved = both.  Makespan: emulator = its virtual time (first VM start "
+               "to last VM end); model = the replay of each VM's stream on the cost "
                "profile's platform.", ""]
     return md
