@@ -20,7 +20,6 @@ from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
 from gpuvm.experiment.execute import VmRow
 from gpuvm.experiment.report import PHASES, reprice, shares_in_window
 from gpuvm.experiment.rundir import write_atomically
-from gpuvm.mediator.modes import MODES
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
 
 

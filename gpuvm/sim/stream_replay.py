@@ -27,7 +27,7 @@ lock and holding it for the merged part (0: exit by exit, as the emulator does).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import simpy
 

@@ -9,6 +9,8 @@ MSI vector's eventfd.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from gpuvm.device import regs
