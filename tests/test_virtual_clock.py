@@ -23,7 +23,7 @@ from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.rundir import config_hash
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.run import run_vms
-from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
 from gpuvm.vmm import vfio_attach
 from gpuvm.vmm.guest_session import GuestSession
 from gpuvm.vmm.kvm import kvm_usable
@@ -147,9 +147,10 @@ def test_a_pending_event_holds_time_until_it_is_handled():
     assert clock.now_ns() == 5 * clock.exit_ns  # handled; nothing else to do
 
 
-def test_the_virtual_clock_is_the_default():
+def test_the_virtual_clock_is_the_default_but_for_isolated_vms():
     assert not DeviceClock().virtual
-    assert RunOptions().clock == "virtual"
+    assert device_clock(RunOptions()).virtual
+    assert not device_clock(RunOptions(isolated=True)).virtual
 
 
 def test_unknown_clock_and_isolated_virtual_runs_are_refused():

@@ -130,10 +130,13 @@ class TimerParty:
         return min(times) if times else None
 
     def hold_now(self) -> None:
-        """Something to do at once (e.g. the engine was kicked): hold the clock here."""
+        """Something to do at once (e.g. the engine was kicked): hold the clock at the
+        time of whoever caused it -- the kicking vCPU's own time, or device time for
+        any other thread -- never at whatever device time the clock last computed,
+        which depends on how the threads ran."""
+        at = self.clock.local_now()
         with self.clock._lock:
-            now = self.clock._now
-            self._alarm = now if self._alarm is None else min(self._alarm, now)
+            self._alarm = at if self._alarm is None else min(self._alarm, at)
         self.clock.advance()  # others may no longer be due
 
     def set_alarm(self, t: int | None) -> None:

@@ -23,7 +23,7 @@ from gpuvm.device.blocks.pgraph import Pgraph
 from gpuvm.device.blocks.pmc import Pmc
 from gpuvm.device.blocks.pramin import Pramin
 from gpuvm.device.blocks.ptimer import Ptimer
-from gpuvm.device.clock import DeviceClock
+from gpuvm.device.clock import WAKE_POLL_S, DeviceClock
 from gpuvm.device.counters import Counters
 from gpuvm.device.dma import DmaPort
 from gpuvm.device.engine_classes import engine_classes
@@ -260,9 +260,19 @@ class Gpu:
         return self.space_from_words(w[0], w[1], w[2], w[3], inst)
 
     def _engine_loop(self) -> None:
+        virtual = self.clock.virtual
         with self.lock:
             while not self._stopping:
-                wake = self.pfifo.service(self.clock.now_ns())
+                if virtual:
+                    # act exactly at the engines' own time, once device time is there
+                    # (a kick holds it at the kicker's time: gpuvm/device/clock.py)
+                    now = self._clock_party.due_at()
+                    if now is None:
+                        self._work.wait(WAKE_POLL_S)
+                        continue
+                else:
+                    now = self.clock.now_ns()
+                wake = self.pfifo.service(now)
                 if self._signalled_chids is None or self._signalled_chids:
                     chids = None if self._signalled_chids is None \
                         else frozenset(self._signalled_chids)

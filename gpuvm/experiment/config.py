@@ -23,7 +23,7 @@ the field, before anything runs.
                               # cost_profile, so results repeat on any host; or "wall"
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
     vram_mib = 256            # the emulated GPU's VRAM (default: the device profile's)
-    hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
+    hostmem_profiles = ["gpu-h200"]  # host-memory prices for the hostmem report (costs.py)
 
     [scheduler]               # parameters shared by every policy (scheduler.SchedulerParams)
     period_ms = 30
@@ -136,7 +136,7 @@ class Experiment:
     source: str = ""
     includes: tuple[Path, ...] = ()  # kind "suite": the experiment files it runs
     # host-memory cost profiles the hostmem report prices each row with (costs.py)
-    hostmem_profiles: tuple[str, ...] = ("gpu-h100",)
+    hostmem_profiles: tuple[str, ...] = ("gpu-h200",)
     vram_mib: int | None = None  # the emulated GPU's VRAM (None: the device profile's)
 
 
@@ -295,18 +295,21 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                check=_names(sorted(POLICIES), "policy"))),
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
-        isolated=exp.get("isolated", bool, False),
+        isolated=(isolated := exp.get("isolated", bool, False)),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         order=exp.get("order", str, "rounds", check=lambda o: None if o in ORDERS
                       else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
-        clock=exp.get("clock", str, "virtual", check=lambda c: None if c in CLOCKS
+        # VMs in processes of their own run on the wall clock (the virtual one cannot
+        # reach them yet)
+        clock=exp.get("clock", str, "wall" if isolated else "virtual",
+                      check=lambda c: None if c in CLOCKS
                       else f"must be one of {', '.join(CLOCKS)}"),
         cost_profile=exp.get("cost_profile", str, "xen-2014", check=_cost_profile_problem),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),
-        hostmem_profiles=tuple(exp.get("hostmem_profiles", list, ["gpu-h100"],
+        hostmem_profiles=tuple(exp.get("hostmem_profiles", list, ["gpu-h200"],
                                        check=lambda ps: None if ps and all(
                                            isinstance(p, str) for p in ps)
                                        else "must be a non-empty list of profile names")),

@@ -210,11 +210,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=_scale, default=1.0,
                         help="device clock speed relative to wall time: 2 makes GPU work "
                              "take half the wall time (default 1)")
-    parser.add_argument("--clock", default="virtual", choices=CLOCKS,
-                        help="device clock: virtual (default) -- each event a guest causes "
-                             "takes its price in the cost profile, GPU work the device "
-                             "profile's time, so every result repeats on any host -- or "
-                             "wall (a live demo; results then depend on this host)")
+    parser.add_argument("--clock", default=None, choices=CLOCKS,
+                        help="device clock: virtual (the default) -- each event a guest "
+                             "causes takes its price in the cost profile, GPU work the "
+                             "device profile's time, so every result repeats on any host -- "
+                             "or wall (a live demo, and --isolated's default: results then "
+                             "depend on this host)")
     parser.add_argument("--vram-mib", type=_positive_int,
                         help="VRAM of the emulated GPU in MiB (default: the device "
                              "profile's); the vGPU types are sized from it")
@@ -354,7 +355,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
 
 
 _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
-             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": None, "timeout": 600.0, "time_scale": 1.0, "clock": "virtual",
+             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": None, "timeout": 600.0, "time_scale": 1.0, "clock": None,
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
 

@@ -118,7 +118,9 @@ class RunOptions:
     # "virtual": device time advances with modelled progress only -- GPU work, and each
     # event a guest causes at its price in `prices` -- so every result is the same on
     # every host (gpuvm/device/clock.py); "wall": device time is wall time (a live demo)
-    clock: str = "virtual"
+    # None: "virtual", except for VMs in processes of their own (`isolated`), which
+    # the virtual clock cannot reach yet: they run on "wall"
+    clock: str | None = None
     prices: EventPrices = FREE  # the cost profile's, for the run's mode(s)
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
@@ -138,6 +140,8 @@ class RunOptions:
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
     """The clock a run's GPUs share (a wall clock: one per GPU is the same thing)."""
+    if options.clock is None:
+        return DeviceClock(options.time_scale) if options.isolated else VirtualClock()
     if options.clock not in CLOCKS:
         raise RunError(f"clock: unknown device clock {options.clock!r} (have "
                        f"{', '.join(CLOCKS)})")
