@@ -1,6 +1,7 @@
-"""`gpuvm experiment FILE.toml`: replay an experiment from its config file.
+"""`gpuvm experiment NAME|FILE.toml`: run an experiment from its config file.
 
-Writes results/<name>/<timestamp>/ (manifest.json, runs.jsonl, results.csv, figures,
+NAME is an experiment that ships with gpuvm (`--list` shows them; gpuvm.experiment.catalog).
+Writes results/<name>/<timestamp>/ under the current directory (or under `--out DIR`): (manifest.json, runs.jsonl, results.csv, figures,
 report.md, and COMPLETE once every planned run is in) and then points
 results/<name>/latest at it.  Ctrl-C or SIGTERM stops the running guests and leaves the
 directory incomplete; `--resume [DIR]` finishes it without redoing the runs it holds.
@@ -28,8 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # here, not at the top: every gpuvm.experiment.* import runs this package first
     from gpuvm.vmm.backends import BACKENDS
 
-    parser.add_argument("config", type=Path, help="experiment file (TOML)")
+    parser.add_argument("config", nargs="?", metavar="NAME|FILE",
+                        help="an experiment that ships with gpuvm (see --list) or a TOML file")
     what = parser.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true",
+                      help="list the experiments that ship with gpuvm")
     what.add_argument("--report", type=Path, metavar="RUN_DIR",
                       help="only rebuild the report of a run directory (never over a report "
                            "built from more rows)")
@@ -38,25 +42,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(default: the newest interrupted run of this configuration)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="override the file's backend")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="results go to DIR/<name>/<timestamp> (default: ./results)")
 
 
 def resume_command(config: Path, run: RunDir) -> str:
     return f"gpuvm experiment {config} --resume {run.path}"
 
 
-def main(args: argparse.Namespace) -> int:
+def _list() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.experiment.catalog import directory, shipped
+
+    table = Table(box=None, pad_edge=False, title_justify="left",
+                  title=f"experiments that ship with gpuvm ({directory()})")
+    table.add_column("name", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("what it runs (first sentence)", overflow="fold")
+    for s in shipped():
+        table.add_row(s.name, s.kind, s.description.split(". ")[0])
+    Console(soft_wrap=False).print(table)
+    print("run one: gpuvm experiment NAME (results under ./results)", file=sys.stderr)
+    return 0
+
+
+def _load(given: str | Path, args: argparse.Namespace) -> Experiment:
+    """The experiment a name or path gives, with --backend and --out applied."""
     from gpuvm.errors import UserError
+    from gpuvm.experiment.catalog import NoSuchExperiment, resolve
     from gpuvm.experiment.config import ConfigError, load
-    from gpuvm.experiment.rundir import RunDirError
 
     try:
-        exp = load(args.config)
-    except ConfigError as exc:
+        exp = load(resolve(given))
+    except (ConfigError, NoSuchExperiment) as exc:
         raise UserError(str(exc)) from None
-    if args.backend:
+    if getattr(args, "backend", None):
         exp = replace(exp, backend=args.backend)
+    if args.out is not None:
+        exp = replace(exp, output=args.out.resolve() / exp.name)
+    return exp
+
+
+def main(args: argparse.Namespace) -> int:
+    from gpuvm.errors import UserError
+    from gpuvm.experiment.rundir import RunDirError
+
+    if getattr(args, "list", False):
+        return _list()
+    if args.config is None:
+        raise UserError("experiment: give an experiment's name or file "
+                        "(`gpuvm experiment --list` shows the names)")
     # `gpuvm run --config FILE` calls in here with only config, report and backend
     args.resume = getattr(args, "resume", None)
+    args.out = getattr(args, "out", None)
+    exp = _load(args.config, args)
     try:
         if exp.kind == "suite":
             return _run_suite(exp, args)
@@ -239,7 +280,6 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
     then one report over them all in the suite's own directory.  `--report DIR` rebuilds
     that report from the included experiments' latest complete runs."""
     from gpuvm.errors import UserError
-    from gpuvm.experiment.config import ConfigError, load
     from gpuvm.experiment.paper import SuitePart, write_paper_report
     from gpuvm.experiment.rundir import RunDir, output_base
 
@@ -250,15 +290,10 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
     parts: list[SuitePart] = []
     status = 0
     for path in exp.includes:
-        try:
-            sub = load(path)
-        except ConfigError as exc:
-            raise UserError(str(exc)) from None
-        if args.backend:
-            sub = replace(sub, backend=args.backend)
+        sub = _load(path, args)
         if args.report is None:
             sub_args = argparse.Namespace(config=path, report=None, resume=None,
-                                          backend=args.backend)
+                                          backend=args.backend, out=args.out)
             sub_status = _run(sub, sub_args)
             if sub_status in (130, 143):  # interrupted: the suite stops there
                 return sub_status

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from gpuvm.experiment.config import REPO, Experiment
+from gpuvm.experiment.config import Experiment
 from gpuvm.mediator.modes import MODES
 
 MANIFEST = "manifest.json"
@@ -163,7 +163,9 @@ def config_hash(exp: Experiment) -> str:
 
 
 def output_base(exp: Experiment) -> Path:
-    return exp.output if exp.output.is_absolute() else REPO / exp.output
+    """Where an experiment's run directories go: a relative `output` is under the current
+    directory (results/<name> by default), never the installation gpuvm runs from."""
+    return exp.output if exp.output.is_absolute() else Path.cwd() / exp.output
 
 
 def _fsync_dir(path: Path) -> None:

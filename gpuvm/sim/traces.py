@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from gpuvm.experiment.config import REPO, VmConfig
+from gpuvm.experiment.config import VmConfig
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm.event_trace import LOCK_RELEASES, EventTrace
 
-CACHE = REPO / "results" / "traces"
+# under the current directory, as experiments' results are (never the installation)
+CACHE = Path("results") / "traces"
 # 5: VMs as threads carry where their handlers let the interpreter lock go
 # (LOCK_RELEASES, counted in a run of its own); 4: a VM in its own process counts a
 # counter read's wait only while the server ran its channels (3 counted every read
