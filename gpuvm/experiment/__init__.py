@@ -113,10 +113,21 @@ def _warn(lines: list[str]) -> None:
         print(f"gpuvm: warning: {line}", file=sys.stderr)
 
 
+def _once(run: RunDir, dicts: list[dict[str, Any]]) -> None:
+    """Refuse rows that repeat a run (written by two writers at once, before the lock)."""
+    from gpuvm.experiment.rundir import RunDirError, repeated_run
+
+    repeated = repeated_run(dicts)
+    if repeated:
+        raise RunDirError(f"{run.rows_path}: {repeated}; not reported (two writers? keep "
+                          f"one row per run)")
+
+
 def _rows(run: RunDir, dicts: list[dict[str, Any]]) -> list[VmRow]:
     from gpuvm.experiment.execute import row_from_dict
     from gpuvm.experiment.rundir import RunDirError
 
+    _once(run, dicts)
     try:
         return [row_from_dict(d) for d in dicts]
     except TypeError as exc:
@@ -133,10 +144,19 @@ def _failed(rows: list[VmRow], report: Path) -> int:
 
 
 def _rebuild_report(exp: Experiment, args: argparse.Namespace) -> int:
-    from gpuvm.experiment.report import REPORT, report_rows, write_report
-    from gpuvm.experiment.rundir import RunDir, RunDirError
+    from gpuvm.experiment.rundir import RunDir
 
-    run = RunDir.open(args.report)
+    run = RunDir.open(args.report).hold()
+    try:
+        return _report_from_rows(exp, args, run)
+    finally:
+        run.release()
+
+
+def _report_from_rows(exp: Experiment, args: argparse.Namespace, run: RunDir) -> int:
+    from gpuvm.experiment.report import REPORT, report_rows, write_report
+    from gpuvm.experiment.rundir import RunDirError
+
     run.check(exp)
     loaded = run.read_rows()
     _warn(loaded.warnings)
@@ -162,9 +182,21 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
                      ) -> tuple[Experiment, RunDir, set[RunKey], list[dict[str, Any]]]:
     """The interrupted run, its finished runs' rows (rewriting runs.jsonl without a torn
     line or the rows of a run cut short), and the experiment with the run's backend."""
-    from gpuvm.experiment.rundir import RunDir, RunDirError, complete_runs, key_of
+    from gpuvm.experiment.rundir import RunDir
 
     run = RunDir.open(Path(args.resume)) if args.resume else RunDir.newest_incomplete(exp)
+    run.hold()  # the one writer from here (a second resume of it is refused)
+    try:
+        return _resumable(exp, args, run)
+    except BaseException:
+        run.release()
+        raise
+
+
+def _resumable(exp: Experiment, args: argparse.Namespace, run: RunDir
+               ) -> tuple[Experiment, RunDir, set[RunKey], list[dict[str, Any]]]:
+    from gpuvm.experiment.rundir import RunDirError, complete_runs, key_of
+
     run.check(exp)
     if run.complete:
         raise RunDirError(f"{run.path}: already complete; nothing to resume "
@@ -175,6 +207,7 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
                           f"the same")
     exp = replace(exp, backend=backend)
     loaded = run.read_rows()
+    _once(run, loaded.rows)
     done = complete_runs(loaded.rows, exp)
     kept = [(row, line) for row, line in zip(loaded.rows, loaded.lines) if key_of(row) in done]
     warnings = list(loaded.warnings)
@@ -270,6 +303,8 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
                   f"{len(plan(exp))} planned runs; finish it with: "
                   f"{resume_command(args.config, run)}", file=sys.stderr)
             return stop.exit_status
+        finally:
+            run.release()
     print(report.read_text())
     console.print(f"report: {report}")
     return _failed(rows, report)
@@ -305,14 +340,17 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
         run.check(sub)
         parts.append(SuitePart(sub, run.path, _rows(run, run.read_rows().rows)))
     if args.report is not None:
-        run = RunDir.open(args.report)
-        run.check(exp)
+        run = RunDir.open(args.report).hold()
     else:
         run = RunDir.create(exp)
-    report = write_paper_report(exp, parts, run.path)
-    if args.report is None:
-        run.mark_complete(0)
-        run.point_latest()
+    try:
+        run.check(exp)
+        report = write_paper_report(exp, parts, run.path)
+        if args.report is None:
+            run.mark_complete(0)
+            run.point_latest()
+    finally:
+        run.release()
     print(report.read_text())
     print(f"report: {report}", file=sys.stderr)
     return status
