@@ -245,6 +245,22 @@ def _progress_bar(console: Any, runs: int
         yield line, one_more
 
 
+def _fits_the_host(exp: Experiment) -> None:
+    """Each scenario's VMs run at once: refuse, before anything runs, one whose guest
+    RAM the host cannot give (gpuvm.run.host_fit)."""
+    from gpuvm.device import regs
+    from gpuvm.errors import UserError
+    from gpuvm.run.host_fit import available_bytes, shortfall
+
+    available = available_bytes()
+    for s in exp.scenarios:
+        short = shortfall([vm.ram_mib * regs.MiB for vm in s.vms
+                           if vm.ram_alloc == "immediate"], available,
+                          on_demand='ram_alloc = "ondemand"')
+        if short:
+            raise UserError(f"{exp.source}: scenario {s.name}: {short}")
+
+
 def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -253,6 +269,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from gpuvm.experiment.report import write_report
     from gpuvm.experiment.rundir import RunDir, complete_runs, further_runs, plan
 
+    _fits_the_host(exp)
     console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
     with StopSignals() as stop:
         if args.resume is None:
