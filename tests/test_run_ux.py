@@ -64,6 +64,25 @@ def test_version_help_and_verbose_after_the_subcommand() -> None:
     assert "unrecognized" not in p.stderr and "no benchmark 'nope'" in p.stderr
 
 
+# ------------------------------------------------------------------ exit status
+def test_help_states_the_exit_statuses() -> None:
+    for argv in (["--help"], ["run", "--help"], ["experiment", "--help"]):
+        out = " ".join(gpuvm(*argv).stdout.split())
+        assert "1 a VM failed" in out and "2 bad input" in out and "130 / 143" in out, argv
+
+
+@pytest.mark.kvm
+def test_sigterm_stops_a_run_with_143() -> None:
+    run = subprocess.Popen([sys.executable, "-m", "gpuvm", "run", "--mode", "fv-opt",
+                            "--vm", "bench=loop,params=10000000:300"], cwd=REPO, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(4)  # the guest is running (its 300 kernels take far longer)
+    run.terminate()
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "gpuvm: interrupted by SIGTERM"
+
+
 # ------------------------------------------------------------------ the summary
 @pytest.mark.kvm
 @pytest.mark.slow
@@ -169,6 +188,7 @@ def band_trace(tmp_path_factory) -> tuple[Path, dict]:
     p = gpuvm("run", "--vm", "bench=mmul,size=64", "--vm", "bench=mmul,size=64",
               "--mode", "fv-opt", "--policy", "band", "--trace", str(trace), "--json")
     assert p.returncode == 0, p.stderr
+    assert f"trace: {trace} (open it in ui.perfetto.dev)" in p.stderr.splitlines()
     rows = {r.vm: r for r in (row_from_dict(d) for d in json.loads(p.stdout))}
     return trace, rows
 

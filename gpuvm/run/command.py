@@ -421,8 +421,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in rows]))
     else:
         _print_tables(console, args, runs, rows)
-    if failed:
-        raise UserError("; ".join(failed))
+    if failed:  # not bad input: the run was made and its rows written (exit status 1)
+        print(f"gpuvm: error: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -452,7 +453,8 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
         results = run_vms(specs, options, observers=observers)
     if trace is not None:
         try:
-            trace.write(_trace_path(args.trace, mode, n_modes > 1))
+            written = trace.write(_trace_path(args.trace, mode, n_modes > 1))
+            print(f"trace: {written} (open it in ui.perfetto.dev)", file=sys.stderr)
         except OSError as exc:
             raise RunError(f"--trace {args.trace}: {exc.strerror or exc}") from None
     return results
