@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gpuvm.run.command", "run benchmark(s) in one or more VMs and print a table"),
     "experiment": ("gpuvm.experiment", "run an experiment described by a TOML file"),
     "bench": ("gpuvm.bench.command", "micro-benchmarks: device, exits, shadow, vms"),
-    "smi": ("gpuvm.smi", "the vGPUs of running `gpuvm run`s: type, VM, VRAM, utilisation"),
+    "smi": ("gpuvm.smi", "the vGPUs of running `gpuvm run`s and experiments: type, VM, "
+                         "VRAM, utilisation"),
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
     "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "

@@ -134,6 +134,27 @@ def _rows(run: RunDir, dicts: list[dict[str, Any]]) -> list[VmRow]:
         raise RunDirError(f"{run.rows_path}: a row of another format: {exc}") from None
 
 
+def _summary(exp: Experiment, rows: list[VmRow], report: Path) -> None:
+    """The compact table on stdout (the terminal's width, piped 80), then the report's
+    path: what an experiment ends with."""
+    from rich.console import Console
+
+    from gpuvm.experiment.summary import summary_table
+
+    console = Console()
+    console.print(summary_table(exp.name, exp.cost_profile, rows))
+    console.print(f"full report: {_near(report)}", soft_wrap=True)
+
+
+def _near(path: Path) -> Path:
+    """`path` relative to the current directory where it is under it (results/...): the
+    short form a user can open from where they are."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
+
+
 def _failed(rows: list[VmRow], report: Path) -> int:
     failed = [r for r in rows if not r.passed]
     if failed:
@@ -168,8 +189,7 @@ def _report_from_rows(exp: Experiment, args: argparse.Namespace, run: RunDir) ->
     exp = replace(exp, backend=run.manifest.get("backend", exp.backend))
     report = write_report(exp, rows, run.path, complete=run.complete,
                           resume=resume_command(args.config, run))
-    print(report.read_text())
-    print(f"report: {report}", file=sys.stderr)
+    _summary(exp, rows, report)
     status = _failed(rows, report)
     if not run.complete:
         print(f"gpuvm: {run.path} is incomplete; finish it with: "
@@ -322,8 +342,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             return stop.exit_status
         finally:
             run.release()
-    print(report.read_text())
-    console.print(f"report: {report}")
+    _summary(exp, rows, report)
     return _failed(rows, report)
 
 
@@ -368,6 +387,5 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
             run.point_latest()
     finally:
         run.release()
-    print(report.read_text())
-    print(f"report: {report}", file=sys.stderr)
+    print(f"full report: {_near(report)}")
     return status

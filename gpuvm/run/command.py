@@ -22,7 +22,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.run.execute import VmResult, run_vms
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
-from gpuvm.run.tables import SUMMARY_WIDTH, TABLE_WIDTH, render, render_comparison, \
+from gpuvm.run.tables import TABLE_WIDTH, render, render_comparison, \
     render_summary, render_vms
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
@@ -397,8 +397,8 @@ def main(args: argparse.Namespace) -> int:
                                                   else args.backend))
     if not args.benchmark and not args.vm:
         raise UserError("--benchmark (or --vm, or --config) is required")
-    tty = sys.stdout.isatty()
-    console = Console(width=None if tty else SUMMARY_WIDTH)
+    # the terminal's width, or when piped $COLUMNS else 80: the tables are built to fit 80
+    console = Console()
     runs: dict[str, list[VmResult]] = {}
     specs_by_mode: dict[str, list[VmSpec]] = {}
     failed: list[str] = []
