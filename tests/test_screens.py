@@ -93,3 +93,36 @@ def test_domain_list_fits_80_columns(tmp_path) -> None:
     words = " ".join(out.split())
     for w in ("Name", "Last result", "madd", "mmul", "gpuvm-Q6000-8Q", "PASS n=256"):
         assert w in words, out
+
+
+@pytest.mark.slow
+def test_smi_shows_the_runs_of_an_experiment(tmp_path) -> None:
+    (tmp_path / "busy.toml").write_text("""
+[experiment]
+name = "busy"
+modes = ["fv-opt"]
+backend = "inproc"
+[[scenario]]
+name = "pair"
+[[scenario.vm]]
+name = "vm"
+benchmark = "loop"
+params = [10000000, 1000]
+count = 2
+""")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPUVM_STATE_DIR": str(tmp_path / "s")}
+    run = subprocess.Popen([sys.executable, "-m", "gpuvm", "experiment", "busy.toml"],
+                           cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    seen = []
+    try:
+        while run.poll() is None and not seen:
+            p = subprocess.run([sys.executable, "-m", "gpuvm", "smi", "--json"], env=env,
+                               capture_output=True, text=True, timeout=60)
+            seen = [s for s in json.loads(p.stdout) if len(s["vgpus"]) == 2]
+    finally:
+        run.terminate()
+        run.wait(60)
+    assert seen, "smi never showed the experiment's run"
+    assert seen[0]["label"] == "experiment busy: pair rep 0"
+    assert {v["vm"] for v in seen[0]["vgpus"]} == {"vm0", "vm1"}
