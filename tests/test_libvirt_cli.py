@@ -143,3 +143,22 @@ def test_a_domain_says_when_its_ram_is_allocated(monkeypatch):
     ondemand = text.replace("<vcpu>", "<memoryBacking><allocation mode='ondemand'/>"
                                       "</memoryBacking>\n  <vcpu>")
     assert parse_domain(ondemand, "d.xml").memory_alloc == "ondemand"
+
+
+def test_a_real_hypervisors_connection_is_told_what_works_there(state, capsys):
+    """gpuvm's host and any test-driver connection are the test driver: no note; a
+    hypervisor's (QEMU, ...) gets one line: start is refused there (it cannot open
+    gpuvm's vGPUs), the rest works.  (No libvirtd here: the wording and the check of the
+    driver are tested; a QEMU connection only changes what real_driver returns.)"""
+    import libvirt
+
+    from gpuvm.libvirt.host import Host, real_driver, what_works_on
+
+    own = Host()
+    assert real_driver(own.connect()) is None
+    assert real_driver(libvirt.open("test:///default")) is None
+    rc, out, err = gpuvm(capsys, "domain", "--connect", "test:///default", "list")
+    assert rc == 0 and err == "" and "test:///default" in out
+    line = what_works_on("qemu:///system", "QEMU")
+    assert "\n" not in line and line.startswith("qemu:///system is a QEMU connection: ")
+    assert "define, list, dumpxml, destroy and undefine work there, start does not" in line

@@ -2,16 +2,20 @@
 undefine NAME`: VMs as libvirt domains, through libvirt-python.
 
 The default connection is gpuvm's own test-driver host (see gpuvm.libvirt); `--connect URI`
-uses another libvirt connection instead.  `start` runs the guest to its end on gpuvm's
+uses another libvirt connection instead.  On a real hypervisor's connection (QEMU, ...)
+every command says in one line what works there, and `start` is refused: the hypervisor
+cannot open gpuvm's vGPUs.  `start` runs the guest to its end on gpuvm's
 VMM with the domain's vGPU, so it returns when the domain has shut off again.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gpuvm.libvirt import domain_xml
-from gpuvm.libvirt.host import Host, RunSettings, state_name
+from gpuvm.errors import UserError
+from gpuvm.libvirt.host import Host, RunSettings, real_driver, state_name, what_works_on
 from gpuvm.vmm.backends import BACKENDS
 
 
@@ -78,13 +82,17 @@ def _list(host: Host, conn) -> None:
 def main(args: argparse.Namespace) -> int:
     host = Host(uri=args.connect)
     cmd = args.domain_command
-    if cmd == "define":
-        spec = domain_xml.load(args.file)
-        conn = host.connect()
+    spec = domain_xml.load(args.file) if cmd == "define" else None  # before connecting
+    conn = host.connect()
+    driver = real_driver(conn)
+    if driver is not None:
+        if cmd == "start":
+            raise UserError(f"domain start: {what_works_on(host.uri, driver)}")
+        print(f"gpuvm: note: {what_works_on(host.uri, driver)}", file=sys.stderr)
+    if spec is not None:
         dom = host.define(conn, spec)
         print(f"Domain '{dom.name()}' defined from {args.file}")
         return 0
-    conn = host.connect()
     if cmd == "list":
         _list(host, conn)
     elif cmd == "dumpxml":
