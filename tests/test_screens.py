@@ -126,3 +126,13 @@ count = 2
     assert seen, "smi never showed the experiment's run"
     assert seen[0]["label"] == "experiment busy: pair rep 0"
     assert {v["vm"] for v in seen[0]["vgpus"]} == {"vm0", "vm1"}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "host", "--runs", "5", "--work", "20000"], ["slowest/", "all"]),
+    (["bench", "sim", "--vms", "4,8", "--seconds", "2"], ["events/s", "target <= 2x"]),
+])
+def test_bench_tables_fit_80_columns(argv: list[str], words: list[str]) -> None:
+    out = piped(*argv)
+    for w in words:
+        assert w in " ".join(out.split())

@@ -122,7 +122,7 @@ def main_host(args: argparse.Namespace) -> int:
                     f"{load:.2f} before; slow: over {SLOW_FACTOR}x the fastest of all")
     for col in ("cores", "runs", "fastest ms", "median ms", "slowest ms", "slowest/fastest",
                 "slow runs", "most slow in a row"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", overflow="fold")
 
     def row(name: str, s: Steadiness) -> None:
         t.add_row(name, str(s.runs), f"{s.fastest_ms:.2f}", f"{s.median_ms:.2f}",
@@ -131,5 +131,5 @@ def main_host(args: argparse.Namespace) -> int:
     row("all" if not cpus else "pinned, all", steadiness([r.ms for r in runs]))
     for cpu in dict.fromkeys(cpus):
         row(f"core {cpu}", steadiness([r.ms for r in runs if r.cpu == cpu], fastest))
-    Console(width=140).print(t)
+    Console().print(t)
     return 0
