@@ -27,8 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-guest": ("gpuvm.vmm.guest_programs", "build the guest binaries (idempotent)"),
     "mdev": ("gpuvm.mdevctl", "vGPU types and instances (mediated devices), as mdevctl"),
     "calibrate": ("gpuvm.calibrate.command", "measure a real GPU (--gpu); page-table VRAM "
-                                             "for pinned sysram (--pt-footprint); this emulator "
-                                             "(--emulator)"),
+                                             "for pinned sysram (--pt-footprint)"),
     "model": ("gpuvm.sim.command", "the model of the whole system: an experiment file's "
                                    "VMs replayed from cached traces, at any VM count"),
     "domain": ("gpuvm.libvirt.domain_cli", "VMs as libvirt domains with a vGPU hostdev"),

@@ -60,7 +60,7 @@ def test_bad_sizes_are_refused(text):
 
 def test_one_of_gpu_footprint_or_show_is_required(capsys):
     rc, _, err = calibrate(capsys)
-    assert rc == 2 and "one of the arguments --gpu --pt-footprint --emulator --lock-use --lock-probe --show is required" in err
+    assert rc == 2 and "one of the arguments --gpu --pt-footprint --show is required" in err
     rc, _, err = calibrate(capsys, "--gpu", "--pt-footprint")
     assert rc == 2 and "not allowed with" in err
 

@@ -58,8 +58,8 @@ def test_good_file_parses():
     (("[[scenario]]\nname = \"s\"", "[[scenario]]\nnom = \"s\""), "scenario[0].name: missing"),
     (("name = \"t\"", "name = \"a/b\""), "experiment.name: must be a non-empty name"),
     (("time_scale = 2", "time_scale = 2\nspeed = 1"), "experiment.speed: unknown key"),
-    (("time_scale = 2", "time_scale = 2\nlock_rounds = 1"),
-     "experiment.lock_rounds: must be a bool"),
+    (("time_scale = 2", "time_scale = 2\nisolated = 1"),
+     "experiment.isolated: must be a bool"),
 ])
 def test_mistakes_are_one_line_naming_the_field(change, message):
     old, new = change
@@ -95,8 +95,6 @@ def test_paper_suite_includes_the_three_parts():
     scaling = load(paper.includes[1])
     assert [len(s.vms) for s in scaling.scenarios] == [1, 2, 4, 8]
     assert set(scaling.modes) == {"fv", "fv-opt", "pv"}
-    # its validation grows the work as the lock's rounds time it; other files do not ask
-    assert scaling.lock_rounds and not load(paper.includes[0]).lock_rounds
 
 
 @pytest.mark.parametrize("text, message", [
@@ -109,27 +107,6 @@ def test_bad_suites_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
         parse(text, "s.toml")
     assert "\n" not in str(info.value)
-
-
-def test_fit_traces_names_a_file_beside_it_with_single_vms(tmp_path):
-    """experiment.fit_traces (the single VMs a scaling run fits its prices on) is a path
-    relative to the file that names it, checked before anything runs."""
-    (tmp_path / "fit.toml").write_text(GOOD.replace("count = 2", "count = 1"))
-    exp = load(_write(tmp_path, GOOD, 'fit_traces = "fit.toml"'))
-    assert exp.fit_traces == str(tmp_path / "fit.toml")
-    with pytest.raises(ConfigError, match=r"good\.toml: experiment\.fit_traces: .*nofit\.toml: "
-                                          r"cannot read"):
-        load(_write(tmp_path, GOOD, 'fit_traces = "nofit.toml"'))
-    (tmp_path / "pairs.toml").write_text(GOOD)  # its one scenario runs two VMs
-    with pytest.raises(ConfigError, match=r"experiment\.fit_traces: pairs\.toml: has no "
-                                          r"single-VM scenario"):
-        load(_write(tmp_path, GOOD, 'fit_traces = "pairs.toml"'))
-
-
-def _write(directory, text: str, line: str):
-    path = directory / "good.toml"
-    path.write_text(text.replace("repetitions = 2", f"repetitions = 2\n{line}"))
-    return path
 
 
 # Each value that `gpuvm run` takes as a flag and an experiment file as a key gets the

@@ -129,7 +129,6 @@ count = 2
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["bench", "host", "--runs", "5", "--work", "20000"], ["slowest/", "all"]),
     (["bench", "sim", "--vms", "4,8", "--seconds", "2"], ["events/s", "target <= 2x"]),
 ])
 def test_bench_tables_fit_80_columns(argv: list[str], words: list[str]) -> None:

@@ -61,7 +61,7 @@ def gpu_bound(name: str, kernels: int = 200, kernel_ns: int = 2_000_000,
 def run(policy: str, vram: int = 100 * MiB, working_set: int = 75 * MiB):
     config = SchedulerConfig(policy, SchedulerParams(quantum_ns=100_000_000))
     traces = [gpu_bound("A", working_set=working_set), gpu_bound("B", working_set=working_set)]
-    return replay(traces, cores=8, policy=config, residency=residency_for(XEN, vram))
+    return replay(traces, policy=config, residency=residency_for(XEN, vram))
 
 
 def totals(result) -> dict[str, int]:
@@ -73,8 +73,8 @@ def test_band_thrashes_an_oversubscribed_gpu_and_the_quantum_does_not():
     b, q = totals(band), totals(quantum)
     # BAND alternates the two VMs kernel by kernel: nearly every dispatch is a switch
     assert b["residency_switches"] > 100
-    # the quantum (100 ms = 50 kernels) hands over a few times only
-    assert 1 <= q["residency_switches"] <= 10
+    # the quantum (100 ms = 50 kernels) hands over at most once a quantum
+    assert 1 <= q["residency_switches"] <= quantum.makespan_ns // 100_000_000 + 1
     assert q["residency_pages_in"] * 10 < b["residency_pages_in"]
     assert q["residency_pages_out"] * 10 < b["residency_pages_out"]
     for t in (b, q):

@@ -1,5 +1,4 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc,host,
-recording}`: each
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc}`: each
 prints what it measures side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
@@ -27,10 +26,6 @@ BENCHES = {
                                               "the reference monitor on"),
     "ram-alloc": ("gpuvm.bench.ram_alloc", "main_ram_alloc", "guest RAM allocated as the VM "
                   "is built vs as the guest first touches it"),
-    "host": ("gpuvm.bench.host", "main_host", "how steady this host's cores are: one loop "
-             "timed back to back"),
-    "recording": ("gpuvm.bench.recording", "main_recording", "what recording a VM's events "
-                  "costs it: one VM plain vs recorded, by turns"),
 }
 
 

@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 CLOCKS = ("wall", "virtual")  # the names a run or an experiment file chooses by
-DEFAULT_EXIT_NS = 12_000  # experiments/costs/xen-2014.toml trap_ns
 WAKE_POLL_S = 0.002  # a waiter that may have missed its wake-up looks again this often
 
 
@@ -166,33 +167,138 @@ class TimerParty:
         self.clock._remove(self)
 
 
-class GuestParty:
-    """One vCPU's virtual time.  `tick()` is called by the VMM on every exit (the vCPU
-    thread only); `block`/`unblock` bracket a guest's sleep on the GPU."""
+@dataclass(frozen=True)
+class EventPrices:
+    """What each event a VM causes costs in virtual time: the run's cost profile, turned
+    into what the trap path needs (gpuvm.experiment.costs.CostProfile.event_prices).
 
-    def __init__(self, clock: VirtualClock, name: str, at: int, scope: object = None) -> None:
+    Why here: the clock is what these prices move, and the devices that see the events
+    (a vGPU, a passed-through GPU) are handed a `GuestParty` to charge, never the profile.
+    `exit_ns`: one trapped BAR access, by BAR region; `exit_locked_ns`: of that, the
+    mediator's own part, spent holding its lock (charged only where the access takes
+    it); `counter_ns`: per counted event by counter name (a PTE scanned, a hypercall and
+    its entries, a sync, a remap); `locked`: the counters whose time is spent under the
+    mediator's lock (GPUvm: "page shadowing locks GPU resources")."""
+
+    exit_ns: Mapping[int, int] = field(default_factory=dict)
+    exit_locked_ns: int = 0
+    counter_ns: Mapping[str, float] = field(default_factory=dict)
+    locked: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for what, value in (*self.exit_ns.items(), ("exit_locked_ns", self.exit_locked_ns),
+                            *self.counter_ns.items()):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"price {what!r} must be a non-negative number, got {value!r}")
+
+
+FREE = EventPrices()  # a run without a cost profile: only GPU work takes virtual time
+
+
+class GuestParty:
+    """One vCPU's virtual time, and the meter its VM's events are charged to.
+
+    `tick()` is called by the VMM at the start of every exit (the vCPU thread only): the
+    price of everything the previous exit caused (`charge`) is added then, so `v` is the
+    time the current exit starts at.  `block`/`unblock` bracket a guest's sleep on the
+    GPU.  The mediator's lock (`VirtualLock`) is taken in virtual-time order: an exit
+    asks for it at `v` and gets it when it is free, so another VM's shadow scan makes
+    this one wait in virtual time -- the same on every host.
+
+    Each exit, lock hold and wait is also appended to `stream` (runs of equal exits
+    kept as one entry): the priced event stream the simpy model replays."""
+
+    def __init__(self, clock: VirtualClock, name: str, at: int, scope: object,
+                 rank: int) -> None:
         self.clock = clock
         self.name = name
         self.scope = scope  # whose signals wake it (its GPU); None: every signal
-        self.v = at  # the vCPU's virtual time, ns
+        self.rank = rank  # ties in virtual time go to the VM that joined first
+        self.v = at  # the vCPU's virtual time, ns: the start of its current exit
         self.blocked = False
         self.exits = 0
-        self._cost = clock.exit_ns
+        self.pending = 0.0  # priced time of the current exit so far
+        self.foreign = 0.0  # charged from other threads (a resync at submission)
+        self.lock_start: int | None = None  # when the current exit got the lock
+        self.locked = 0.0  # of `pending`, the part spent holding the lock
+        self.lock_waits = 0
+        self.lock_wait_ns = 0
+        self.thread: int | None = None
+        self._open = False  # an exit is under way (tick opened it, settle closes it)
+        self.stream = EventStream(at)
+        self._flat = clock.exit_ns
         # makes the vCPU's thread look at what it waits for now, where a signal woke it
         # (set by the VMM; called with no clock lock held, must not block): the thread
         # sleeps on its own device's interrupt, which another VM's completion does not
-        # raise -- without it the guest, awake in virtual time, held device time back
-        # until its wait's next wall-clock look (50 ms; ~3,500 times a BAND run)
+        # raise
         self.waker: Callable[[], None] | None = None
 
+    # ------------------------------------------------------------------ pricing
+    def charge(self, ns: float, locked: bool = False) -> None:
+        """The current exit caused `ns` of work (`locked`: under the mediator's lock)."""
+        if threading.get_ident() != self.thread:
+            with self.clock._lock:
+                self.foreign += ns
+            return
+        self.pending += ns
+        if locked:
+            self.locked += ns
+
+    def hold(self, ns: float) -> None:
+        """Of the current exit's price already charged, `ns` is spent holding the
+        mediator's lock (the mediator's own part of a trap)."""
+        self.locked += ns
+
+    def settle(self) -> None:
+        """Close the current exit: its priced time moves `v` on (vCPU thread; a guest
+        that ends closes its last one)."""
+        if self.foreign:
+            with self.clock._lock:
+                self.pending += self.foreign
+                self.foreign = 0.0
+        if not self._open:
+            return
+        self._open = False
+        ns = round(self.pending)
+        self.stream.exit(ns + self._flat,
+                         round(self.locked) if self.lock_start is not None else -1)
+        self.v += ns
+        self.pending = 0.0
+        self.locked = 0.0
+        self.lock_start = None
+
+    def wait_starts(self) -> int:
+        """The guest waits on the GPU: its exit ends here.  Returns the time it waits
+        from (give it to `wait_ends`)."""
+        self.settle()
+        return self.v
+
+    def wait_ends(self, since: int) -> None:
+        """The wait that began at `since` is over (the guest awake at `v`)."""
+        self.stream.waited(self.v - since)
+
+    def horizon(self) -> int:
+        """(clock lock held) The earliest virtual time this vCPU may still ask for the
+        mediator's lock at: its exit's start until that exit has the lock, then that
+        exit's end so far (its price only grows)."""
+        if self.lock_start is None:
+            return self.v
+        return self.v + round(self.pending)
+
     def tick(self) -> None:
-        """One exit: the guest's time moves by exit_ns (no lock unless it may move the
-        device clock past something due)."""
+        """A new exit starts: the last one's price is added (no clock lock unless the
+        time may pass something due, or another vCPU waits for this one)."""
+        self.settle()
+        self._open = True
         self.exits += 1
-        self.v += self._cost
-        due = self.clock._due
+        self.v += self._flat  # a flat price, paid as the exit starts
+        clock = self.clock
+        if clock._turn_waiters:
+            with clock._lock:
+                clock._cond.notify_all()
+        due = clock._due
         if due is not None and self.v >= due:
-            self.clock.advance()
+            clock.advance()
 
     def generation(self) -> int:
         return self.clock._generations.get(self.scope, 0)
@@ -200,10 +306,12 @@ class GuestParty:
     def block(self, generation: int) -> None:
         """The guest sleeps until the GPU signals -- unless it already signalled since
         `generation` was read (then the guest looks again, still awake at that time)."""
+        self.settle()  # the exit that waits ends here; the wait starts at its end
         with self.clock._lock:
             if self.clock._generations.get(self.scope, 0) != generation:
                 return
             self.blocked = True
+            self.clock._cond.notify_all()
         self.clock.advance()
 
     def unblock(self) -> None:
@@ -214,7 +322,82 @@ class GuestParty:
                 self.v = max(self.v, self.clock._now)
 
     def leave(self) -> None:
+        if self.thread == threading.get_ident():
+            self.settle()
         self.clock._remove(self)
+
+
+class EventStream:
+    """What one vCPU did, priced, in order: the input of the simpy model's replay.
+
+    Entries: ["x", count, ns, locked_ns] -- `count` consecutive exits each costing `ns`,
+    of which `locked_ns` under the mediator's lock (-1: the exit did not take it);
+    ["d", engine_ns] -- a doorbell, and the engine time the submission it rang took
+    (filled in when it completes; 0: it ran nothing); ["w", ns] -- a wait on the GPU,
+    over `ns` later (alone, that is how long its GPU work took).  Plain lists: appending
+    must cost the trap path next to nothing."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.entries: list[list] = []
+
+    def exit(self, ns: int, locked_ns: int) -> None:
+        entries = self.entries
+        if entries:
+            last = entries[-1]
+            if last[0] == "x" and last[2] == ns and last[3] == locked_ns:
+                last[1] += 1
+                return
+        entries.append(["x", 1, ns, locked_ns])
+
+    def waited(self, ns: int) -> None:
+        self.entries.append(["w", ns])
+
+    def doorbell(self) -> list:
+        """A doorbell rung now; the entry to fill in with its engine time."""
+        entry = ["d", 0]
+        self.entries.append(entry)
+        return entry
+
+
+class VirtualLock:
+    """The mediator's lock in virtual time.
+
+    Why: GPUvm serialises shadow scans, resyncs and the mediator's part of every trap
+    under one lock, and that is what makes full virtualization degrade with more VMs.
+    The real `threading.RLock` keeps the emulator's state safe; this keeps the modelled
+    time: an exit asks for the lock at its start time, the asks are granted in virtual-
+    time order (`VirtualClock.wait_turn`: no vCPU that could still ask earlier is left),
+    and the lock is free again when the holder's priced work under it ends.  Waiting
+    for it moves the waiter's virtual time and is counted as its lock wait."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.free_at = 0
+
+    def ask(self, party: GuestParty) -> None:
+        """Before the real lock: wait for this exit's turn (once per exit)."""
+        if party.lock_start is None:
+            self.clock.wait_turn(party)
+
+    def taken(self, party: GuestParty) -> None:
+        """The real lock is held: the exit holds the virtual one from when it is free."""
+        if party.lock_start is not None:
+            return
+        start = max(party.v, self.free_at)
+        if start > party.v:
+            party.lock_waits += 1
+            party.lock_wait_ns += start - party.v
+        party.v = start
+        party.lock_start = start
+
+    def released(self, party: GuestParty) -> None:
+        """The real lock is let go: free once the exit's priced work under it ends."""
+        self.free_at = max(self.free_at, party.lock_start + round(party.locked))
+        clock = self.clock
+        if clock._turn_waiters:
+            with clock._lock:
+                clock._cond.notify_all()
 
 
 class VirtualClock:
@@ -223,11 +406,14 @@ class VirtualClock:
     virtual = True
     time_scale = 1.0  # device time per wall time has no meaning here; pacing code reads it
 
-    def __init__(self, exit_ns: int = DEFAULT_EXIT_NS) -> None:
+    def __init__(self, exit_ns: int = 0) -> None:
         if exit_ns < 0:
             raise ValueError(f"exit_ns must be >= 0, got {exit_ns}")
-        self.exit_ns = int(exit_ns)
+        self.exit_ns = int(exit_ns)  # a flat price every exit pays beside its events
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._turn_waiters = 0  # vCPUs waiting in wait_turn
+        self._ranks = 0
         self._now = 0
         self._timers: list[TimerParty] = []
         self._guests: list[GuestParty] = []
@@ -250,7 +436,8 @@ class VirtualClock:
     def guest(self, name: str, at: int | None = None, scope: object = None) -> GuestParty:
         """A vCPU joining at device time `at` (default: now), woken by `scope`'s signals."""
         with self._lock:
-            party = GuestParty(self, name, max(self._now, at or 0), scope)
+            party = GuestParty(self, name, max(self._now, at or 0), scope, self._ranks)
+            self._ranks += 1
             self._generations.setdefault(scope, 0)
             self._guests.append(party)
         return party
@@ -258,6 +445,38 @@ class VirtualClock:
     def bind_thread(self, party: GuestParty | None) -> None:
         """The calling thread is `party`'s vCPU: events it causes carry its time."""
         self._local.party = party
+        if party is not None and party.thread is None:
+            party.thread = threading.get_ident()
+
+    def wait_turn(self, party: GuestParty) -> None:
+        """Return once `party`'s current exit is the earliest ask for the mediator's lock
+        that can still come: every other running vCPU could only ask later (or at the
+        same time, having joined later), no GPU event (an unordered timer: an engine)
+        is due at or before it, and no ordered timer (the scheduler) before it.  Lock
+        asks are then granted in virtual-time order whatever order the threads reach
+        them in (wall time: the others' vCPUs run on meanwhile)."""
+        key = (party.v, party.rank)
+        while True:
+            with self._lock:
+                if self._my_turn(party, key):
+                    return
+                self._turn_waiters += 1
+                try:
+                    self._cond.wait(WAKE_POLL_S)
+                finally:
+                    self._turn_waiters -= 1
+            self.advance()  # a timer this vCPU waits for may have become due meanwhile
+
+    def _my_turn(self, party: GuestParty, key: tuple[int, int]) -> bool:
+        """(lock held) See wait_turn."""
+        for g in self._guests:
+            if g is not party and not g.blocked and (g.horizon(), g.rank) < key:
+                return False
+        for t in self._timers:
+            h = t.horizon()
+            if h is not None and (h < key[0] or (h == key[0] and not t.ordered)):
+                return False
+        return True
 
     def local_now(self) -> int:
         """The time of an event caused by the calling thread: its vCPU's time if it is
@@ -272,6 +491,7 @@ class VirtualClock:
                 self._timers.remove(party)
             if party in self._guests:
                 self._guests.remove(party)
+            self._cond.notify_all()
         self.advance()
 
     # ------------------------------------------------------------------ time
@@ -340,6 +560,8 @@ class VirtualClock:
                     wakers.append(t.waker)
                 t._was_due = due
             now = self._now
+            if self._turn_waiters:
+                self._cond.notify_all()
         for waker in wakers:
             waker()
         return now

@@ -241,13 +241,11 @@ def _resumable(exp: Experiment, args: argparse.Namespace, run: RunDir
 
 
 @contextmanager
-def _progress_bar(console: Any, runs: int
-                  ) -> Iterator[tuple[Callable[[str], None], Callable[[], None]]]:
+def _progress_bar(console: Any, runs: int) -> Iterator[Callable[[str], None]]:
     """Each finished run's line, and on a terminal a bar of runs done with an ETA under
-    them (nothing more when the output is not a terminal); and what adds a run beyond
-    the plan to the bar (a short point run again)."""
+    them (nothing more when the output is not a terminal)."""
     if not (console.is_terminal and sys.stdout.isatty()):
-        yield (lambda line: console.print(line)), (lambda: None)
+        yield lambda line: console.print(line)
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -259,10 +257,7 @@ def _progress_bar(console: Any, runs: int
         def line(text: str) -> None:
             bar.console.print(text)
             bar.advance(task)
-
-        def one_more() -> None:
-            bar.update(task, total=bar.tasks[0].total + 1)
-        yield line, one_more
+        yield line
 
 
 def _fits_the_host(exp: Experiment) -> None:
@@ -287,7 +282,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from gpuvm.experiment.execute import execute
     from gpuvm.experiment.interrupt import StopSignals
     from gpuvm.experiment.report import write_report
-    from gpuvm.experiment.rundir import RunDir, complete_runs, further_runs, plan
+    from gpuvm.experiment.rundir import RunDir, complete_runs, plan
 
     _fits_the_host(exp)
     console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
@@ -296,9 +291,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
             run, done, kept = RunDir.create(exp), set(), []
             console.print(f"[bold]{exp.name}[/]: {len(exp.scenarios)} scenario(s) x "
                           f"{len(exp.modes)} mode(s) x {len(exp.policies)} polic(y/ies) x "
-                          f"{exp.repetitions} rep(s)"
-                          + (f" ({further_runs(exp)})" if further_runs(exp) else "")
-                          + f" -> {run.path}")
+                          f"{exp.repetitions} rep(s) -> {run.path}")
         else:
             exp, run, done, kept = _open_for_resume(exp, args)
             console.print(f"[bold]{exp.name}[/]: resuming {run.path}: "
@@ -306,28 +299,10 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
                           f"planned runs already recorded")
         try:
             to_make = sum(key not in done for key in plan(exp))
-            after_run: Callable[[RunKey], None] = lambda key: None
-            after_point: Callable[[RunKey, int], None] = lambda point, runs: None
-            before_round: Callable[[int], None] = lambda rep: None
-            rounds = None
-            if exp.kind == "scaling":  # what the report's validation replays
-                from gpuvm.experiment import run_traces
-                beside = run_traces.BesideRuns(exp, run.path, exp.backend,
-                                               lambda line: console.print(line))
-                after_run, after_point = beside.after_run, beside.after_point
-                rounds = run_traces.rounds_beside_runs(exp, exp.backend,
-                                                       lambda line: console.print(line))
-                if rounds is not None:
-                    before_round = rounds.before_rep
-            with _progress_bar(console, to_make) as (report_line, one_more):
+            with _progress_bar(console, to_make) as report_line:
                 new = execute(exp, run, progress=report_line, skip=done,
-                              deferred=stop.deferred, unplanned=one_more,
-                              after_run=after_run, after_point=after_point,
-                              before_round=before_round)
+                              deferred=stop.deferred)
             rows = _rows(run, kept) + new
-            if exp.kind == "scaling":  # any trace not yet recorded; the host's lock
-                run_traces.record(exp, run.path, exp.backend,
-                                  progress=lambda line: console.print(line), rounds=rounds)
             with stop.deferred():  # the report, then COMPLETE, then `latest`: in this order
                 report = write_report(exp, rows, run.path)
                 run.mark_complete(len(rows))

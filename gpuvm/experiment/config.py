@@ -15,25 +15,12 @@ the field, before anything runs.
     policies = ["fifo"]       # fifo | credit | band
     backend = "auto"          # kvm | inproc | auto
     isolated = false          # each VM in its own VMM process over vfio-user (same rows)
-    lock_rounds = false       # kind "scaling", VMs as threads on KVM: time the interpreter
-                              # lock's rounds with the kept traces (about 2.5 min on 2
-                              # cores), so the report's validation grows the work as measured
-    fit_traces = "calibrate-emulator.toml"  # kind "scaling": record that file's single VMs
-                              # under its modes once each, and fit the validation's
-                              # per-event prices on them too, as `gpuvm calibrate
-                              # --emulator` does (relative to this file)
     repetitions = 1           # every point (scenario x mode x policy) runs this many times
-    repeat_until_s = 0.0      # and again while its runs' makespans add up to less than
-    max_repetitions = 1       # this, up to this many runs (a short run is noisier; the
-                              # scaling validation keeps each point's fastest)
-    repeat_while_spread = 0.0 # and again while its slowest run took more than this
-    spread_until_s = 0.0      # times its fastest, until its runs add up to this (0: not)
     order = "rounds"          # one run of every point a round, round after round; or
                               # "points": each point's runs back to back
     time_scale = 1.0          # device clock speed relative to wall time
-    clock = "wall"            # or "virtual": device time advances with GPU work and
-                              # guest exits only, so results do not move with host load
-    guest_exit_ns = 12000     # clock "virtual": guest time one exit costs (trap_ns)
+    clock = "virtual"         # each event a guest causes takes its price in
+                              # cost_profile, so results repeat on any host; or "wall"
     cost_profile = "xen-2014" # experiments/costs/<name>.toml: modelled time
     vram_mib = 256            # the emulated GPU's VRAM (default: the device profile's)
     hostmem_profiles = ["gpu-h100"]  # host-memory prices for the hostmem report (costs.py)
@@ -75,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvm.device import regs
-from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS
+from gpuvm.device.clock import CLOCKS
 from gpuvm.mediator.mdev_types import MdevTypeError, lookup
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types, machine_profile
@@ -138,27 +125,13 @@ class Experiment:
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
     isolated: bool = False  # VMs in VMM processes over vfio-user; counts are the same
-    lock_rounds: bool = False  # scaling: time the lock's rounds for the validation
-    # scaling: the experiment file whose single VMs are recorded to fit the validation's
-    # per-event prices on (gpuvm.experiment.run_traces; "": the 1-VM traces alone)
-    fit_traces: str = ""
     repetitions: int = 1
-    # a point whose runs took less than this together (makespans, s) runs again, up to
-    # max_repetitions runs (0, or max_repetitions not above `repetitions`: exactly
-    # `repetitions`; gpuvm.experiment.rundir.wants_another)
-    repeat_until_s: float = 0.0
-    max_repetitions: int = 1
-    # and a point whose slowest run took more than repeat_while_spread times its fastest
-    # runs again while its runs took less than spread_until_s together (0: not)
-    repeat_while_spread: float = 0.0
-    spread_until_s: float = 0.0
     # "rounds": repetition r of every point, then r + 1 (rundir.plan says why);
     # "points": each point's runs back to back
     order: str = "rounds"
     time_scale: float = 1.0
     timeout_s: float = 600.0
-    clock: str = "wall"  # "wall" | "virtual" (gpuvm/device/clock.py)
-    guest_exit_ns: int = DEFAULT_EXIT_NS
+    clock: str = "virtual"  # "virtual" | "wall" (gpuvm/device/clock.py)
     cost_profile: str = "xen-2014"
     scheduler: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -295,22 +268,6 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
             for spec, vgpu in vms]
 
 
-def _fit_file(exp: "_Table", source: str) -> str:
-    """experiment.fit_traces as a path (relative to the file that names it), checked now:
-    it must load, and have single-VM scenarios to record."""
-    name = exp.get("fit_traces", str, "")
-    if not name:
-        return ""
-    path = (Path(source).parent if source != "<config>" else Path.cwd()) / name
-    try:
-        fit = load(path)
-    except (OSError, ConfigError) as exc:
-        raise exp.fail("fit_traces", str(exc)) from None
-    if not any(len(s.vms) == 1 for s in fit.scenarios):
-        raise exp.fail("fit_traces", f"{name}: has no single-VM scenario to record")
-    return str(path)
-
-
 def parse(text: str, source: str = "<config>") -> Experiment:
     try:
         data = tomllib.loads(text)
@@ -337,24 +294,13 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
         isolated=exp.get("isolated", bool, False),
-        lock_rounds=exp.get("lock_rounds", bool, False),
-        fit_traces=_fit_file(exp, source),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
-        repeat_until_s=exp.get("repeat_until_s", float, 0.0,
-                               check=lambda s: None if s >= 0 else "must be >= 0"),
-        repeat_while_spread=exp.get("repeat_while_spread", float, 0.0,
-                                    check=lambda r: None if r == 0 or r > 1
-                                    else "must be 0 (off) or above 1"),
-        spread_until_s=exp.get("spread_until_s", float, 0.0,
-                               check=lambda s: None if s >= 0 else "must be >= 0"),
         order=exp.get("order", str, "rounds", check=lambda o: None if o in ORDERS
                       else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
-        clock=exp.get("clock", str, "wall", check=lambda c: None if c in CLOCKS
+        clock=exp.get("clock", str, "virtual", check=lambda c: None if c in CLOCKS
                       else f"must be one of {', '.join(CLOCKS)}"),
-        guest_exit_ns=exp.get("guest_exit_ns", int, DEFAULT_EXIT_NS,
-                              check=lambda n: None if n >= 0 else "must be >= 0"),
         cost_profile=exp.get("cost_profile", str, "xen-2014"),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),
@@ -367,18 +313,6 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     )
     includes = exp.get("include", list, [], check=lambda fs: None if all(
         isinstance(f, str) and f for f in fs) else "must be a list of experiment file paths")
-    reps = result["repetitions"]
-    result["max_repetitions"] = exp.get(
-        "max_repetitions", int, reps,
-        check=lambda m: None if m >= reps else f"must be >= repetitions ({reps})")
-    for key in ("repeat_until_s", "repeat_while_spread"):
-        if result[key] > 0 and result["max_repetitions"] == reps:
-            raise exp.fail(key, f"has no effect unless max_repetitions is above "
-                                f"repetitions ({reps})")
-    if (result["repeat_while_spread"] > 0) != (result["spread_until_s"] > 0):
-        key = "repeat_while_spread" if result["repeat_while_spread"] > 0 else "spread_until_s"
-        raise exp.fail(key, "has no effect without both repeat_while_spread and "
-                            "spread_until_s above 0")
     exp.done()
     if result["kind"] == "isolation" and result["backend"] == "inproc" \
             and not result["isolated"]:

@@ -14,11 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from gpuvm.experiment.config import Experiment, Scenario, VmConfig
-from gpuvm.calibrate.emulator import measured_makespan_ns
+from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
-from gpuvm.experiment.rundir import RunDir, RunKey, plan, why_another, write_atomically
+from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
 from gpuvm.device.profile import load_profile
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.host_port import work_counters
@@ -90,20 +89,6 @@ def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> li
                             pin_chunk_bytes=vm.pin_chunk_kib * 1024,
                             nohugepage_pinned=vm.nohugepage_pinned))
     return specs
-
-
-def run_alike(benchmark: str, params: tuple[int, ...], vms: int, options: RunOptions,
-              what: str) -> list[VmResult]:
-    """`vms` VMs of one benchmark run at once (calibration's runs: no experiment file
-    behind them); RuntimeError "`what`: <the first failure>" where any VM failed -- a
-    measurement of a failed run would mean nothing."""
-    scenario = Scenario(f"{vms}vm", tuple(VmConfig(f"vm{i}", benchmark, params)
-                                          for i in range(vms)))
-    results = run_vms(specs_for(scenario), options)
-    failed = [r.error() for r in results if not r.passed]
-    if failed:
-        raise RuntimeError(f"{what}: {failed[0]}")
-    return results
 
 
 def hot_masks_for(scenario: Scenario, key: RunKey, rows: list[dict[str, Any]]
@@ -203,20 +188,10 @@ Progress = Callable[[str], None]
 
 def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None,
             skip: Collection[RunKey] = (),
-            deferred: Callable[[], AbstractContextManager[object]] = nullcontext,
-            unplanned: Callable[[], None] = lambda: None,
-            after_run: Callable[[RunKey], None] = lambda key: None,
-            after_point: Callable[[RunKey, int], None] = lambda point, runs: None,
-            before_round: Callable[[int], None] = lambda rep: None
+            deferred: Callable[[], AbstractContextManager[object]] = nullcontext
             ) -> list[VmRow]:
-    """Make every planned run not in `skip`, in plan order (rundir.plan), then the
-    further runs of the points that want them (short, or their runs disagreeing:
-    rundir.why_another; `unplanned()` is called before each such run) -- in further
-    rounds of those points, or right after a point's own runs where the experiment is
-    ordered by points.  `after_run(key)` after
-    each run made; `after_point(key, runs)` once a point (scenario, mode, policy:
-    `key`) has all its `runs`; in rounds, `before_round(rep)` before the first run it
-    makes of each planned round (repetition `rep` of every point).  Returns the new rows.
+    """Make every planned run not in `skip`, in plan order (rundir.plan).  Returns the
+    new rows.
 
     Each run's rows are appended to runs.jsonl (one write and fsync each) as soon as the
     run ends, inside `deferred()`, so that a stop signal lands between runs' rows, never
@@ -233,7 +208,7 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
         scenario = scenarios[key.scenario]
         options = RunOptions(mode=key.mode, backend=exp.backend, timeout=exp.timeout_s,
                              time_scale=exp.time_scale, isolated=exp.isolated,
-                             clock=exp.clock, guest_exit_ns=exp.guest_exit_ns,
+                             clock=exp.clock, prices=costs.event_prices(MODES[key.mode].mediated),
                              scheduler={**exp.scheduler, "policy": key.policy},
                              vram_size=exp.vram_mib * regs.MiB if exp.vram_mib else None,
                              confined=exp.kind == "isolation")
@@ -258,59 +233,11 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
             rows.extend(new)
         progress(f"{label}: {verdict} ({time.monotonic() - t0:.1f} s)")
 
-    def makespans(key: RunKey) -> list[int] | None:
-        """The point's runs' makespans so far (None: one of them failed)."""
-        by_rep: dict[int, list[dict[str, Any]]] = {}
-        for row in earlier + [asdict(r) for r in rows]:
-            if (row["scenario"], row["mode"], row["policy"]) == key[:3]:
-                by_rep.setdefault(row["rep"], []).append(row)
-        if any(not row["passed"] for run_rows in by_rep.values() for row in run_rows):
-            return None
-        return [measured_makespan_ns(run_rows) for run_rows in by_rep.values()]
-
-    def one_more(more: RunKey, sink: Any) -> bool:
-        """Make `more` (a point's run beyond its planned ones) if the point is still
-        short; whether it is."""
-        spans = makespans(more)
-        why = None if exp.max_repetitions <= more.rep or spans is None \
-            else why_another(exp, spans)
-        if why is None:
-            return False
-        if more not in skip:
-            unplanned()
-            make(more, f"[+] {more.scenario} {more.mode} {more.policy} rep {more.rep} "
-                       f"({why})", sink)
-            after_run(more)
-        return True
-
     with run.appender() as sink:
-        open_points: list[RunKey] = []  # each short point's next run, in plan order
-        begun: set[int] = set()  # the planned rounds a run has been made of
         for i, key in enumerate(keys, 1):
             if key not in skip:
-                if exp.order == "rounds" and key.rep not in begun:
-                    begun.add(key.rep)
-                    before_round(key.rep)
                 make(key, f"[{i}/{len(keys)}] {key.scenario} {key.mode} {key.policy} "
                           f"rep {key.rep}", sink)
-                after_run(key)
-            if key.rep != exp.repetitions - 1:
-                continue
-            more = key._replace(rep=exp.repetitions)  # the point's last planned run
-            if exp.order == "points":
-                while one_more(more, sink):
-                    more = more._replace(rep=more.rep + 1)
-                after_point(more, more.rep)
-            else:
-                open_points.append(more)
-        while open_points:  # by rounds: one more run of each point that wants it, a round
-            still: list[RunKey] = []
-            for more in open_points:
-                if one_more(more, sink):
-                    still.append(more._replace(rep=more.rep + 1))
-                else:
-                    after_point(more, more.rep)
-            open_points = still
     return rows
 
 

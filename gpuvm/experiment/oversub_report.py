@@ -152,7 +152,7 @@ def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
     traces = model_traces(exp, scenario, mode, costs, load, policy)
     config = SchedulerConfig.from_dict({**exp.scheduler, "policy": policy})
     residency = residency_for(costs, gpu_vram_bytes(exp) - HYP_GLOBAL)
-    result = replay(traces, cores=int(costs.host_cores), policy=config, residency=residency)
+    result = replay(traces, policy=config, residency=residency)
     counts = {name: sum(c[name] for c in result.residency.values()) for name in COUNTER_NAMES}
     return Point(policy, mode, MODEL, result.makespan_ns / 1e6, counts)
 
@@ -257,8 +257,7 @@ def oversubscription_report(exp: Experiment, rows: list[VmRow], out: Path,
                f"(the model's physical VRAM); VMs: {sets}{together}.  Model: "
                f"priced by `{costs.name}` (copies {costs.residency_byte_ns:g} ns/byte, "
                f"{costs.residency_page_ns:g} ns per page moved, {costs.residency_switch_ns:g} "
-               f"ns per switch), {int(costs.host_cores)} host cores, "
-               f"{regs.SMALL_PAGE // 1024} KiB pages.", "",
+               f"ns per switch), {regs.SMALL_PAGE // 1024} KiB pages.", "",
                "| policy | mode | source | VMs pass | makespan ms | pages in | pages out "
                "| MiB moved | switches | switch ms | note |",
                "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -19,8 +19,8 @@ from pathlib import Path
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import VmRow
-from gpuvm.experiment.rundir import (REPORT_RECORD, config_hash, further_runs,
-                                     planned_vm_runs, write_atomically)
+from gpuvm.experiment.rundir import (REPORT_RECORD, config_hash, planned_vm_runs,
+                                     write_atomically)
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.figure import UtilisationPanel, render_panels
 from scheduler.metrics import VmMetrics
@@ -324,26 +324,22 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
     reprice(exp, rows)
     write_csv(rows, out / "results.csv")
     planned = planned_vm_runs(exp)
-    extra = sum(r.rep >= exp.repetitions for r in rows)  # points run again (why_another)
     md = [f"# {exp.name}", ""]
     if not complete:
-        md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows) - extra} of "
+        md += [f"**INCOMPLETE**: the experiment was interrupted after {len(rows)} of "
                f"{planned} planned VM runs"
                + (f"; finish it with `{resume}`" if resume else "") + ".", ""]
     md += [exp.description, "",
            f"Modes: {', '.join(exp.modes)}; policies: {', '.join(exp.policies)}; repetitions: "
-           f"{exp.repetitions}" + (
-               f" ({further_runs(exp)})" if further_runs(exp) else "")
+           f"{exp.repetitions}"
            + (", made in rounds (one run of every point a round)"
               if exp.order == "rounds" and exp.repetitions > 1 else "") + "; " + (
-               f"device clock: virtual ({exp.guest_exit_ns / 1e3:g} us of guest time per "
-               f"exit; device time does not follow the host's load); "
+               f"device clock: virtual (each event at its price in {exp.cost_profile}; "
+               f"results repeat on any host); "
                if exp.clock == "virtual" else
                f"device clock: wall time, scale {exp.time_scale:g}; ") + "backend: "
            f"{', '.join(sorted({r.backend for r in rows})) or exp.backend}.", "",
-           f"Runs: {len(rows) - extra} of {planned} planned VM runs"
-           + (f" and {extra} more of points run again" if extra else "")
-           + f", {sum(r.passed for r in rows)} "
+           f"Runs: {len(rows)} of {planned} planned VM runs, {sum(r.passed for r in rows)} "
            "passed.  Raw rows: `runs.jsonl`; table: `results.csv`.", ""]
     failed = [r for r in rows if not r.passed]
     if failed:

@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from gpuvm.experiment.config import Experiment
 from gpuvm.mediator.modes import MODES
@@ -66,14 +66,9 @@ def points(exp: Experiment) -> list[RunKey]:
 def plan(exp: Experiment) -> list[RunKey]:
     """Every planned run, in the order they are made.  By rounds (the default): the
     first repetition of every point, then the second of every point, and so on.  Why:
-    the host's speed drifts in stretches of seconds (a 16-core lent machine's cores run
-    slow or fast by turns), and a point whose runs are made back to back can land all of
-    them in one slow stretch, so the fastest of them is no better than one: on the
-    2-core host the three back-to-back runs of four fv-opt VMs were all 1,012 ms or
-    more in one `make paper`, against a fastest of 658-829 ms in four others, and the
-    twelve of four pv VMs 99.7 ms or more against 77-83 (docs/model-validation.md).
-    Spread over rounds, a point's runs meet the host at different times, as repeated
-    measurements should.  By points (`order = "points"`): each point's runs back to
+    the host's speed drifts in stretches of seconds, and a point whose runs are made
+    back to back can land all of them in one slow stretch of wall time; spread over
+    rounds, a point's runs meet the host at different times.  By points (`order = "points"`): each point's runs back to
     back.  Within a round the file's order holds, so a scenario that plans from an
     earlier one's run (pin_hot_from) finds it."""
     firsts = points(exp)
@@ -81,52 +76,6 @@ def plan(exp: Experiment) -> list[RunKey]:
     if exp.order == "points":
         return [key._replace(rep=r) for key in firsts for r in reps]
     return [key._replace(rep=r) for r in reps for key in firsts]
-
-
-def wants_another(exp: Experiment, makespans_ns: Sequence[int]) -> bool:
-    """Whether a point of the plan (one scenario, mode and policy) whose runs so far had
-    `makespans_ns` runs once more beyond its `repetitions`: while they add up to less
-    than `repeat_until_s`, up to `max_repetitions` runs.  Why: the scaling validation
-    keeps each point's fastest run, and a short run is noisier than a long one (one pv
-    VM took 22-34 ms by turns): four `gpuvm calibrate --emulator` bundles of this 2-core
-    host (2026-11-29), read as if each point had had three runs, came within 10% at 5,
-    8, 4 and 3 of 12 points against 4, 10, 9 and 4 with all theirs, the model short
-    where the three had landed on a slow stretch (docs/model-validation.md).  Counted on
-    the makespans the rows keep, so a resumed run decides as the first did.
-
-    And, where the experiment asks (`repeat_while_spread`), while its slowest run took
-    more than that times its fastest and its runs less than `spread_until_s` together.
-    Why: a point whose runs disagree has a fastest run less to be trusted -- two fv VMs
-    took 1.94-2.19 s in 19 of 33 runs on the 2-core host and 2.20-3.24 s in the other
-    14 (eleven make paper runs, 2026-11-29), and where all three of a point's runs were
-    of the slow ones the point came out 10.8% slower than the model (20261129-205826)."""
-    return why_another(exp, makespans_ns) is not None
-
-
-def why_another(exp: Experiment, makespans_ns: Sequence[int]) -> str | None:
-    """Why the point runs once more (wants_another), as its run's label says it:
-    "short: ..." or "spread: ..."; None where it does not."""
-    total = sum(makespans_ns)
-    if len(makespans_ns) >= exp.max_repetitions:
-        return None
-    if total < exp.repeat_until_s * 1e9:
-        return f"short: {total / 1e9:.2f} s in {len(makespans_ns)} runs"
-    if exp.repeat_while_spread and makespans_ns and total < exp.spread_until_s * 1e9 \
-            and max(makespans_ns) > exp.repeat_while_spread * min(makespans_ns):
-        return (f"spread: the slowest of {len(makespans_ns)} runs "
-                f"{max(makespans_ns) / min(makespans_ns):.2f}x the fastest")
-    return None
-
-
-def further_runs(exp: Experiment) -> str:
-    """When a point runs beyond its `repetitions` (wants_another), as the console and
-    the report say it; '' where it never does."""
-    if exp.max_repetitions <= exp.repetitions:
-        return ""
-    return (f"up to {exp.max_repetitions} where a point's runs took under "
-            f"{exp.repeat_until_s:g} s together"
-            + (f", or under {exp.spread_until_s:g} s with the slowest over "
-               f"{exp.repeat_while_spread:g}x the fastest" if exp.repeat_while_spread else ""))
 
 
 def planned_vm_runs(exp: Experiment) -> int:
@@ -151,15 +100,7 @@ def fingerprint(exp: Experiment) -> dict[str, Any]:
            "scheduler": exp.scheduler, "scenarios": scenarios}
     if exp.vram_mib is not None:
         out["vram_mib"] = exp.vram_mib
-    if exp.max_repetitions > exp.repetitions:  # (so runs of a fixed count keep their hash)
-        out["repeat_until_s"] = exp.repeat_until_s
-        out["max_repetitions"] = exp.max_repetitions
-        if exp.repeat_while_spread:  # (so runs from before keep their hash)
-            out["repeat_while_spread"] = exp.repeat_while_spread
-            out["spread_until_s"] = exp.spread_until_s
-    if exp.clock != "wall":  # (so wall-clock experiments keep the hash they had)
-        out["clock"] = exp.clock
-        out["guest_exit_ns"] = exp.guest_exit_ns
+    out["clock"] = exp.clock
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from gpuvm.device import regs
 from gpuvm.device.vram import Vram
-from gpuvm.mediator.host_port import HostPort, under_mediator_lock
+from gpuvm.mediator.host_port import HostPort
 from gpuvm.vfio.device import VfioError
 from gpuvm import pv_abi as abi
 from shadow.pv_space import PvSpace
@@ -56,9 +56,8 @@ class Hypercalls:
             elif op in (abi.HC_VM_FLUSH, abi.HC_FREE_PGD):
                 # these reach the physical GPU (its TLB, channels, BAR windows): the
                 # mediator's lock as well
-                status = under_mediator_lock(
-                    self.host.lock, v.counts,
-                    self._flush if op == abi.HC_VM_FLUSH else self._free, key)
+                status = v.under_lock(
+                    0, self._flush if op == abi.HC_VM_FLUSH else self._free, key)
             else:
                 status = abi.HC_EINVAL
         hdr.status = status

@@ -16,6 +16,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.clock import VirtualLock
 from gpuvm.device.dma import BusMap
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import pte
@@ -40,6 +41,8 @@ class Mediator:
                  host_backing: int = DEFAULT_HOST_BACKING) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
+        # the same lock in virtual time, where the GPU's clock is virtual (VGpu.under_lock)
+        self.vlock = VirtualLock(gpu.clock) if gpu.clock.virtual else None
         self.hyp_global = HYP_GLOBAL
         self.counts: defaultdict[str, int] = defaultdict(int)  # the mediator's own events
         self.bus = BusMap()  # every vGPU's DMA mappings, each at its partition's window
@@ -70,8 +73,8 @@ class Mediator:
     def rd(self, offset: int) -> int:
         return self.gpu.mmio_read(regs.BAR0, offset, 4)
 
-    def submit(self, vm: object, pchid: int, put: int) -> None:
-        self.submissions.submit(vm, pchid, put)
+    def submit(self, vm: VGpu, pchid: int, put: int) -> None:
+        self.submissions.submit(vm, pchid, put, vm.doorbell_ledger())
 
     def channel_reset(self, pchid: int) -> None:
         self.submissions.channel_reset(pchid)

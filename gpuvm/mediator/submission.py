@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from gpuvm.device.clock import DeviceClock
@@ -78,6 +78,9 @@ class WatchdogLimits:
 class Doorbell:
     pchid: int
     put: int
+    # the ringing vCPU's event-stream entry, given the engine time this submission takes
+    # (gpuvm.device.clock.EventStream.doorbell; None: nothing records it)
+    ledger: list | None = field(default=None, compare=False)
 
 
 class GpuPort(Protocol):
@@ -198,8 +201,8 @@ class Submissions:
         for c in pchids:
             self._last_put.pop(c, None)
 
-    def submit(self, vm: object, pchid: int, put: int) -> None:
-        self._events.put(("submit", vm, Doorbell(pchid, put), self._stamp()))
+    def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None:
+        self._events.put(("submit", vm, Doorbell(pchid, put, ledger), self._stamp()))
 
     def on_idle(self, pchid: int, busy_ns: int) -> None:
         """Device engine thread (device lock held): only enqueue."""
@@ -398,6 +401,8 @@ class Submissions:
                 running = self.dispatcher.running
                 if running is not None:
                     self._charge(running.vm, now - self._started_at)
+                    if running.item.ledger is not None:
+                        running.item.ledger[1] += now - self._started_at
                 self.dispatcher.complete(now)
 
     def _loop(self) -> None:

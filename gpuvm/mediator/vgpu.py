@@ -21,13 +21,14 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import ctypes
 
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.clock import FREE, EventPrices, GuestParty, VirtualLock
 from gpuvm.device.dma import DmaMappings
 from gpuvm.device.engines import Engine
 from gpuvm.device.faults import ChannelFault, fault_flags
@@ -56,6 +57,7 @@ _UNLOCKED = frozenset({"virtual", "faked", "refused"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
+T = TypeVar("T")
 
 
 class VGpu:
@@ -107,6 +109,11 @@ class VGpu:
         self._pfifo_intr = 0
         self._faults_seen = 0
         self._watchdog_faults: list[ChannelFault] = []
+        # virtual time: the VM's vCPU to charge each event to, at these prices, and the
+        # mediator's lock in virtual time (use_meter; None: a wall-clock run)
+        self.meter: GuestParty | None = None
+        self._prices = FREE
+        self._vlock: VirtualLock | None = None
         self.channels = Channels(self, med, self._vram)
         self.shadowing = Shadowing(self, med, self._vram)
         self.hypercalls = Hypercalls(self, med, self._vram)
@@ -125,31 +132,67 @@ class VGpu:
         self._w0 = {off: (f"trap.bar0.{label}.write", fn, label not in _UNLOCKED)
                     for off, (label, fn) in writes.items()}
 
+    def use_meter(self, party: GuestParty, prices: EventPrices, vlock: VirtualLock) -> None:
+        """Charge this VM's events to `party`'s virtual time at `prices`, and take the
+        mediator's lock in virtual time (`vlock`, the mediator's) as well as for real."""
+        self.meter, self._prices, self._vlock = party, prices, vlock
+
+    def doorbell_ledger(self) -> list | None:
+        """A doorbell is rung: its entry in the vCPU's event stream (filled in with the
+        engine time it takes), or None off a virtual clock."""
+        return None if self.meter is None else self.meter.stream.doorbell()
+
     def count(self, name: str, n: int) -> None:
         self.counts[name] += n
+        if self.meter is not None:
+            price = self._prices.counter_ns.get(name)
+            if price:
+                self.meter.charge(price * n, name in self._prices.locked)
+
+    def under_lock(self, locked_ns: int, work: Callable[..., T], *args: Any) -> T:
+        """`work(*args)` under the mediator's lock, on this VM's behalf: for real (its
+        wall-clock wait counted, host_port.under_mediator_lock), and on a virtual clock
+        also in virtual time, the VM charged `locked_ns` of the mediator's work under it
+        beside what `work` counts there."""
+        party = self.meter
+        if party is None:
+            return under_mediator_lock(self.med.lock, self.counts, work, *args)
+        vlock = self._vlock
+        vlock.ask(party)
+        with self.med.lock:
+            vlock.taken(party)
+            party.hold(locked_ns)
+            try:
+                return work(*args)
+            finally:
+                vlock.released(party)
 
     def guest_u32(self, guest_addr: int) -> int:
         return self._vram.read_u32(self.policy.host_vram(guest_addr))
 
     # ------------------------------------------------------------------ VFIO: the trap path
     def read(self, region: int, offset: int, size: int) -> int:
+        if self.meter is not None:
+            self.meter.charge(self._prices.exit_ns.get(region, 0))
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._r0.get(offset)
             if handler is not None and size == 4:
                 self.counts[handler[0]] += 1
                 if not handler[2]:
                     return handler[1]()
-                return under_mediator_lock(self.med.lock, self.counts, handler[1])
+                return self.under_lock(self._prices.exit_locked_ns, handler[1])
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
             self.counts["trap.bar0.passthrough.read"] += 1
             return self.med.gpu.mmio_read(region, offset, size)
         if region == _CONFIG:
             return self.config.read(offset, size)
-        return under_mediator_lock(self.med.lock, self.counts, self._bar_access, region,
-                                   offset, size, None)
+        return self.under_lock(self._prices.exit_locked_ns, self._bar_access, region,
+                               offset, size, None)
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if self.meter is not None:
+            self.meter.charge(self._prices.exit_ns.get(region, 0))
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._w0.get(offset)
             if handler is not None and size == 4:
@@ -157,7 +200,7 @@ class VGpu:
                 if not handler[2]:
                     handler[1](value)
                     return
-                under_mediator_lock(self.med.lock, self.counts, handler[1], value)
+                self.under_lock(self._prices.exit_locked_ns, handler[1], value)
                 return
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
@@ -174,8 +217,8 @@ class VGpu:
             else:
                 self.count("trap.refused.bar4", 1)
             return
-        under_mediator_lock(self.med.lock, self.counts, self._bar_access, region, offset,
-                            size, value)
+        self.under_lock(self._prices.exit_locked_ns, self._bar_access, region, offset,
+                        size, value)
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:

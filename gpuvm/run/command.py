@@ -210,10 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=_scale, default=1.0,
                         help="device clock speed relative to wall time: 2 makes GPU work "
                              "take half the wall time (default 1)")
-    parser.add_argument("--clock", default="wall", choices=CLOCKS,
-                        help="device clock: wall (default) or virtual -- device time "
-                             "advances with GPU work and guest exits only, so scheduling "
-                             "results do not depend on host load")
+    parser.add_argument("--clock", default="virtual", choices=CLOCKS,
+                        help="device clock: virtual (default) -- each event a guest causes "
+                             "takes its price in the cost profile, GPU work the device "
+                             "profile's time, so every result repeats on any host -- or "
+                             "wall (a live demo; results then depend on this host)")
     parser.add_argument("--vram-mib", type=_positive_int,
                         help="VRAM of the emulated GPU in MiB (default: the device "
                              "profile's); the vGPU types are sized from it")
@@ -353,7 +354,7 @@ def _config_conflicts(args: argparse.Namespace, parser_defaults: dict[str, objec
 
 
 _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned": False, "inject": None,
-             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": None, "timeout": 600.0, "time_scale": 1.0, "clock": "wall",
+             "vms": None, "pv": False, "pv_batch": 0, "ram_alloc": None, "timeout": 600.0, "time_scale": 1.0, "clock": "virtual",
              "vram_mib": None, "mdev_type": None, "mdev": None, "detail": False,
              "json": False, "out": None, "trace": None, "mode": "native"}
 
@@ -431,9 +432,11 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
               console: object) -> list[VmResult]:
     from contextlib import ExitStack
 
+    from gpuvm.experiment.costs import load_costs
     from gpuvm.run.observe import ProgressObserver, StatusWriter
 
-    options = RunOptions(mode=mode, backend=args.backend, timeout=args.timeout,
+    prices = load_costs(COST_PROFILE).event_prices(MODES[mode].mediated)
+    options = RunOptions(mode=mode, prices=prices, backend=args.backend, timeout=args.timeout,
                          time_scale=args.time_scale, gpus=machine_gpus(args.gpus, specs),
                          isolated=args.isolated, clock=args.clock,
                          host_backing_mib=args.host_backing_mib or DEFAULT_HOST_BACKING_MIB,

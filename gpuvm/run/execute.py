@@ -23,13 +23,11 @@ from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
 from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.device import VfioError
-from gpuvm.vfio.user.protocol import SERVER_ENGINE_COUNTER
 from gpuvm.vmm import guest_programs
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
-from gpuvm.vmm.event_trace import EventRecorder
-from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, KvmRunTime, boot_params_for
+from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
 from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
 from scheduler.metrics import VmMetrics
@@ -163,13 +161,6 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     session = GuestSession(spec.name, ram, attached,
                            wait_timeout=min(options.wait_slice, options.timeout),
                            hostmem=HostMemTracker(ram, spec.nohugepage_pinned))
-    if options.record_events:
-        session.recorder = EventRecorder(_with_channel_time(session, device),
-                                         after_run=options.after_kvm_run,
-                                         count_lock_releases=options.count_lock_releases)
-        session.recorder.install(session)
-    if options.time_kvm_run:
-        session.kvm_run_time = KvmRunTime(every=options.kvm_run_sample_every)
     boot_params_for(ram, spec.benchmark, params, flags, BAR_BASES, attached.bar_sizes)
     prog = programs[spec.program]
     runner = make_runner(backend, spec.name, prog.flat, prog.shared, ram, session,
@@ -178,30 +169,26 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
     return attached, runner, session
 
 
-def _with_channel_time(session: GuestSession, device: object
-                       ) -> Callable[[], dict[str, int]]:
-    """What a recorded VM's counters are read with: the session's, and where the device
-    says, its host time running the VM's channels (SERVER_ENGINE_COUNTER, as a VM over
-    vfio-user reports it).  In one process that work holds the interpreter lock every
-    VM's thread needs, and the model serialises it (gpuvm.sim.replay)."""
-    engine = getattr(device, "engine_host_ns", None)
-    if engine is None:
-        return session.snapshot
-    return lambda: session.snapshot() | {SERVER_ENGINE_COUNTER: engine()}
+def _leave_clock(r: _Running) -> object | None:
+    """An ended VM's vCPU leaves the virtual clock, and a timer holds device time at its
+    last time until its vGPU is removed there (_detach_at_last_time): every VM that
+    ended is let go first, so none holds back the removal of another."""
+    if r.party is None:
+        return None
+    leaving = r.party.clock.timer(f"{r.spec.name} leaving", ordered=True)
+    leaving.set_alarm(r.party.v)
+    r.party.leave()
+    return leaving
 
 
-def _detach_at_last_time(machine: Machine, r: _Running) -> None:
+def _detach_at_last_time(machine: Machine, r: _Running, leaving: object | None) -> None:
     """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
-    vCPU's last time: a timer holds device time there while the vCPU leaves the clock
-    (an ended guest must not hold back the scheduler's handling of that very time) and
-    this thread stamps the removal with that time."""
+    vCPU's last time (held there by `leaving`, from _leave_clock): this thread stamps
+    the removal with that time."""
     if r.party is None:
         machine.detach(r.spec)
         return
     clock = r.party.clock
-    leaving = clock.timer(f"{r.spec.name} leaving", ordered=True)
-    leaving.set_alarm(r.party.v)
-    r.party.leave()
     clock.bind_thread(r.party)  # stamps: its (last) time
     try:
         machine.detach(r.spec)
@@ -253,6 +240,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     party = clock.guest(spec.name, start_ns((spec, params, flags)),
                                         machine.clock_scope(spec))
                     session.use_clock(clock, party)
+                    use_meter = getattr(machine, "use_meter", None)
+                    if use_meter is not None:
+                        use_meter(spec, party)
                 due.append(_Running(spec, ram, attached, runner, now + options.timeout,
                                     session, party))
             if arrivals is not None:  # only now that the arrived vCPUs hold the clock
@@ -265,7 +255,9 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 r.runner.start()
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
-            for r in [r for r in running if not r.runner.alive() or now >= r.deadline]:
+            ended = [r for r in running if not r.runner.alive() or now >= r.deadline]
+            leaving = {r.spec.name: _leave_clock(r) for r in ended if not r.runner.alive()}
+            for r in ended:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
                 metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
                 results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
@@ -277,7 +269,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
-                    _detach_at_last_time(machine, r)
+                    _detach_at_last_time(machine, r, leaving.get(r.spec.name)
+                                         or _leave_clock(r))
                 if r.party is not None:
                     r.party.leave()  # an ended VM holds no device time back
             for o in observers:

@@ -89,7 +89,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,
            "wait_timeout": min(options.wait_slice, options.timeout),
-           "hold": True, "record_events": options.record_events}
+           "hold": True}
     process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                pass_fds=[theirs.fileno()], text=True)

@@ -12,6 +12,7 @@ import uuid as uuidlib
 from dataclasses import fields
 
 from gpuvm.device import regs
+from gpuvm.device.clock import GuestParty
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.mediator import mdev_types
@@ -148,6 +149,12 @@ class MediatedMachine:
         vgpu = self.vgpus.pop(spec.name, None)
         if vgpu is not None:
             self.mediators[self.placement.pop(spec.name)].remove_vm(vgpu)
+
+    def use_meter(self, spec: VmSpec, party: GuestParty) -> None:
+        """Charge the VM's events to its vCPU's virtual time, its mediator's lock taken
+        in virtual time too."""
+        med = self.mediators[self.placement[spec.name]]
+        self.vgpus[spec.name].use_meter(party, self.options.prices, med.vlock)
 
     def clock_scope(self, spec: VmSpec) -> object:
         """What a VM's guest waits on: the GPU its vGPU is on (a virtual clock wakes a

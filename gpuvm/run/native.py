@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpuvm.device.clock import GuestParty
 from gpuvm.device.gpu import Gpu
 from gpuvm.run.mediated import gpu_types, machine_profile, requested_vgpu
 from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
@@ -27,6 +28,7 @@ class NativeMachine:
         self.profile = machine_profile(options)
         self.types = gpu_types(self.profile)
         self.time_scale = options.time_scale
+        self.prices = options.prices
         self.clock = device_clock(options)  # a virtual one is shared by every VM's GPU
         for spec in specs:
             requested_vgpu(spec, self.types)
@@ -46,6 +48,10 @@ class NativeMachine:
         return device
 
     device_class: type[PassthroughGpu] = PassthroughGpu  # tests pass instrumented GPUs
+
+    def use_meter(self, spec: VmSpec, party: GuestParty) -> None:
+        """Charge the VM's bare-metal accesses to its vCPU's virtual time."""
+        self.devices[spec.name].use_meter(party, self.prices)
 
     def clock_scope(self, spec: VmSpec) -> object:
         """The VM's own GPU (see MediatedMachine.clock_scope)."""

@@ -7,11 +7,11 @@ gpuvm/run/mediated.py) is written against these types without importing the loop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
-from gpuvm.device.clock import CLOCKS, DEFAULT_EXIT_NS, DeviceClock, VirtualClock
+from gpuvm.device.clock import CLOCKS, FREE, DeviceClock, EventPrices, VirtualClock
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 
@@ -115,11 +115,11 @@ class RunOptions:
     # only bounds how late a fault the wait did not see is noticed.
     wait_slice: float = 30.0
     time_scale: float = 1.0  # device clock speed relative to wall time (clock "wall")
-    # "wall": device time is wall time; "virtual": it advances with modelled progress
-    # only -- GPU work, and guest_exit_ns per guest exit -- so scheduling results do not
-    # depend on host load (gpuvm/device/clock.py)
-    clock: str = "wall"
-    guest_exit_ns: int = DEFAULT_EXIT_NS
+    # "virtual": device time advances with modelled progress only -- GPU work, and each
+    # event a guest causes at its price in `prices` -- so every result is the same on
+    # every host (gpuvm/device/clock.py); "wall": device time is wall time (a live demo)
+    clock: str = "virtual"
+    prices: EventPrices = FREE  # the cost profile's, for the run's mode(s)
     vram_size: int | None = None  # None: the device profile's
     profile: str | None = None  # device profile name or path
     scheduler: dict[str, Any] = field(default_factory=dict)  # scheduler.SchedulerConfig
@@ -134,26 +134,6 @@ class RunOptions:
     # Tenants must be confined from one another: refuses the in-process backend for more
     # than one VM (its guests are native code inside the VMM process, with no isolation).
     confined: bool = False
-    # Record each VM's per-event trace (gpuvm.vmm.event_trace; session.recorder): only
-    # where a trace is wanted (gpuvm.sim.traces), since it adds a little to every trap.
-    record_events: bool = False
-    # With record_events and the KVM backend: called on the vCPU thread each time
-    # KVM_RUN returns, with when it was entered (time.perf_counter_ns) -- before the
-    # exit is handled.  gpuvm.calibrate.wake measures how a woken thread's exits slow.
-    after_kvm_run: Callable[[int], None] | None = None
-    # With record_events and the KVM backend: count where the vCPU thread lets the
-    # interpreter lock go (gpuvm.vmm.lock_releases).  Each counted release traps into
-    # the kernel -- about 1 us on this 2-core host, ~20 us on the lent machines' vCPUs,
-    # which doubled a pv trace -- so a counting run's times are not the VM's: a trace
-    # takes the counts from a run of their own (gpuvm.sim.traces).
-    count_lock_releases: bool = False
-    # The KVM backend: sum each vCPU thread's wall and CPU time inside KVM_RUN
-    # (session.kvm_run_time): its CPU outside is its work under the interpreter lock
-    # (gpuvm.calibrate.lock_use).  Two thread-clock and two getrusage reads per timed
-    # exit, holding the lock: with kvm_run_sample_every N one exit in N on average is
-    # timed and the sums scaled to all (KvmRunTime), so the timing slows the run less.
-    time_kvm_run: bool = False
-    kvm_run_sample_every: int = 1
 
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
@@ -166,7 +146,7 @@ def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
             raise RunError("clock: a virtual device clock needs the VMs in the mediator's "
                            "process (not --isolated)")
         try:
-            return VirtualClock(options.guest_exit_ns)
+            return VirtualClock()
         except ValueError as exc:
             raise RunError(f"clock: {exc}") from None
     return DeviceClock(options.time_scale)

@@ -1,7 +1,7 @@
 """`gpuvm model FILE.toml`: the model of the whole system on an experiment file's
 scenarios -- each VM replays the cached trace of its benchmark x mode (recorded on the
-emulator once), priced by a cost profile, competing for the mediator, the engine under
-the scheduler policy, and the host cores.  `--vms N` makes every scenario N VMs of its
+emulator once), priced by a cost profile, competing for the mediator and the engine
+under the scheduler policy.  `--vms N` makes every scenario N VMs of its
 kind (its VMs repeated in turn), so "1,024 VMs of this kind" needs no 1,024-VM run."""
 
 from __future__ import annotations
@@ -40,10 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an experiment that ships with gpuvm (`gpuvm experiment "
                              "--list`) or a TOML file")
     parser.add_argument("--profile", default=None,
-                        help="cost profile(s), comma-separated (default: the file's; "
-                             "`emulator` predicts this emulator)")
-    parser.add_argument("--cores", type=int, default=0,
-                        help="host cores (default: the profile's host_cores)")
+                        help="cost profile(s), comma-separated (default: the file's)")
     parser.add_argument("--vms", default=None, metavar="N[,N...]",
                         help="run every scenario with N VMs of its kind (several: a sweep)")
     parser.add_argument("--dask", nargs="?", const="local", default=None, metavar="ADDRESS",
@@ -86,31 +83,23 @@ def _progress(console: Console, traces: int, points: int
 
 
 def _table(exp_name: str, rows: list[dict]) -> Table:
-    """The rows, at most 80 columns wide: a profile or core count that every row shares
-    is said once in the title instead of a column of its own."""
+    """The rows, at most 80 columns wide: a profile that every row shares is said once
+    in the title instead of a column of its own."""
     profiles = sorted({r["profile"] for r in rows})
-    cores = sorted({r["cores"] for r in rows})
-    same = []
-    if len(profiles) == 1:
-        same.append(f"profile {profiles[0]}")
-    if len(cores) == 1:
-        same.append(f"{cores[0]} host cores")
-    table = Table(title=f"{exp_name}: the model" + (f" ({', '.join(same)})" if same else ""),
+    one = len(profiles) == 1
+    table = Table(title=f"{exp_name}: the model" + (f" (profile {profiles[0]})" if one else ""),
                   box=box.SIMPLE_HEAD)
-    columns = ["scenario", "mode", "policy"] + (["profile"] if len(profiles) > 1 else []) \
-        + (["cores"] if len(cores) > 1 else []) \
+    columns = ["scenario", "mode", "policy"] + ([] if one else ["profile"]) \
         + ["VMs", "VM alone\nms", "makespan\nms", "x alone", "events"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("scenario", "mode", "policy",
                                                         "profile") else "right")
     for r in rows:
-        cells = [r["scenario"], r["mode"], r["policy"]] \
-            + ([r["profile"]] if len(profiles) > 1 else []) \
-            + ([str(r["cores"])] if len(cores) > 1 else []) \
-            + [f"{r['vms']:,}", f"{r['alone_ns'] / 1e6:,.2f}", f"{r['makespan_ns'] / 1e6:,.2f}",
-               f"{r['makespan_ns'] / r['alone_ns']:.2f}" if r["alone_ns"] else "-",
-               f"{r['events']:,}"]
-        table.add_row(*cells)
+        table.add_row(r["scenario"], r["mode"], r["policy"], *([] if one else [r["profile"]]),
+                      f"{r['vms']:,}", f"{r['alone_ns'] / 1e6:,.2f}",
+                      f"{r['makespan_ns'] / 1e6:,.2f}",
+                      f"{r['makespan_ns'] / r['alone_ns']:.2f}" if r["alone_ns"] else "-",
+                      f"{r['events']:,}")
     return table
 
 
@@ -125,10 +114,8 @@ def main(args: argparse.Namespace) -> int:
     if not exp.scenarios:
         raise UserError(f"{args.config}: has no scenarios of its own (a suite? give one of "
                         "its files)")
-    if args.cores < 0:
-        raise UserError(f"--cores {args.cores}: must be at least 1")
     counts = _ints(args.vms) if args.vms else [0]
-    points, same_as = distinct_points(exp, points_for(exp, counts, profiles, args.cores))
+    points, same_as = distinct_points(exp, points_for(exp, counts, profiles))
     err = Console(stderr=True)
     for first in dict.fromkeys(same_as.values()):
         repeats = [s for s, f in same_as.items() if f == first]

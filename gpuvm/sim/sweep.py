@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from gpuvm.experiment.config import Experiment, Scenario
 from gpuvm.experiment.costs import load_costs
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import replay_priced, trace_from_events, trace_from_row
+from gpuvm.sim.replay import replay, trace_from_row
 from gpuvm.sim.traces import TraceKey, load_trace
 
 
@@ -28,12 +28,11 @@ class SweepPoint:
     policy: str
     vms: int  # 0: the scenario's own VMs
     profile: str
-    cores: int = 0  # 0: the profile's host_cores
 
 
 def points_for(exp: Experiment, vm_counts: Sequence[int] = (0,),
-               profiles: Sequence[str] = (), cores: int = 0) -> list[SweepPoint]:
-    return [SweepPoint(s.name, m, p, n, prof, cores)
+               profiles: Sequence[str] = ()) -> list[SweepPoint]:
+    return [SweepPoint(s.name, m, p, n, prof)
             for s in exp.scenarios for m in exp.modes
             for p in (exp.policies if MODES[m].mediated else exp.policies[:1])
             for n in vm_counts for prof in (profiles or (exp.cost_profile,))]
@@ -56,7 +55,7 @@ def distinct_points(exp: Experiment, points: Sequence[SweepPoint]
     for p in points:
         vms = tuple((v.benchmark, v.params, v.start_s, v.share)
                     for v in _vms_of(scenarios[p.scenario], p.vms))
-        key = (vms, p.mode, p.policy, p.vms, p.profile, p.cores)
+        key = (vms, p.mode, p.policy, p.vms, p.profile)
         if key in first:
             same_as[p.scenario] = first[key].scenario
             continue
@@ -96,16 +95,10 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
     for i, vm in enumerate(vms):
         key = TraceKey(vm["benchmark"], tuple(vm["params"]), point.mode)
         trace = traces[key.file_name]
-        name = f"{vm['name']}.{i}"
-        if "events" in trace:  # the per-event trace, replayed in its order
-            built.append(trace_from_events(name, trace, costs, mediated,
-                                           int(vm["start_s"] * 1e9), vm["share"]))
-        else:
-            built.append(trace_from_row({"vm": name, "start_s": vm["start_s"],
-                                         "share": vm["share"], **trace}, costs, mediated))
-    cores = point.cores or int(costs.host_cores)
-    result = replay_priced(built, costs, cores, point.policy, point.mode)
-    return {**asdict(point), "vms": len(built), "cores": cores,
+        built.append(trace_from_row({"vm": f"{vm['name']}.{i}", "start_s": vm["start_s"],
+                                     "share": vm["share"], **trace}, costs, mediated))
+    result = replay(built, point.policy)
+    return {**asdict(point), "vms": len(built),
             "alone_ns": max(t.alone_ns for t in built),
             "makespan_ns": result.makespan_ns, "events": result.events}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuvm.device import regs
+from gpuvm.device.clock import EventPrices, GuestParty
 from gpuvm.device.dma import DmaMappings
 from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
@@ -36,6 +37,15 @@ class PassthroughGpu:
         gpu.attach_sysram(self.dma)
         self.irqs = IrqTriggers({abi.VFIO_PCI_MSI_IRQ_INDEX: 1})
         gpu.event_listeners.append(self._interrupt)
+        # virtual time: the VM's vCPU charged each bare-metal access at its price
+        self.meter: GuestParty | None = None
+        self._exit_ns: Mapping[int, int] = {}
+
+    def use_meter(self, party: GuestParty, prices: EventPrices) -> None:
+        """Charge each access the guest makes to `party` at `prices.exit_ns` (natively an
+        exit stands for the bare-metal access: an uncached register access, a posted
+        store through an aperture)."""
+        self.meter, self._exit_ns = party, prices.exit_ns
 
     # ------------------------------------------------------------------ VfioDevice
     def get_info(self) -> DeviceInfo:
@@ -47,9 +57,13 @@ class PassthroughGpu:
     def read(self, region: int, offset: int, size: int) -> int:
         if region == _CONFIG:
             return self.config.read(offset, size)
+        if self.meter is not None:
+            self.meter.charge(self._exit_ns.get(region, 0))
         return self.gpu.mmio_read(region, offset, size)
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
+        if self.meter is not None and region != _CONFIG:
+            self.meter.charge(self._exit_ns.get(region, 0))
         if region == _CONFIG:
             self.config.write(offset, size, value)
             return

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import random
 import resource
 import threading
 import time
@@ -82,9 +81,6 @@ class GuestSession:
         # the vCPU's party of a virtual device clock (gpuvm/device/clock.py), or None
         self.clock: Any = None
         self.clock_party: Any = None
-        self.recorder = None  # an event_trace.EventRecorder when the run records events
-        # the vCPU thread's time inside KVM_RUN, where the run asks (RunOptions.time_kvm_run)
-        self.kvm_run_time: KvmRunTime | None = None
 
     def use_clock(self, clock: Any, party: Any) -> None:
         """Run on a virtual device clock: every exit the backends report through `tick`
@@ -115,6 +111,10 @@ class GuestSession:
             counts.update(self._extra_counters())
         for key, value in self.port_counts.items():
             counts[f"port.{key}"] = value
+        party = self.clock_party
+        if party is not None:  # on a virtual clock its waits for the mediator's lock
+            counts["mediator_lock.waits"] = party.lock_waits
+            counts["mediator_lock.wait_ns"] = party.lock_wait_ns
         counts.update(self.hostmem.counters)
         return counts
 
@@ -137,10 +137,10 @@ class GuestSession:
         if self.clock is not None:
             self.clock.bind_thread(self.clock_party)
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
-        if self.recorder is not None:
-            self.recorder.begin()  # the VM's setup before this is not the guest's time
 
     def finish(self) -> None:
+        if self.clock_party is not None:
+            self.clock_party.settle()
         self._cut_phase(None)
         self.hostmem.finish()
         # a virtual clock's vCPU stays at its last time until the VMM has removed its
@@ -213,6 +213,7 @@ class GuestSession:
         party = self.clock_party
         if party is not None:
             plain = done
+            since = party.wait_starts()
 
             def done() -> bool:  # noqa: F811 -- asleep in virtual time while not done
                 generation = party.generation()  # read before looking (see block)
@@ -224,6 +225,7 @@ class GuestSession:
         ok = self.attached.wait_event(done, timeout)
         if party is not None:
             party.unblock()
+            party.wait_ends(since)
         faults = len(self.stats.faults())
         if fence_reached():
             rec.status = abi.WAIT_OK
@@ -274,9 +276,8 @@ def boot_params_for(ram: GuestRam, bench: str, params: list[int], flags: int,
 class ThreadUsage:
     """What one thread used over an interval (getrusage RUSAGE_THREAD): its CPU time and
     how often it slept.  For a vCPU thread of VMs run as threads a voluntary switch is a
-    wait -- for the interpreter lock another VM holds, for a fence, for a kick -- so the
-    sleeps a VM adds beside others count the lock hand-offs the model prices
-    (gpuvm/calibrate/validation.py); preemptions are the host's cores running short."""
+    wait -- for the interpreter lock another VM holds, for a fence, for a kick;
+    preemptions are the host's cores running short."""
 
     cpu_ns: int
     voluntary_switches: int
@@ -294,139 +295,6 @@ class ThreadUsage:
         return ThreadUsage(self.cpu_ns - before.cpu_ns,
                            self.voluntary_switches - before.voluntary_switches,
                            self.involuntary_switches - before.involuntary_switches)
-
-
-class _ScaledToAllRuns:
-    """A KvmRunTime sum over its timed runs, read as the estimate for all of its runs
-    (the sum times runs over timed runs): a read-only attribute."""
-
-    def __init__(self, timed_sum: str) -> None:
-        self.timed_sum = timed_sum
-
-    def __get__(self, timer: KvmRunTime | None, owner: type | None = None):
-        if timer is None:
-            return self
-        return getattr(timer, self.timed_sum) * timer.runs // max(1, timer.timed_runs)
-
-
-@dataclass
-class KvmRunTime:
-    """The vCPU thread's wall and CPU time inside KVM_RUN, summed over its runs, and how
-    often it slept or lost its core in there.
-
-    Of VMs run as threads, KVM_RUN is where a vCPU thread lets the interpreter lock go:
-    the guest runs, KVM handles the exit, and the thread waits to take the lock back.
-    Its CPU time outside is then its Python work under the lock (the thread's CPU, from
-    ThreadUsage, less `cpu_ns`), and the wall time inside that is not CPU time is
-    mostly that wait (gpuvm.calibrate.lock_use).  The switches split the same way: one
-    outside KVM_RUN (the thread's, less `sleeps` / `preemptions`) happened while the
-    thread held the lock or took it back inside a handler -- a core lost there stalls
-    every thread that wants the lock, one lost inside stalls only this guest.  And the
-    wall time outside, `span_ns` less `wall_ns`, against its CPU says how long a holder
-    sat off its core.  Only where a run asks.
-
-    Timing a run takes two thread-clock and two getrusage reads, made holding the
-    interpreter lock: ~5 us an exit on the 2-core host, ~3 us on the lent machines,
-    which made four VMs on two cores queue for the lock so much more that their work
-    per exit grew 1.25x where untimed runs' grew 1.1x (docs/model-validation.md, "The
-    lock rounds time themselves into their growth").  So a timer may time one run in
-    `every` on average -- the gaps drawn at random, so no period of the guest's exits
-    lines up with them -- and count the rest; `wall_ns`, `cpu_ns`, `sleeps` and
-    `preemptions` are then the timed runs' sums scaled to every run.  The reads made
-    inside a timed window (`_in_window`, measured once when the timer is made) are
-    then taken off each timed run, so the estimate does not charge every run with them;
-    timing every run, they stay in, as every run pays them (and as the lock's rounds
-    were always measured)."""
-
-    every: int = 1  # time one KVM_RUN in this many, on average; count the others
-    seed: int = 0  # of the gaps between timed runs
-    runs: int = 0  # every KVM_RUN
-    timed_runs: int = 0  # those timed
-    timed_wall_ns: int = 0  # the timed runs' sums
-    timed_cpu_ns: int = 0
-    timed_sleeps: int = 0  # voluntary context switches inside KVM_RUN
-    timed_preemptions: int = 0  # involuntary ones
-    first_ns: int = 0  # perf_counter_ns at the first run's start
-    last_ns: int = 0  # and at the last one's end (`close`)
-    first_cpu_ns: int = 0  # the thread's CPU clock at the first run's start
-    last_cpu_ns: int = 0  # and at the last one's end (`close`)
-    _left: int = field(default=1, repr=False)  # runs to the next timed one
-    _gaps: random.Random = field(init=False, repr=False)
-    _in_window: tuple[int, int] = field(init=False, repr=False)  # wall, CPU
-
-    def __post_init__(self) -> None:
-        if self.every < 1:
-            raise ValueError(f"KvmRunTime.every must be at least 1, not {self.every}")
-        self._gaps = random.Random(self.seed)
-        self._in_window = self._window_cost() if self.every > 1 else (0, 0)
-
-    # the timed runs' sums, scaled to every run
-    wall_ns = _ScaledToAllRuns("timed_wall_ns")
-    cpu_ns = _ScaledToAllRuns("timed_cpu_ns")
-    sleeps = _ScaledToAllRuns("timed_sleeps")
-    preemptions = _ScaledToAllRuns("timed_preemptions")
-
-    @property
-    def span_ns(self) -> int:
-        """Wall time from the first KVM_RUN's start to the last one's end."""
-        return self.last_ns - self.first_ns
-
-    @property
-    def span_cpu_ns(self) -> int:
-        """The thread's CPU time over span_ns (not its set-up before the first run)."""
-        return self.last_cpu_ns - self.first_cpu_ns
-
-    @staticmethod
-    def _window_cost() -> tuple[int, int]:
-        """The wall and CPU time the reads inside a timed window take with nothing
-        between them: the least of a few tries."""
-        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
-        usage, thread = resource.getrusage, resource.RUSAGE_THREAD
-        best = (1 << 62, 1 << 62)
-        for _ in range(5):
-            t0 = clock()
-            c0 = cpu_clock()
-            usage(thread)
-            usage(thread)
-            c1 = cpu_clock()
-            t1 = clock()
-            best = (min(best[0], t1 - t0), min(best[1], c1 - c0))
-        return best
-
-    def timed(self, ioctl: Callable, fd: int, request: int) -> None:
-        """`ioctl(fd, request)` (KVM_RUN), counted; where its turn comes, with its wall
-        and CPU time and its thread's context switches added."""
-        if not self.runs:
-            self.first_ns, self.first_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
-        self.runs += 1
-        self._left -= 1
-        if self._left:
-            ioctl(fd, request)
-            return
-        self._left = 1 if self.every == 1 else self._gaps.randint(1, 2 * self.every - 1)
-        clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
-        usage, thread = resource.getrusage, resource.RUSAGE_THREAD
-        t0 = clock()
-        c0 = cpu_clock()
-        before = usage(thread)
-        try:
-            ioctl(fd, request)
-        finally:
-            after = usage(thread)
-            c1 = cpu_clock()
-            t1 = clock()
-            wall_cost, cpu_cost = self._in_window
-            self.timed_cpu_ns += max(0, c1 - c0 - cpu_cost)
-            self.timed_wall_ns += max(0, t1 - t0 - wall_cost)
-            self.timed_sleeps += after.ru_nvcsw - before.ru_nvcsw
-            self.timed_preemptions += after.ru_nivcsw - before.ru_nivcsw
-            self.timed_runs += 1
-
-    def close(self) -> None:
-        """Mark the end of the thread's last run (its span's end) -- on the vCPU
-        thread, once its runs are over."""
-        if self.runs:
-            self.last_ns, self.last_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
 
 
 @dataclass

@@ -13,13 +13,11 @@ names the inherited socket fd ("fd") or a socket path ("socket").  A job that sa
 (an isolated run's) is one line; the VM is then built, "ready" is written as a line of
 its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
 different times to start still start their guests when the run says (their start_delay,
-all at once for a scaling run).  A job that says "record_events" also sends the VM's
-per-event trace (gpuvm.vmm.event_trace), with the server's time in each run of events.
+all at once for a scaling run).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import socket
 import sys
@@ -32,7 +30,6 @@ from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vmm.backends import make_runner
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
-from gpuvm.vmm.event_trace import EventRecorder, EventTrace
 from gpuvm.vmm.vfio_attach import BAR_BASES, attach
 
 READY, GO = "ready\n", "go\n"  # a held job's lines (see the module docstring)
@@ -57,11 +54,6 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     attached = attach(device, device, ram, name)
     try:
         session = GuestSession(name, ram, attached, wait_timeout=job["wait_timeout"])
-        if job.get("record_events"):
-            session.recorder = EventRecorder(
-                functools.partial(session.snapshot, device.counters_with_server_time),
-                remote_counters=True)
-            session.recorder.install(session)
         boot_params_for(ram, job["benchmark"], job["params"], job["flags"], BAR_BASES,
                         attached.bar_sizes)
         runner = make_runner(job["backend"], name, Path(job["flat"] or "."),
@@ -75,10 +67,7 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
         if runner.alive():
             runner.stop("the VM ran past its timeout")
             runner.join(5)
-        record = outcome_record(outcome, faults)
-        if session.recorder is not None:
-            record["events"] = session.recorder.trace().packed()
-        return record
+        return outcome_record(outcome, faults)
     finally:
         attached.detach()
         device.close()
@@ -95,16 +84,6 @@ def outcome_record(outcome: GuestOutcome, faults: list[ChannelFault]) -> dict[st
                         "hostmem": {"summary": s.hostmem.summary(),
                                     "history": s.hostmem.history()}},
             "faults": [asdict(f) for f in faults]}
-
-
-class RecordedEvents:
-    """The per-event trace a VM's process sent, where a recorder would be in-process."""
-
-    def __init__(self, events: EventTrace) -> None:  # noqa: D107
-        self._events = events
-
-    def trace(self) -> EventTrace:
-        return self._events
 
 
 class RecordedHostMem:
@@ -128,10 +107,8 @@ class RecordedHostMem:
 class RecordedSession(GuestSession):
     """A guest session as another process recorded it (no RAM, no device)."""
 
-    def __init__(self, name: str, record: dict[str, Any],
-                 events: str | None = None) -> None:  # noqa: D107
+    def __init__(self, name: str, record: dict[str, Any]) -> None:  # noqa: D107
         self.name = name
-        self.recorder = None if events is None else RecordedEvents(EventTrace.unpacked(events))
         self.console = list(record["console"])
         self.results = [dict(r) for r in record["results"]]
         self.phases = [PhaseRecord(**ph) for ph in record["phases"]]
@@ -142,7 +119,7 @@ class RecordedSession(GuestSession):
 
 
 def recorded_outcome(record: dict[str, Any]) -> tuple[GuestOutcome, list[ChannelFault]]:
-    session = RecordedSession(record["name"], record["session"], record.get("events"))
+    session = RecordedSession(record["name"], record["session"])
     outcome = GuestOutcome(record["name"], record["backend"], session, record["failure"],
                            record["rip"], record["wall_ns"])
     return outcome, [ChannelFault(**f) for f in record["faults"]]

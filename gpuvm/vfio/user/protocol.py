@@ -187,7 +187,7 @@ class MappingEvent(ctypes.LittleEndianStructure):
 
 STATS_COUNTERS, STATS_FAULTS, STATS_DEVICE_TIME = 1, 2, 4
 STATS_SERVER_TIME = 8  # the server's time on this connection: its accesses, its channels
-# ... as the client's counters name them (gpuvm.vmm.event_trace, gpuvm.sim.replay)
+# ... as the client's counters name them
 SERVER_ACCESS_COUNTER, SERVER_ENGINE_COUNTER = "server.access_ns", "server.engine_ns"
 STATS_ALL = STATS_COUNTERS | STATS_FAULTS | STATS_DEVICE_TIME
 

@@ -111,9 +111,9 @@ class DeviceServer:
         self.disconnect_reason = ""
         # time this connection's register accesses kept the serving thread busy --
         # from the wait that returned them (its system call) to the reply sent --
-        # reported under STATS_SERVER_TIME: a recorded VM in another process learns
-        # from it which part of each trap's round trip the server, one thread for every
-        # VM, spent on it (gpuvm.vmm.event_trace, gpuvm.sim.replay)
+        # reported under STATS_SERVER_TIME: a VM in another process learns from it
+        # which part of each trap's round trip the server, one thread for every VM,
+        # spent on it
         self.access_ns = 0
         self._answered_access = False
 

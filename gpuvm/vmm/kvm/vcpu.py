@@ -13,7 +13,6 @@ nearly free, reading the four MMIO fields and counting costs ~10 % of a raw exit
 from __future__ import annotations
 
 import fcntl
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,13 +75,6 @@ class ExitLoop:
             getattr(self, name).release()
 
     def run(self) -> str | None:
-        try:
-            return self._run()
-        finally:
-            if self.session.kvm_run_time is not None:
-                self.session.kvm_run_time.close()  # its runs' span ends here
-
-    def _run(self) -> str | None:
         while True:
             try:
                 return self._dispatch()
@@ -124,12 +116,6 @@ class ExitLoop:
         port_out = self.session.port_out
         port_in = self.session.port_in
         tick = self.session.tick  # the vCPU's time on a virtual device clock
-        timer = self.session.kvm_run_time
-        if timer is not None:  # the thread's time inside KVM_RUN (RunOptions.time_kvm_run)
-            ioctl = functools.partial(timer.timed, ioctl)
-        recorder = self.session.recorder
-        if recorder is not None:  # a recorded run times each KVM_RUN (event_trace)
-            ioctl = functools.partial(recorder.timed_run, ioctl)
         while True:
             ioctl(fd, KVM_RUN)
             tick()
