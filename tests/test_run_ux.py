@@ -72,11 +72,15 @@ def test_help_states_the_exit_statuses() -> None:
 
 
 @pytest.mark.kvm
-def test_sigterm_stops_a_run_with_143() -> None:
+def test_sigterm_stops_a_run_with_143(tmp_path) -> None:
+    env = {**os.environ, "GPUVM_STATE_DIR": str(tmp_path)}
     run = subprocess.Popen([sys.executable, "-m", "gpuvm", "run", "--mode", "fv-opt",
-                            "--vm", "bench=loop,params=10000000:300"], cwd=REPO, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(4)  # the guest is running (its 300 kernels take far longer)
+                            "--vm", "bench=loop,params=10000000:100000"], cwd=REPO, env=env,
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*.json")) and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.05)  # until the guest runs (its status is published)
     run.terminate()
     _, err = run.communicate(timeout=60)
     assert run.returncode == 143, err
