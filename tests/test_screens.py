@@ -135,3 +135,9 @@ def test_bench_tables_fit_80_columns(argv: list[str], words: list[str]) -> None:
     out = piped(*argv)
     for w in words:
         assert w in " ".join(out.split())
+
+
+def test_the_list_of_shipped_experiments_fits_80_columns(tmp_path) -> None:
+    out = piped("experiment", "--list", cwd=tmp_path)
+    names = {line.split()[0] for line in out.splitlines()[2:] if line[:1].strip()}
+    assert {"default", "paper", "isolation", "quick"} <= names
