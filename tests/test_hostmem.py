@@ -1,6 +1,8 @@
-"""Host memory (issue 16): guest RAM backing, the VMM's count of the guest's pins and
-huge-page splits, the prices from the measured profile, the page-table footprint per VM,
-and smart pinning driven by a profile run's history."""
+"""Host memory (issues 16, 79): guest RAM backing (really on huge pages for "thp"), the
+VMM's count of the guest's pins, of huge pages they cut (arithmetic) and of those the
+kernel split (smaps), the prices from the measured profile, the page-table footprint per
+VM, smart pinning driven by a profile run's history, and the report that reads the
+measured H200 profiles."""
 
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ def _event(op: int, gpa: int, nbytes: int, arg: int = 0, alloc: int = 0) -> abi.
 @pytest.fixture
 def thp_ram():
     ram = GuestRam(16 * MiB, backing="thp")
+    ram.array[::4096] = 1  # faulted in: huge pages where the host gives them
+    if not ram.huge_kib():
+        ram.close()
+        pytest.skip("the host gives this process no transparent huge pages")
     yield ram
     ram.close()
 
@@ -46,7 +52,7 @@ def test_guest_ram_backings_and_smaps():
 def _rss_kib(ram: GuestRam) -> int:
     from pathlib import Path
 
-    from gpuvm.calibrate.hostmem import smaps_kib
+    from gpuvm.host_pages import smaps_kib
     return smaps_kib(Path("/proc/self/smaps").read_text(), ram.host_address,
                      ram.host_address + ram.size)["Rss"]
 
@@ -116,7 +122,7 @@ def test_the_default_allocation_is_immediate_unless_the_environment_says(monkeyp
 
 
 def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
-    from gpuvm.calibrate import hostmem as knobs
+    from gpuvm import host_pages as knobs
 
     mode = knobs.read_knob(knobs.SHMEM_THP_KNOB)
     if mode not in ("advise", "always", "within_size"):
@@ -131,32 +137,83 @@ def test_thp_guest_ram_is_huge_when_the_kernel_allows_it():
     ram.close()
 
 
-def test_write_pin_that_cuts_huge_pages_splits_them(thp_ram):
+def test_thp_guest_ram_is_on_huge_pages_even_with_shmem_thp_off():
+    """"thp" guest RAM is a memfd where shmem THP is on, else anonymous memory that
+    MADV_HUGEPAGE puts on huge pages -- which then cannot be shared with another process."""
+    from gpuvm import host_pages as knobs
+
+    if knobs.read_knob(knobs.ANON_THP_KNOB) not in ("always", "madvise"):
+        pytest.skip(f"anonymous THP is {knobs.read_knob(knobs.ANON_THP_KNOB)!r} here")
+    ram = GuestRam(8 * MiB, backing="thp", prealloc=True)
+    try:
+        assert ram.huge_kib() == 8 * 1024
+        off = knobs.read_knob(knobs.SHMEM_THP_KNOB) in ("never", "deny")
+        assert ram.anonymous == off
+        if off:
+            with pytest.raises(UserError, match="shmem_enabled is \\[never\\].*set it to advise"):
+                ram.share_fd()
+    finally:
+        ram.close()
+
+
+def test_anonymous_thp_ram_keeps_its_huge_pages_across_a_fork(thp_ram):
+    """A child forked while the guest runs (a compiler, a VM process) must not share the
+    RAM copy-on-write: the guest's next store would split the huge page under it (seen:
+    12 splits in one hostmem experiment before MADV_DONTFORK)."""
+    import os
+
+    if not thp_ram.anonymous:
+        pytest.skip("shmem THP is on here: the RAM is a shared memfd, never copy-on-write")
+    before = thp_ram.huge_kib()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only waits
+        os.read(read, 1)
+        os._exit(0)
+    try:
+        thp_ram.array[::HUGE_PAGE] = 7  # one store per huge page while the child lives
+        assert thp_ram.huge_kib() == before
+    finally:
+        os.write(write, b"x")
+        os.waitpid(child, 0)
+        os.close(read)
+        os.close(write)
+
+
+def test_write_pins_count_cuts_by_arithmetic_and_splits_by_the_kernel(thp_ram):
     t = HostMemTracker(thp_ram)
     t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))  # cuts pages 0 and 2
     t.handle(_event(abi.HM_PIN, 2 * MiB, 4 * MiB, arg=1))  # aligned: cuts nothing
-    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=0))  # read pin: no split charged
-    t.handle(_event(abi.HM_PIN, 4096, 8192, arg=1))  # inside one page: one split
-    assert t.counters["hostmem.huge_splits"] == 3
+    t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=0))  # read pin: no cut counted
+    t.handle(_event(abi.HM_PIN, 4096, 8192, arg=1))  # inside one page: one cut
+    assert t.counters["hostmem.huge_cuts"] == 3
+    assert t.counters["hostmem.huge_splits"] == 0  # reporting a pin touches no page
+    assert thp_ram.huge_kib() == 16 * 1024
     assert t.counters["hostmem.pins"] == 4
     assert t.counters["hostmem.pin_bytes_thp"] == 12 * MiB + 8192
     assert t.pinned_peak_bytes == 12 * MiB + 8192
 
 
-def test_4k_backing_never_splits():
+def test_ram_the_host_gave_no_huge_pages_is_priced_as_4k():
     ram = GuestRam(16 * MiB, backing="4k")
     t = HostMemTracker(ram)
     t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))
-    assert t.counters.get("hostmem.huge_splits", 0) == 0
+    assert t.counters.get("hostmem.huge_splits", 0) == t.counters.get("hostmem.huge_cuts", 0) == 0
     assert t.counters["hostmem.pin_bytes_4k"] == 4 * MiB
     ram.close()
 
 
-def test_nohugepage_on_pinned_ranges_removes_splits(thp_ram):
+def test_nohugepage_on_pinned_ranges_removes_cuts_but_the_kernel_splits(thp_ram):
+    """The field report's cure advises the pinned range 4 KiB pages: nothing left to
+    cut -- but the madvise itself splits the huge mappings its edges fall inside."""
     t = HostMemTracker(thp_ram, nohugepage_pinned=True)
     t.handle(_event(abi.HM_PIN, 1 * MiB, 4 * MiB, arg=1))
     t.handle(_event(abi.HM_UNPIN, 1 * MiB, 4 * MiB, arg=1))
-    assert t.counters.get("hostmem.huge_splits", 0) == 0
+    assert t.counters.get("hostmem.huge_cuts", 0) == 0
+    assert t.counters["hostmem.huge_splits"] == 2  # pages 0 and 2, as smaps saw
+    # page 1, wholly inside the advised range, stays huge-mapped: the advice stops new
+    # huge pages there, it does not split those in place
+    assert thp_ram.huge_kib() == 16 * 1024 - 2 * 2048
     assert t.counters["hostmem.pin_bytes_4k"] == 4 * MiB
     assert t.counters["hostmem.unpin_bytes_4k"] == 4 * MiB
     assert t.pinned_bytes == 0
@@ -180,26 +237,58 @@ def test_hot_mask_picks_allocations_over_the_threshold():
 
 
 def test_hostmem_costs_are_the_measured_medians():
-    measured = tomllib.loads((COSTS_DIR / "gpu-h100.toml").read_text())
-    c = load_hostmem_costs("gpu-h100")
+    measured = tomllib.loads((COSTS_DIR / "gpu-h200.toml").read_text())
+    c = load_hostmem_costs("gpu-h200")
     m = measured["costs"]
     assert (c.h2d_pinned_gib_s, c.d2h_pageable_gib_s) == (m["h2d_pinned_gib_s"],
                                                           m["d2h_pageable_gib_s"])
     assert c.pin_chunk_thp_us == m["pin_chunk_memfd_thp_us"]
     assert c.chunk_bytes == measured["device"]["chunk_bytes"]
-    assert c.thp_split_us == 0.0  # what the H100 showed
+    assert c.thp_split_us == m["thp_split_us"] == 0.0  # the H200's kernel split nothing
+    assert c.thp_cut_us == 0.0
     field = load_hostmem_costs("hostmem-field-split")
-    assert field.thp_split_us == pytest.approx(215.2)
+    assert field.thp_cut_us == pytest.approx(215.2) and field.thp_split_us == 0.0
     assert field.pin_chunk_4k_us == c.pin_chunk_4k_us
     # 1 GiB staged at the pageable rate takes 1 / rate seconds
     ns = c.modelled_ns({"hostmem.xfer.dtoh.staged.bytes": regs.GiB})
     assert ns == pytest.approx(1e9 / c.d2h_pageable_gib_s)
-    assert field.modelled_ns({"hostmem.huge_splits": 10}) == pytest.approx(2152e3)
+    assert field.modelled_ns({"hostmem.huge_cuts": 10}) == pytest.approx(2152e3)
+    assert c.modelled_ns({"hostmem.huge_cuts": 10}) == 0
+
+
+def test_a_profile_whose_kernel_split_pages_prices_the_split(tmp_path):
+    """thp_split_us comes from the measured rows: the chunk-pinned D2H time into THP memory
+    over that into 4 KiB memory, per huge page smaps saw split."""
+    from dataclasses import replace
+
+    from gpuvm.calibrate.profile import load, to_toml
+    from gpuvm.calibrate.stats import Spread
+
+    prof = load(COSTS_DIR / "gpu-h200.toml")
+    assert prof.thp_split_us() == 0.0
+    rows, per_split = [], []
+    for c in prof.d2h_into:
+        if c.memory == "memfd-thp" and c.mode == "chunk-pinned" and c.huge_kib_before:
+            # as if half the pages split and the copy took twice the 4 KiB one's time
+            base = next(b for b in prof.d2h_into if (b.memory, b.mode, b.shmem_thp,
+                        b.chunk_offset) == ("memfd-4k", c.mode, c.shmem_thp, c.chunk_offset))
+            half = base.gib_s.median / 2
+            c = replace(c, huge_kib_after=c.huge_kib_before // 2,
+                        gib_s=Spread(half, half, half, 7))
+            extra_us = c.nbytes / (1 << 30) / base.gib_s.median * 1e6
+            per_split.append(extra_us / (c.huge_kib_before // 2 // 2048))
+        rows.append(c)
+    split = replace(prof, d2h_into=rows)
+    assert len(per_split) == 2  # aligned grid and the one shifted 1 MiB
+    assert split.thp_split_us() == pytest.approx(max(per_split), rel=1e-3)  # the worst
+    path = tmp_path / "gpu-split.toml"
+    path.write_text(to_toml(split))
+    assert load_hostmem_costs(str(path)).thp_split_us == split.costs()["thp_split_us"]
 
 
 def test_hostmem_profile_errors_name_the_culprit(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[hostmem]\nbase = "gpu-h100"\nsplit_us = 1.0\n')
+    bad.write_text('[hostmem]\nbase = "gpu-h200"\nsplit_us = 1.0\n')
     with pytest.raises(ValueError, match="unknown 'split_us'"):
         load_hostmem_costs(str(bad))
     with pytest.raises(ValueError, match="not found"):
@@ -280,11 +369,12 @@ def test_guest_without_the_flags_reports_nothing():
     assert _hostmem_counts(r) == {}
 
 
-@pytest.mark.parametrize("backing,nohuge,splits", [("4k", False, 0), ("thp", False, 8),
-                                                   ("thp", True, 0)])
-def test_guest_pins_pageable_copies_in_chunks(backing, nohuge, splits):
+@pytest.mark.parametrize("backing,nohuge,cuts", [("4k", False, 0), ("thp", False, 8),
+                                                 ("thp", True, 0)])
+def test_guest_pins_pageable_copies_in_chunks(backing, nohuge, cuts):
     """16 MiB each way, 4 MiB chunks, buffers 1 MiB into their allocation: 4 pins per
-    direction; each D2H chunk cuts two huge pages of THP-backed RAM."""
+    direction; each D2H chunk cuts two huge pages of THP-backed RAM, which the kernel
+    splits only where the VMM advises the pinned ranges 4 KiB pages."""
     (r,) = run_vms([VmSpec("vm0", "memcpy", [16 * MiB, 0, 1 * MiB], ram_size=128 * MiB,
                            ram_backing=backing, hostmem_report=True, pin_chunks=True,
                            nohugepage_pinned=nohuge)], RunOptions(mode="fv-opt"))
@@ -292,7 +382,11 @@ def test_guest_pins_pageable_copies_in_chunks(backing, nohuge, splits):
     c = _hostmem_counts(r)
     assert c["hostmem.pins"] == c["hostmem.unpins"] == 8
     assert c["hostmem.pin_bytes"] == 32 * MiB
-    assert c.get("hostmem.huge_splits", 0) == splits
+    huge = r.session.hostmem.huge_kib_first
+    if backing == "thp" and not huge:
+        pytest.skip("the host gave this guest's RAM no huge pages")
+    assert c.get("hostmem.huge_cuts", 0) == cuts
+    assert (c.get("hostmem.huge_splits", 0) > 0) == nohuge  # only the madvise splits
     assert c["hostmem.xfer.htod.chunks.bytes"] == c["hostmem.xfer.dtoh.chunks.bytes"] == 16 * MiB
     assert r.session.hostmem.pinned_peak_bytes == 4 * MiB
 
@@ -326,7 +420,7 @@ def test_smart_pinning_pins_only_what_the_profile_run_saw_hot():
     how = {e["alloc"]: e["how"] for e in smart.session.hostmem.events if e["op"] == "htod"}
     assert how == {1: "pinned", 2: "staged", 3: "staged", 4: "staged", 5: "pinned",
                    6: "staged", 7: "staged", 8: "staged"}
-    costs = load_hostmem_costs("gpu-h100")
+    costs = load_hostmem_costs("gpu-h200")
 
     def total(result) -> float:
         return costs.modelled_ns(_hostmem_counts(result))
@@ -340,7 +434,7 @@ name = "hostmem-small"
 kind = "hostmem"
 modes = ["native"]
 output = "{out}"
-hostmem_profiles = ["gpu-h100", "hostmem-field-split"]
+hostmem_profiles = ["gpu-h200", "hostmem-field-split"]
 [[scenario]]
 name = "bandwidth"
 [[scenario.vm]]
@@ -403,20 +497,25 @@ def test_hostmem_experiment_rows_histories_and_report(tmp_path):
     assert smart.hostmem["pt_footprint"]["4k"]["ptes"] == 2 * 262144 // 4096
     thp = next(r for r in rows if r.vm == "thp")
     field = thp.hostmem["modelled_ns"]["hostmem-field-split"]
-    assert thp.counters["hostmem.huge_splits"] == 4  # 2 D2H chunks, 2 cuts each
-    assert field["split"] == pytest.approx(4 * 215.2e3)
-    assert thp.hostmem["modelled_ns"]["gpu-h100"]["split"] == 0
+    assert thp.counters["hostmem.huge_cuts"] == 4  # 2 D2H chunks, 2 cuts each
+    assert thp.counters.get("hostmem.huge_splits", 0) == 0  # the kernel split nothing
+    assert field["cut"] == pytest.approx(4 * 215.2e3)
+    assert thp.hostmem["modelled_ns"]["gpu-h200"]["split"] == 0
     history = json.loads((run.path / "history" / "profile-native-fifo-0-none-256k.json")
                          .read_text())
     assert sum(e["op"] == "htod" for e in history["events"]) == 22  # 2 hot x 8 + 6 cold
     md = write_report(exp, rows, run.path).read_text()
-    for heading in ("measured vs modelled", "Huge-page splits", "page-table footprint",
+    for heading in ("measured vs modelled", "Huge pages and chunked pinning", "page-table footprint",
                     "Smart pinning"):
         assert heading in md
     bandwidth = [line for line in md.splitlines() if line.startswith("| h2d ")
                  or line.startswith("| d2h ")]
     assert len(bandwidth) == 4 and all(line.endswith("| yes |") for line in bandwidth)
     assert "| 4k | 1 | no | 262144 | 8 | 8 | 2097216 | 2097152 |" in md
+    # read from the committed H200 profiles, not written in the code
+    assert "THP result: with shmem THP `always`" in md and "split 0 of the 3072 huge pages" in md
+    assert "smart beats none from 1048576 B" in md and "all beats none from 262144 B" in md
+    assert "| 2m | 1 | 2054 | 524288 | 8409120 | 4194304 | yes, 4096/4096 translated |" in md
 
 
 def test_bench_ram_alloc_runs_both_ways_side_by_side(capsys):

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpuvm import cli
+from gpuvm.calibrate import mmu_v2
 from gpuvm.calibrate.footprint import build_and_count, footprint, footprint_table
 from gpuvm.device import regs
 
@@ -128,3 +129,70 @@ def test_command_bad_input_is_one_line(capsys, argv, culprit):
     rc = cli.main(["calibrate", "--pt-footprint", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and culprit in err
+
+
+# ------------------------------------------------------------------ version-2 format
+@pytest.mark.parametrize("page, spaces, shared", [
+    ("2m", 1, False), ("2m", 3, False), ("2m", 3, True), ("64k", 2, False),
+    ("64k", 2, True), ("4k", 1, False), ("4k", 3, True)])
+def test_v2_tables_built_and_read_back_match_the_counts(page, spaces, shared):
+    """1 GiB + 6 MiB (crossing PD0 tables' 512 MiB and a partial last one), built in
+    emulated VRAM and walked back from each root; every page translates."""
+    nbytes = GiB + 6 * MiB
+    f = mmu_v2.footprint(nbytes, page, spaces, shared, 1 << 38)
+    b = mmu_v2.build(nbytes, page, spaces, shared, sample=512)
+    assert mmu_v2.agrees(f, b), (f, b)
+    assert b.pages_checked >= 512 * spaces
+    assert b.vram_used <= mmu_v2.vram_needed(f)
+
+
+def test_v2_one_tib_at_2m_vs_the_seeds_arithmetic():
+    """The seed: 4 MB per TB at 2 MiB pages (8 B a page), 2 GiB at 4 KiB.  The format puts
+    a 2 MiB page in a 16-byte PD0 slot: 8 MiB of PD0 plus the directories."""
+    f = mmu_v2.footprint(1 << 40, "2m", 1, False, 1 << 38)
+    assert f.entries["pte"] * mmu_v2.SEED_PTE_BYTES == 4 * MiB
+    assert f.tables == {"pd3": 1, "pd2": 1, "pd1": 4, "pd0": 2048}
+    assert f.table_bytes == 32 + 4096 * (1 + 4 + 2048)
+    four = mmu_v2.footprint(1 << 40, "4k", 1, False, 1 << 38)
+    assert four.pte_bytes == 2 * GiB and four.table_bytes == 2 * GiB + f.table_bytes
+    shared = mmu_v2.footprint(1 << 40, "2m", 8, True, 1 << 38)
+    assert shared.table_bytes == f.table_bytes + 7 * (32 + 4096)  # a PD3 and a PD2 each
+    assert mmu_v2.agrees(f, mmu_v2.build(1 << 40, "2m"))
+
+
+def test_v2_reading_back_sees_a_corrupted_entry():
+    """The read-back walks VRAM, not the builder's bookkeeping: a zeroed page entry is
+    one page fewer and fails to translate."""
+    vram = mmu_v2.Vram(64 * 4096)
+    try:
+        b = mmu_v2.Builder(vram)
+        root = b.space()
+        b.map(root, 1 << 38, 1 << 40, 4 * MiB, "4k")
+        good = mmu_v2.read_back(vram, [root], b.next, 1 << 38, 1 << 40, 4 * MiB, "4k")
+        assert good.entries["pte"] == 1024 and good.pages_translated == 1024
+        vram.u64[((b.next - 4096) >> 3) + 7] = 0  # the last table's 8th entry: page 519
+        bad = mmu_v2.read_back(vram, [root], b.next, 1 << 38, 1 << 40, 4 * MiB, "4k")
+        assert bad.entries["pte"] == 1023 and bad.pages_translated == 1023
+    finally:
+        vram.close()
+
+
+def test_v2_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match="not one of"):
+        mmu_v2.footprint(GiB, "1g")
+    with pytest.raises(ValueError, match="whole 2m pages"):
+        mmu_v2.footprint(GiB + 4096, "2m")
+    with pytest.raises(ValueError, match="256 GiB boundary"):
+        mmu_v2.build(2 * MiB, "2m", 2, True, va=2 * MiB)
+
+
+def test_pt_footprint_v2_cli(capsys):
+    assert cli.main(["calibrate", "--pt-footprint", "--mmu", "v2", "--map-size", "64M",
+                     "--vms", "1,2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 3 * 3 and all(r["built"] for r in rows)
+    two = next(r for r in rows if r["page"] == "2m" and r["spaces"] == 1)
+    assert two["seed_bytes"] == 32 * 8 and two["pages_translated"] == "32/32"
+    assert cli.main(["calibrate", "--pt-footprint", "--mmu", "v2", "--map-size", "64M",
+                     "--build-limit", "4K", "--json"]) == 0
+    assert not any(r["built"] for r in json.loads(capsys.readouterr().out))

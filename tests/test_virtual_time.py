@@ -11,20 +11,27 @@ in virtual time (gpuvm/device/clock.py), so:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.config import ConfigError, parse
+from gpuvm.experiment.costs import COSTS_DIR, load_costs
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
 from gpuvm.vmm.kvm import kvm_usable
+from scheduler.config import SchedulerConfig
 
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"
 COSTS = load_costs("xen-2014")
+EXPERIMENT = ('[experiment]\nname = "x"\nkind = "benchmarks"\ncost_profile = "{profile}"\n'
+              '[[scenario]]\nname = "s"\n[[scenario.vm]]\nname = "a"\nbenchmark = "idle"\n')
 
 
 def _options(mode: str) -> RunOptions:
@@ -111,3 +118,58 @@ def test_fv_contends_for_the_mediator_lock_where_pv_does_not(streams):
 def test_a_stream_with_a_bad_entry_is_refused():
     with pytest.raises(ValueError, match="bad entry"):
         VmStream.from_json({"name": "a", "entries": [["x", 1, "12"]]})
+
+
+@pytest.mark.parametrize("value,why", [
+    ("-5", "trap_ns: must be a non-negative number of ns, got -5"),
+    ('"fast"', "trap_ns: must be a non-negative number of ns, got 'fast'"),
+    ("nan", "trap_ns: must be a non-negative number of ns, got nan")])
+def test_an_experiment_with_a_bad_price_is_refused_before_anything_runs(tmp_path, value, why):
+    profile = (Path(COSTS_DIR) / "xen-2014.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(re.sub(r"(?m)^trap_ns = \S+", f"trap_ns = {value}", profile))
+    text = EXPERIMENT.format(profile=bad)
+    with pytest.raises(ConfigError, match=re.escape(f"experiment.cost_profile: cost profile "
+                                                    f"{bad}: {why}")):
+        parse(text)
+
+
+def test_an_experiment_naming_no_such_profile_is_refused():
+    with pytest.raises(ConfigError, match="experiment.cost_profile: cost profile 'nosuch' "
+                                          "not found"):
+        parse(EXPERIMENT.format(profile="nosuch"))
+
+
+def _window_shares(metrics: dict) -> dict[str, float]:
+    """Each VM's GPU utilisation while both compete (from the later arrival to the
+    first VM's last kernel), in percent."""
+    t0 = max(m.added_at for m in metrics.values())
+    t1 = min(max(e for _, e in m.busy) for m in metrics.values())
+    return {vm: m.utilisation_between(t0, t1) * 100 for vm, m in metrics.items()}
+
+
+@pytest.mark.parametrize("policy", ["band", "credit"])
+def test_the_model_gives_the_emulators_isolation_shares_within_one_point(policy):
+    """Short kernels against long ones arriving later (the isolation experiment, scaled
+    down): the model, replaying each VM's stream recorded alone through the same policy,
+    gives the emulator's GPU shares within 1 pp and its per-VM times within 1%."""
+    sched = {"policy": policy, "period_ms": 30, "band_wait_us": 500}
+    options = replace(_options("fv-opt"), scheduler=sched)
+    a = VmSpec("A", "loop", [2_000_000, 300])
+    b = VmSpec("B", "loop", [20_000_000, 25], start_delay=0.3)
+    alone = {}
+    for spec in (a, b):
+        (r,) = run_vms([replace(spec, start_delay=0)], options)
+        alone[spec.name] = VmStream(spec.name, tuple(
+            tuple(e) for e in r.session.clock_party.stream.entries))
+    together = run_vms([a, b], options)
+    assert all(r.passed for r in together)
+    model = replay([alone["A"], alone["B"].placed("B", 300_000_000)],
+                   scheduler=SchedulerConfig.from_dict(sched))
+    emulated = _window_shares({r.spec.name: r.scheduler for r in together})
+    modelled = _window_shares(model.metrics)
+    for vm in ("A", "B"):
+        assert modelled[vm] == pytest.approx(emulated[vm], abs=1.0)
+    for r in together:
+        start = round(r.spec.start_delay * 1e9)
+        assert model.end_ns[r.spec.name] - start == pytest.approx(_vm_ns(r), rel=0.01)

@@ -18,6 +18,7 @@ from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
+SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
 COSTS_DIR = Path("experiments") / "costs"
 
 
@@ -69,6 +70,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chunk", default="4M", help="pinning chunk (default 4M)")
     g.add_argument("--chunk-offset", default="0",
                    help="shift the chunk grid by this much (e.g. 1M: chunk edges inside huge pages)")
+    g.add_argument("--also-offset", default="1M",
+                   help="a second chunk grid for the pin and D2H-into rows (default 1M: every "
+                        "chunk edge inside a 2 MiB huge page; 0: none)")
+    g.add_argument("--shmem-thp", default="never,always",
+                   help="shmem_enabled modes to measure under, each set as root and put "
+                        "back after (default never,always; 'asis': the machine's own)")
+    g.add_argument("--smart-pinning", action="store_true",
+                   help="time the smart-pinning workload (pin none / all / the profile's hot "
+                        "allocations) instead; writes gpu-<model>-smart.toml")
+    g.add_argument("--smart-sizes", default="4K,16K,64K,256K,1M,4M,16M,64M,256M,1G",
+                   help="allocation sizes for --smart-pinning")
     g.add_argument("--reps", type=int, default=7, help=f"repetitions (>= {MIN_REPS}; default 7)")
     g.add_argument("--out", type=Path, default=None,
                    help="profile TOML to write (default experiments/costs/gpu-<model>.toml)")
@@ -76,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--map-size", default="1G", help="pinned bytes mapped (default 1G)")
     f.add_argument("--vms", default=None,
                    help="VM/process counts (default 1,8)")
+    f.add_argument("--mmu", choices=("fermi", "v2"), default="fermi",
+                   help="page-table format: the emulated Fermi's (4K/128K pages) or a current "
+                        "NVIDIA GPU's five-level one (4K/64K/2M pages, gpuvm.calibrate.mmu_v2)")
+    f.add_argument("--build-limit", default="3G",
+                   help="--mmu v2: build and read back only tables that fit this much "
+                        "emulated VRAM (default 3G); larger ones are counted")
     f.add_argument("--no-cross-check", action="store_true",
                    help="arithmetic only: skip building the tables in emulated VRAM")
 
@@ -123,11 +141,18 @@ def main_gpu(args: argparse.Namespace) -> int:
     sizes, pin_bytes, chunk = parse_sizes(args.sizes), parse_size(args.pin_size), \
         parse_size(args.chunk)
     offset = 0 if args.chunk_offset.strip() == "0" else parse_size(args.chunk_offset)
-    if chunk % 4096 or pin_bytes % 4096 or offset % 4096 or any(s % 4096 for s in sizes):
-        raise UserError("--sizes, --pin-size, --chunk and --chunk-offset must be multiples "
-                        "of 4 KiB")
-    if offset >= chunk:
-        raise UserError(f"--chunk-offset {args.chunk_offset} must be smaller than --chunk")
+    if chunk % 4096 or pin_bytes % 4096 or any(s % 4096 for s in sizes):
+        raise UserError("--sizes, --pin-size and --chunk must be multiples of 4 KiB")
+    also = 0 if args.also_offset.strip() == "0" else parse_size(args.also_offset)
+    for flag, value, text in (("--chunk-offset", offset, args.chunk_offset),
+                              ("--also-offset", also, args.also_offset)):
+        if value >= chunk or value % 4096:
+            raise UserError(f"{flag} {text} must be a 4 KiB multiple smaller than --chunk")
+    modes = () if args.shmem_thp == "asis" else tuple(m.strip() for m in args.shmem_thp.split(","))
+    bad = [m for m in modes if m not in SHMEM_MODES]
+    if bad:
+        raise UserError(f"--shmem-thp {bad[0]!r} is not one of {', '.join(SHMEM_MODES)} or asis")
+    smart = tuple(parse_sizes(args.smart_sizes)) if args.smart_pinning else ()
     try:
         cuda = find_backend(args.backend)
     except NoGpu as exc:
@@ -135,10 +160,17 @@ def main_gpu(args: argparse.Namespace) -> int:
         return EXIT_NO_GPU
     command = "gpuvm calibrate " + shlex.join(sys.argv[sys.argv.index("calibrate") + 1:]) \
         if "calibrate" in sys.argv else "gpuvm calibrate --gpu"
-    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command, offset)
-    log = (lambda m: print(f"… {m}", file=sys.stderr)) if not args.json else (lambda m: None)
-    profile = gpu.calibrate(cuda, plan, log)
-    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}.toml"
+    plan = gpu.Plan(sizes, pin_bytes, chunk, args.reps, command, offset, modes,
+                    (also,) if also else (), smart, transfers=not args.smart_pinning)
+    log = (lambda m: print(f"… {m}", file=sys.stderr, flush=True)) if not args.json \
+        else (lambda m: None)
+    try:
+        profile = gpu.calibrate(cuda, plan, log)
+    except NoGpu as exc:
+        print(f"gpuvm: error: calibrate --gpu: {exc}", file=sys.stderr)
+        return EXIT_NO_GPU
+    suffix = "-smart" if args.smart_pinning else ""
+    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_toml(profile))
     if args.json:
@@ -154,38 +186,75 @@ def print_profile(profile) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from gpuvm.calibrate.smart_pinning import crossover
+
     d = profile.device
-    console = Console(width=120)
+    console = Console(width=140)
     console.print(escape(f"{d.gpu}, driver {d.driver}, CUDA {d.cuda_runtime}, {d.backend}, "
                          f"kernel {d.kernel}; shmem THP [{d.shmem_thp}], anon THP "
                          f"[{d.anon_thp}]; measured {d.date}; {d.reps} reps, median [min–max]"))
-    t = Table(title="copy bandwidth, GiB/s")
-    for col in ("size", "direction", "host memory", escape("GiB/s median [min–max]")):
-        t.add_column(col)
-    for b in profile.bandwidth:
-        t.add_row(human(b.nbytes), b.direction.upper(), b.host, escape(b.gib_s.text()))
-    console.print(t)
-    grid = f", grid shifted {human(d.chunk_offset)}" if d.chunk_offset else ""
-    t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), {human(d.chunk_bytes)} "
-                    f"chunks{grid}")
-    for col in ("memory", "huge-mapped", "size", "register ms", "unregister ms",
-                "µs/chunk pin", "µs/chunk unpin"):
-        t.add_column(col)
-    for p in profile.pin:
-        t.add_row(p.memory, human(p.huge_kib * 1024) if p.huge_kib else "0", human(p.nbytes),
-                  escape(p.register_ms.text()), escape(p.unregister_ms.text()),
-                  f"{p.register_ms.median * 1000 / p.chunks:.1f}",
-                  f"{p.unregister_ms.median * 1000 / p.chunks:.1f}")
-    console.print(t)
-    t = Table(title="D2H into a memfd (THP vs MADV_NOHUGEPAGE), GiB/s")
-    for col in ("memory", "how the driver handles it", "huge-mapped before→after",
-                escape("GiB/s median [min–max]")):
-        t.add_column(col)
-    for c in profile.d2h_into:
-        t.add_row(c.memory, c.mode, f"{human(c.huge_kib_before * 1024) if c.huge_kib_before else '0'}"
-                  f" → {human(c.huge_kib_after * 1024) if c.huge_kib_after else '0'}",
-                  escape(c.gib_s.text()))
-    console.print(t)
+    for s in profile.thp:
+        console.print(escape(f"shmem THP {s.requested}: reads [{s.selected}]"
+                             + (f" -- NOT measured: {s.note}" if s.note else "")))
+    if profile.bandwidth:
+        t = Table(title="copy bandwidth, GiB/s")
+        for col in ("shmem THP", "size", "direction", "host memory",
+                    escape("GiB/s median [min–max]")):
+            t.add_column(col)
+        for b in profile.bandwidth:
+            t.add_row(b.shmem_thp, human(b.nbytes), b.direction.upper(), b.host,
+                      escape(b.gib_s.text()))
+        console.print(t)
+    if profile.pin:
+        t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), "
+                        f"{human(d.chunk_bytes)} chunks")
+        for col in ("shmem THP", "grid at", "memory", "huge-mapped before→after", "size",
+                    "register ms", "unregister ms", "µs/chunk pin", "µs/chunk unpin"):
+            t.add_column(col)
+        for p in profile.pin:
+            pin_us, unpin_us = p.per_chunk_us()
+            t.add_row(p.shmem_thp, human(p.chunk_offset) if p.chunk_offset else "0", p.memory,
+                      f"{_kib(p.huge_kib)} → {_kib(p.huge_kib_after)}", human(p.nbytes),
+                      escape(p.register_ms.text()), escape(p.unregister_ms.text()),
+                      f"{pin_us:.1f}", f"{unpin_us:.1f}")
+        console.print(t)
+    if profile.d2h_into:
+        t = Table(title="D2H into a memfd (THP vs MADV_NOHUGEPAGE), GiB/s; huge pages: the "
+                        "region's (smaps) and the system's ShmemHugePages (meminfo)")
+        for col in ("shmem THP", "grid at", "memory", "how the driver handles it",
+                    "region huge before→after", "system shmem huge before→after",
+                    escape("GiB/s median [min–max]")):
+            t.add_column(col)
+        for c in profile.d2h_into:
+            t.add_row(c.shmem_thp, human(c.chunk_offset) if c.chunk_offset else "0", c.memory,
+                      c.mode, f"{_kib(c.huge_kib_before)} → {_kib(c.huge_kib_after)}",
+                      f"{_kib(c.shmem_huge_kib_before)} → {_kib(c.shmem_huge_kib_after)}",
+                      escape(c.gib_s.text()))
+        console.print(t)
+        console.print(f"huge-page split cost from these rows: {profile.thp_split_us()} µs "
+                      "(0: the kernel split nothing)")
+    if profile.smart:
+        t = Table(title="smart pinning: allocate + fill + copies + free, ms median [min–max]")
+        for col in ("size", *(f"{p}" for p in ("none", "smart", "all")), "smart/none",
+                    "all/none"):
+            t.add_column(col)
+        by = {(r.policy, r.nbytes): r for r in profile.smart}
+        for size in sorted({r.nbytes for r in profile.smart}):
+            row = [by.get((p, size)) for p in ("none", "smart", "all")]
+            if None in row:
+                continue
+            t.add_row(human(size), *(escape(r.ms.text(3)) for r in row),
+                      f"{row[1].ms.median / row[0].ms.median:.2f}",
+                      f"{row[2].ms.median / row[0].ms.median:.2f}")
+        console.print(t)
+        for policy, against in (("smart", "none"), ("all", "none"), ("all", "smart")):
+            size = crossover(profile.smart, policy, against)
+            console.print(f"{policy} beats {against} from "
+                          f"{human(size) if size else 'no size measured'} up")
+
+
+def _kib(kib: int) -> str:
+    return "?" if kib < 0 else human(kib * 1024) if kib else "0"
 
 
 # ------------------------------------------------------------------ --pt-footprint
@@ -193,6 +262,8 @@ def main_footprint(args: argparse.Namespace) -> int:
     from gpuvm.calibrate.footprint import build_and_count, footprint_table
 
     nbytes, counts = parse_size(args.map_size), parse_counts(args.vms or "1,8")
+    if args.mmu == "v2":
+        return main_footprint_v2(args, nbytes, counts)
     try:
         rows = footprint_table(nbytes, counts)
     except ValueError as exc:
@@ -222,4 +293,47 @@ def main_footprint(args: argparse.Namespace) -> int:
                   f"{r.ptes:,}", f"{r.pdes:,}", f"{r.entry_bytes:,} B ({human(r.entry_bytes)})",
                   str(r.pts), human(r.pt_bytes), "yes" if r in built else "not built")
     Console(width=140).print(t)
+    return 0
+
+
+def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) -> int:
+    from gpuvm.calibrate import mmu_v2
+
+    limit = 0 if args.no_cross_check else parse_size(args.build_limit)
+    try:
+        rows = mmu_v2.study(nbytes, counts, limit)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    bad = [(f, b) for f, b in rows if b is not None and not mmu_v2.agrees(f, b)]
+    if bad:
+        print(f"gpuvm: error: read back differs from the counts for {bad[0][0]}: {bad[0][1]}",
+              file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"page": f.page, "nbytes": f.nbytes, "spaces": f.spaces,
+                           "shared": f.shared, "tables": f.tables, "entries": f.entries,
+                           "table_bytes": f.table_bytes, "pte_bytes": f.pte_bytes,
+                           "seed_bytes": f.entries["pte"] * mmu_v2.SEED_PTE_BYTES,
+                           "built": b is not None,
+                           "vram_used": b.vram_used if b else mmu_v2.vram_needed(f),
+                           "pages_translated": f"{b.pages_translated}/{b.pages_checked}"
+                           if b else None} for f, b in rows], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"version-2 GPU page tables mapping {human(nbytes)} of pinned sysram "
+                    "(PD3/PD2/PD1/PD0 + 4K or 64K page tables; 2M pages in PD0)")
+    for col in ("page", "spaces", "mapping", "page entries", "tables", "table bytes",
+                "VRAM (4K-aligned)", "seed: 8 B/page", "built, read back"):
+        t.add_column(col, justify="right")
+    for f, b in rows:
+        t.add_row(f.page, str(f.spaces), "shared once" if f.shared else "own tables",
+                  f"{f.entries['pte']:,}", f"{sum(f.tables.values()):,}",
+                  f"{f.table_bytes:,} ({human(f.table_bytes)})",
+                  human(b.vram_used if b else mmu_v2.vram_needed(f)),
+                  human(f.entries["pte"] * mmu_v2.SEED_PTE_BYTES),
+                  f"yes, {b.pages_translated}/{b.pages_checked} pages translated" if b
+                  else "counted only (over --build-limit)")
+    Console(width=160).print(t)
     return 0

@@ -24,6 +24,10 @@ class CudaBackend(Protocol):
 
     def pinned_alloc(self, nbytes: int) -> int: ...
 
+    def device_free(self, dev: int) -> None: ...
+
+    def pinned_free(self, host: int) -> None: ...
+
     def h2d(self, dev: int, host: int, nbytes: int) -> None: ...
 
     def d2h(self, host: int, dev: int, nbytes: int) -> None: ...
@@ -65,6 +69,14 @@ class CupyBackend:
         self._pinned.append(ptr)
         return ptr
 
+    def device_free(self, dev: int) -> None:
+        self._device.remove(dev)
+        self.rt.free(dev)
+
+    def pinned_free(self, host: int) -> None:
+        self._pinned.remove(host)
+        self.rt.freeHost(host)
+
     def h2d(self, dev: int, host: int, nbytes: int) -> None:
         self.rt.memcpy(dev, host, nbytes, self.rt.memcpyHostToDevice)
         self.rt.deviceSynchronize()
@@ -98,6 +110,8 @@ class CupyBackend:
 class TorchBackend:
     """PyTorch: tensors for the buffers, torch.cuda.cudart() for cudaHostRegister."""
 
+    caches_pinned_frees = True  # freed pinned tensors go to PyTorch's cache, not the driver
+
     def __init__(self) -> None:
         import torch
         if not torch.cuda.is_available():
@@ -128,6 +142,15 @@ class TorchBackend:
 
     def pinned_alloc(self, nbytes: int) -> int:
         return self._keep(self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True))
+
+    def device_free(self, dev: int) -> None:
+        self._tensors.pop(dev)
+
+    def pinned_free(self, host: int) -> None:
+        # PyTorch caches freed pinned blocks; the smart-pinning timings need the real
+        # free, so they run on CuPy (cudaFreeHost) -- here the block only goes back to
+        # PyTorch's cache
+        self._tensors.pop(host)
 
     def h2d(self, dev: int, host: int, nbytes: int) -> None:
         self._device(dev, nbytes).copy_(self._host(host, nbytes))

@@ -11,15 +11,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from gpuvm.host_pages import huge_kib, smaps_kib
+
 PAGE = 4096
-SHMEM_THP_KNOB = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
-ANON_THP_KNOB = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # region kind -> (file-backed?, madvise to apply before the first touch)
 REGION_KINDS: dict[str, tuple[bool, int | None]] = {
@@ -27,60 +26,17 @@ REGION_KINDS: dict[str, tuple[bool, int | None]] = {
     "anon-4k": (False, getattr(mmap, "MADV_NOHUGEPAGE", 15)),
     # anonymous memory as a program gets it (THP as the system default says)
     "anon": (False, None),
+    # anonymous memory with huge pages asked for (anon THP `madvise` grants them)
+    "anon-thp": (False, getattr(mmap, "MADV_HUGEPAGE", 14)),
     # one memfd holding guest RAM, shmem THP asked for
     "memfd-thp": (True, getattr(mmap, "MADV_HUGEPAGE", 14)),
     # the same memfd with huge pages refused on the range (the recovery in the field report)
     "memfd-4k": (True, getattr(mmap, "MADV_NOHUGEPAGE", 15)),
 }
 
-# smaps fields that count huge-page-mapped kB (anonymous, shmem, other files)
-THP_FIELDS = ("AnonHugePages", "ShmemPmdMapped", "FilePmdMapped")
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
-_VMA_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s")
-_KB_FIELD = re.compile(r"^(\w+):\s+(\d+) kB$")
-
-
-def selected_mode(knob_text: str) -> str:
-    """The active choice of a sysfs THP knob: 'always [madvise] never' -> 'madvise'."""
-    match = re.search(r"\[([^\]]+)\]", knob_text)
-    if match is None:
-        raise ValueError(f"no [selected] mode in {knob_text.strip()!r}")
-    return match.group(1)
-
-
-def read_knob(path: Path) -> str:
-    """The knob's selected mode, or 'unavailable' (no THP in this kernel, no sysfs)."""
-    try:
-        return selected_mode(path.read_text())
-    except (OSError, ValueError):
-        return "unavailable"
-
-
-def smaps_kib(smaps_text: str, start: int, end: int) -> dict[str, int]:
-    """Sum of every 'Name: N kB' field over the VMAs overlapping [start, end).
-
-    A region is one VMA until madvise or mprotect splits it; summing over all overlapping
-    VMAs counts it whole either way."""
-    totals: dict[str, int] = {}
-    inside = False
-    for line in smaps_text.splitlines():
-        header = _VMA_HEADER.match(line)
-        if header:
-            lo, hi = int(header.group(1), 16), int(header.group(2), 16)
-            inside = lo < end and hi > start
-            continue
-        if inside:
-            kb = _KB_FIELD.match(line)
-            if kb:
-                totals[kb.group(1)] = totals.get(kb.group(1), 0) + int(kb.group(2))
-    return totals
-
-
-def huge_kib(fields: dict[str, int]) -> int:
-    """kB of a region mapped by huge pages (PMD mappings), whatever backs it."""
-    return sum(fields.get(name, 0) for name in THP_FIELDS)
 
 
 @dataclass

@@ -295,7 +295,7 @@ class GuestParty:
         clock = self.clock
         if clock._turn_waiters:
             with clock._lock:
-                clock._cond.notify_all()
+                clock._wake_turn()
         due = clock._due
         if due is not None and self.v >= due:
             clock.advance()
@@ -311,7 +311,7 @@ class GuestParty:
             if self.clock._generations.get(self.scope, 0) != generation:
                 return
             self.blocked = True
-            self.clock._cond.notify_all()
+            self.clock._wake_turn()
         self.clock.advance()
 
     def unblock(self) -> None:
@@ -397,7 +397,7 @@ class VirtualLock:
         clock = self.clock
         if clock._turn_waiters:
             with clock._lock:
-                clock._cond.notify_all()
+                clock._wake_turn()
 
 
 class VirtualClock:
@@ -411,8 +411,7 @@ class VirtualClock:
             raise ValueError(f"exit_ns must be >= 0, got {exit_ns}")
         self.exit_ns = int(exit_ns)  # a flat price every exit pays beside its events
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._turn_waiters = 0  # vCPUs waiting in wait_turn
+        self._turn_waiters: dict[GuestParty, threading.Condition] = {}  # in wait_turn
         self._ranks = 0
         self._now = 0
         self._timers: list[TimerParty] = []
@@ -460,12 +459,21 @@ class VirtualClock:
             with self._lock:
                 if self._my_turn(party, key):
                     return
-                self._turn_waiters += 1
+                turn = self._turn_waiters[party] = threading.Condition(self._lock)
                 try:
-                    self._cond.wait(WAKE_POLL_S)
+                    turn.wait(WAKE_POLL_S)
                 finally:
-                    self._turn_waiters -= 1
+                    del self._turn_waiters[party]
             self.advance()  # a timer this vCPU waits for may have become due meanwhile
+
+    def _wake_turn(self) -> None:
+        """(lock held) Something moved on: wake the waiting vCPU whose ask is earliest,
+        if it may go now (only it can be: the others wait for it too)."""
+        if not self._turn_waiters:
+            return
+        first = min(self._turn_waiters, key=lambda g: (g.v, g.rank))
+        if self._my_turn(first, (first.v, first.rank)):
+            self._turn_waiters[first].notify()
 
     def _my_turn(self, party: GuestParty, key: tuple[int, int]) -> bool:
         """(lock held) See wait_turn."""
@@ -491,7 +499,7 @@ class VirtualClock:
                 self._timers.remove(party)
             if party in self._guests:
                 self._guests.remove(party)
-            self._cond.notify_all()
+            self._wake_turn()
         self.advance()
 
     # ------------------------------------------------------------------ time
@@ -560,8 +568,7 @@ class VirtualClock:
                     wakers.append(t.waker)
                 t._was_due = due
             now = self._now
-            if self._turn_waiters:
-                self._cond.notify_all()
+            self._wake_turn()
         for waker in wakers:
             waker()
         return now

@@ -63,6 +63,7 @@ from typing import Any
 
 from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
+from gpuvm.experiment.costs import load_costs
 from gpuvm.mediator.mdev_types import MdevTypeError, lookup
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types, machine_profile
@@ -181,6 +182,16 @@ class _Table:
         if unknown:
             raise self.fail(unknown[0], "unknown key")
 
+
+
+def _cost_profile_problem(name: str) -> str | None:
+    """Why the cost profile `name` cannot price a run (None: it can), so a bad one is
+    refused with the experiment file's other errors, before anything is written."""
+    try:
+        load_costs(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 def _positive(v: float) -> str | None:
     return None if v > 0 else "must be > 0"
@@ -301,7 +312,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
         clock=exp.get("clock", str, "virtual", check=lambda c: None if c in CLOCKS
                       else f"must be one of {', '.join(CLOCKS)}"),
-        cost_profile=exp.get("cost_profile", str, "xen-2014"),
+        cost_profile=exp.get("cost_profile", str, "xen-2014", check=_cost_profile_problem),
         description=exp.get("description", str, ""),
         output=Path(exp.get("output", str, f"results/{name}")),
         hostmem_profiles=tuple(exp.get("hostmem_profiles", list, ["gpu-h100"],

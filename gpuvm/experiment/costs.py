@@ -8,6 +8,7 @@ profile says what it assumes.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
@@ -147,10 +148,12 @@ def load_costs(name_or_path: str) -> CostProfile:
         missing, extra = sorted(required - set(table)), sorted(set(table) - names)
         raise ValueError(f"cost profile {path}: "
                          + (f"missing {missing[0]!r}" if missing else f"unknown {extra[0]!r}"))
-    try:
-        return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"cost profile {path}: {exc}") from None
+    for key, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"cost profile {path}: {key}: must be a non-negative number "
+                             f"of ns, got {value!r}")
+    return CostProfile(path.stem, **{k: float(v) for k, v in table.items()})
 
 
 # ------------------------------------------------------------------ host memory (issue 16)
@@ -158,14 +161,15 @@ def load_costs(name_or_path: str) -> CostProfile:
 class HostMemCosts:
     """Prices of the host-memory events a guest reports (gpuvm/vmm/hostmem.py counters).
 
-    Every value but the split cost is a median measured by `gpuvm calibrate --gpu`
-    (experiments/costs/gpu-*.toml): copy bandwidths at the largest size measured, and
-    cudaHostRegister/Unregister per chunk of a memfd in 4 KiB pages or on shmem THP.
-    `thp_split_us` (per 2 MiB huge page a pin cuts) is 0 unless a profile says otherwise:
-    on the H100 measured, pinning never split a huge page (smaps showed the memfd still
-    huge-page mapped after pinning) and pageable D2H was not slower on THP memory.  The
-    only non-zero value comes from the field report (experiments/costs/hostmem-field-split.toml
-    says how it is derived) -- not from our measurement."""
+    Every value is a median measured by `gpuvm calibrate --gpu` (experiments/costs/gpu-*.toml):
+    copy bandwidths at the largest size measured, cudaHostRegister/Unregister per chunk of
+    a memfd in 4 KiB pages or on shmem THP, and `thp_split_us`, per 2 MiB huge page the
+    kernel really split (hostmem.huge_splits, smaps before vs after), from the profile:
+    0 where no chunk-pinned copy split a page (the H200: none did).  `thp_cut_us` prices
+    instead every huge page a device-written pin range only partly covers
+    (hostmem.huge_cuts, arithmetic): 0 in every measured profile; only the labelled
+    scenario experiments/costs/hostmem-field-split.toml sets it, from the field report,
+    not from our measurement."""
 
     name: str
     h2d_pinned_gib_s: float
@@ -178,11 +182,13 @@ class HostMemCosts:
     pin_chunk_thp_us: float
     unpin_chunk_thp_us: float
     thp_split_us: float = 0.0
+    thp_cut_us: float = 0.0
 
     def breakdown_ns(self, counters: dict[str, int]) -> dict[str, float]:
         """Modelled ns per kind of event: DMA of pinned and chunk-pinned bytes at the
         pinned bandwidth, staged (bounce-buffer) bytes at the pageable bandwidth, pins and
-        unpins per chunk-sized piece by backing, and huge-page splits."""
+        unpins per chunk-sized piece by backing, huge pages the kernel split, and (the
+        field-report scenario only) huge pages pins cut."""
         def c(key: str) -> int:
             return counters.get(f"hostmem.{key}", 0)
 
@@ -201,6 +207,7 @@ class HostMemCosts:
             "unpin": (c("unpin_bytes_4k") * self.unpin_chunk_4k_us
                       + c("unpin_bytes_thp") * self.unpin_chunk_thp_us) * per_byte,
             "split": c("huge_splits") * self.thp_split_us * 1e3,
+            "cut": c("huge_cuts") * self.thp_cut_us * 1e3,
         }
 
     def modelled_ns(self, counters: dict[str, int]) -> float:
@@ -252,4 +259,5 @@ def load_hostmem_costs(name_or_path: str) -> HostMemCosts:
         raise ValueError(f"host-memory profile {path}: needs [costs] and [device] (a "
                          "measured profile) or a [hostmem] table")
     return hostmem_costs_from_gpu_profile(path.stem, data["costs"],
-                                          int(data["device"]["chunk_bytes"]))
+                                          int(data["device"]["chunk_bytes"]),
+                                          float(data["costs"].get("thp_split_us", 0.0)))

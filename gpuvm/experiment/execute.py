@@ -57,6 +57,9 @@ class VmRow:
     # host memory (issue 16): the VMM's summary of the guest's reports, the modelled ns
     # per host-memory profile and the GPU page-table footprint of its peak pinned memory
     hostmem: dict[str, Any] = field(default_factory=dict)
+    # the VM's priced event stream on the virtual clock (gpuvm.device.clock.EventStream):
+    # what the model replays (gpuvm.sim.stream_replay)
+    stream: list[list] = field(default_factory=list)
 
     @property
     def total_wall_ns(self) -> int:
@@ -146,6 +149,7 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
     for vm, r in zip(scenario.vms, results):
         vm_mode = r.spec.mode or mode  # a vGPU's own mode, where the VM named one
         mediated = MODES[vm_mode].mediated
+        party = r.session.clock_party
         phases = r.session.phases
         record = dict(r.record)
         phase_counts = {p.name: with_bounce_bytes(p.name, p.counters, record) for p in phases}
@@ -167,9 +171,13 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
             exp.name, scenario.name, vm_mode, policy, rep, vm.name, vm.benchmark,
             r.outcome.backend, r.passed, r.error(), vm.share / total_share, vm.start_s,
             {p.name: p.wall_ns for p in phases}, {p.name: p.device_ns for p in phases},
-            {p.name: costs.modelled_ns(phase_counts[p.name], mediated) for p in phases},
+            # modelled time is the virtual time each phase took; a wall-clock run has
+            # none, and its counts are priced alone instead
+            {p.name: p.device_ns if party is not None
+             else costs.modelled_ns(phase_counts[p.name], mediated) for p in phases},
             totals, phase_counts, record, sched, busy,
-            hostmem_of(r, list(hostmem_costs), totals)))
+            hostmem_of(r, list(hostmem_costs), totals),
+            [list(e) for e in party.stream.entries] if party is not None else []))
     return rows
 
 

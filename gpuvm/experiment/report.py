@@ -308,7 +308,11 @@ def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]
 
 
 def reprice(exp: Experiment, rows: list[VmRow]) -> None:
-    """Modelled times from the stored exact counts and the experiment's current profile."""
+    """A wall-clock run's modelled times from its stored exact counts and the
+    experiment's current profile.  A virtual-clock run's are the virtual times it ran
+    (with its profile), which contention makes more than its counts' prices."""
+    if exp.clock != "wall":
+        return
     costs = load_costs(exp.cost_profile)
     for r in rows:
         mediated = MODES[r.mode].mediated

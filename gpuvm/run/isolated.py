@@ -56,7 +56,7 @@ class VmProcess:
     server: DeviceServer
     deadline: float
     # its outcome document, read while it runs: a document larger than the pipe holds
-    # (a per-event trace, a host-memory history) would block the VM's last write
+    # (a host-memory history, a long console) would block the VM's last write
     output: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Generator, Iterator, Sequence
 import simpy
 
 from gpuvm.sim.model import EngineModel, Kernel
+from gpuvm.sim.residency import Residency
 from scheduler.config import SchedulerConfig
 from scheduler.metrics import VmMetrics
 
@@ -46,6 +47,8 @@ class VmStream:
     name: str
     entries: tuple[tuple, ...]
     start: int = 0
+    share: float = 1.0  # its scheduler weight
+    working_set_bytes: int = 0  # what must be resident while its work runs (oversubscribed)
 
     @property
     def alone_ns(self) -> int:
@@ -53,11 +56,13 @@ class VmStream:
         return sum(e[1] * e[2] if e[0] == "x" else e[1] for e in self.entries
                    if e[0] in ("x", "w"))
 
-    def with_start(self, start: int) -> VmStream:
-        return VmStream(self.name, self.entries, start)
+    def placed(self, name: str, start: int = 0, share: float = 1.0,
+               working_set_bytes: int = 0) -> VmStream:
+        """This stream as VM `name` of a scenario: its arrival, weight and working set."""
+        return VmStream(name, self.entries, start, share, working_set_bytes)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "start": self.start, "entries": [list(e) for e in self.entries]}
+        return {"name": self.name, "entries": [list(e) for e in self.entries]}
 
     @classmethod
     def from_json(cls, data: dict) -> VmStream:
@@ -66,7 +71,7 @@ class VmStream:
             if not e or e[0] not in ("x", "w", "d") or \
                     any(not isinstance(v, int) for v in e[1:]):
                 raise ValueError(f"stream {data.get('name')!r}: bad entry {list(e)!r}")
-        return cls(str(data["name"]), entries, int(data.get("start", 0)))
+        return cls(str(data["name"]), entries)
 
 
 @dataclass
@@ -77,6 +82,8 @@ class ReplayResult:
     lock_wait_ns: dict[str, int]
     metrics: dict[str, VmMetrics] = field(default_factory=dict)
     events: int = 0
+    # per VM, residency.COUNTER_NAMES (only when the GPU was oversubscribed)
+    residency: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def makespan_ns(self) -> int:
@@ -145,10 +152,12 @@ def _steps(entries: Sequence[Entry], grain_ns: int) -> Iterator[tuple[int, int, 
 
 
 def _vm(env: simpy.Environment, lock: LockModel, engine: EngineModel, stream: VmStream,
-        rank: int, grain_ns: int, end: dict[str, int], waits: dict[str, int],
-        arrived: Callable[[str], None]) -> Generator[simpy.Event, Any, None]:
+        rank: int, grain_ns: int, end: dict[str, int], waits: dict[str, int]
+        ) -> Generator[simpy.Event, Any, None]:
     yield env.timeout(stream.start)
-    arrived(stream.name)
+    engine.dispatcher.add_vm(stream.name, stream.share, env.now)
+    if engine.residency is not None:
+        engine.residency.add_vm(stream.name, stream.working_set_bytes)
     outstanding: list[simpy.Event] = []
     ahead = 0  # time of unlocked exits not yet slept: they need nothing shared
     for kind, ns, locked in _steps(stream.entries, grain_ns):
@@ -173,34 +182,36 @@ def _vm(env: simpy.Environment, lock: LockModel, engine: EngineModel, stream: Vm
     if ahead:
         yield env.timeout(ahead)
     end[stream.name] = env.now
+    if engine.residency is not None:
+        engine.residency.remove_vm(stream.name)
 
 
 def replay(streams: Sequence[VmStream], grain_ns: int = 0,
            scheduler: SchedulerConfig | None = None,
-           shares: Sequence[float] | None = None) -> ReplayResult:
+           residency: Residency | None = None) -> ReplayResult:
     """Replay `streams` together (see the module docstring), the GPU scheduled by
-    `scheduler` (default FIFO) with each VM's share.  Deterministic: the same streams
-    give the same result, exactly."""
+    `scheduler` (default FIFO) with each VM's share; with a `residency` the GPU has that
+    much VRAM and each VM's working set must be resident while its work runs
+    (gpuvm.sim.residency).  Deterministic: the same streams give the same result."""
+    if residency is not None:
+        for s in streams:
+            residency.check(s.name, s.working_set_bytes)
     env = simpy.Environment()
     lock = LockModel(env)
-    engine = EngineModel(env, scheduler or SchedulerConfig("fifo"))
+    engine = EngineModel(env, scheduler or SchedulerConfig("fifo"), residency)
     end: dict[str, int] = {}
     waits = {s.name: 0 for s in streams}
-    weights = list(shares) if shares is not None else [1.0] * len(streams)
-
-    def arrived(share: float) -> Callable[[str], None]:
-        return lambda name: engine.dispatcher.add_vm(name, share, env.now)
-
     for rank, stream in enumerate(streams):
-        env.process(_vm(env, lock, engine, stream, rank, grain_ns, end, waits,
-                        arrived(weights[rank])))
+        env.process(_vm(env, lock, engine, stream, rank, grain_ns, end, waits))
     events = 0
     while env.peek() != simpy.core.Infinity:
         env.step()
         events += 1
-    return ReplayResult(end, waits, dict(engine.dispatcher.metrics), events)
+    counters = {} if residency is None else \
+        {str(vm): c.as_dict() for vm, c in residency.counters.items()}
+    return ReplayResult(end, waits, dict(engine.dispatcher.metrics), events, counters)
 
 
 def replicate(stream: VmStream, count: int) -> list[VmStream]:
     """`count` VMs running the same stream from the same start (vm0, vm1, ...)."""
-    return [VmStream(f"vm{i}", stream.entries, stream.start) for i in range(count)]
+    return [stream.placed(f"vm{i}", stream.start) for i in range(count)]

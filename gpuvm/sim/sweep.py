@@ -1,10 +1,10 @@
 """Parameter sweeps of the model: scenario x mode x policy x VM count x cost profile,
 run one after another or on a Dask cluster (a local one, or an existing scheduler).
 
-Each point is a pure function of its parameters and the traces it replays (recorded
-once, in the calling process, before anything is sent out), and the replay is integer
-ns with no randomness, so the rows are identical whichever runs them and in whatever
-order the workers finish: they are returned in the points' order.
+Each point is a pure function of its parameters and the event streams it replays
+(recorded once, in the calling process, before anything is sent out), and the replay is
+integer ns with no randomness, so the rows are identical whichever runs them and in
+whatever order the workers finish: they are returned in the points' order.
 """
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 from gpuvm.experiment.config import Experiment, Scenario
-from gpuvm.experiment.costs import load_costs
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.replay import replay, trace_from_row
+from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.traces import TraceKey, load_trace
+from scheduler import SchedulerConfig
+
+EXACT_UP_TO = 16  # VMs replayed exit by exit
+COARSE_GRAIN_NS = 1_000_000
+# the policies' parameters as the experiments give them (Gdev's defaults)
+SCHEDULER_DEFAULTS = {"period_ms": 30, "band_wait_us": 500}
 
 
 @dataclass(frozen=True)
@@ -67,44 +72,54 @@ def distinct_points(exp: Experiment, points: Sequence[SweepPoint]
 def traces_for(exp: Experiment, point: SweepPoint) -> list[str]:
     """The trace files (by name) a point replays."""
     scenario = next(s for s in exp.scenarios if s.name == point.scenario)
-    return [TraceKey(vm.benchmark, vm.params, point.mode).file_name for vm in scenario.vms]
+    return [TraceKey(vm.benchmark, vm.params, point.mode, point.profile).file_name
+            for vm in scenario.vms]
 
 
 def traces_needed(exp: Experiment, points: Sequence[SweepPoint], backend: str = "auto",
                   refresh: bool = False, progress: Callable[[str], None] = lambda key: None
-                  ) -> dict[str, dict[str, Any]]:
-    """Every trace the points replay, recorded here if not cached (by file name); each
+                  ) -> dict[str, VmStream]:
+    """Every stream the points replay, recorded here if not cached (by file name); each
     named to `progress` before it is loaded or recorded."""
     scenarios = {s.name: s for s in exp.scenarios}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, VmStream] = {}
     for point in points:
         for vm in scenarios[point.scenario].vms:
-            key = TraceKey(vm.benchmark, vm.params, point.mode)
+            key = TraceKey(vm.benchmark, vm.params, point.mode, point.profile)
             if key.file_name not in out:
                 progress(key.file_name)
                 out[key.file_name] = load_trace(key, backend, refresh)
     return out
 
 
+def grain_for(vms: int) -> int:
+    """The replay's grain at this VM count: exit by exit, as the emulator, up to the
+    counts it can run; past them, each run of exits in steps of up to 1 ms of time (a
+    1,024-VM fv point is then ~10^6 steps, not 5 x 10^7)."""
+    return 0 if vms <= EXACT_UP_TO else COARSE_GRAIN_NS
+
+
 def run_point(point: SweepPoint, vms: list[dict[str, Any]],
-              traces: dict[str, dict[str, Any]]) -> dict[str, Any]:
+              traces: dict[str, VmStream]) -> dict[str, Any]:
     """One row: the point's parameters and what the model gives for them."""
-    costs = load_costs(point.profile)
-    mediated = MODES[point.mode].mediated
-    built = []
+    config = SchedulerConfig.from_dict({**SCHEDULER_DEFAULTS, "policy": point.policy})
+    streams = []
     for i, vm in enumerate(vms):
-        key = TraceKey(vm["benchmark"], tuple(vm["params"]), point.mode)
-        trace = traces[key.file_name]
-        built.append(trace_from_row({"vm": f"{vm['name']}.{i}", "start_s": vm["start_s"],
-                                     "share": vm["share"], **trace}, costs, mediated))
-    result = replay(built, point.policy)
-    return {**asdict(point), "vms": len(built),
-            "alone_ns": max(t.alone_ns for t in built),
-            "makespan_ns": result.makespan_ns, "events": result.events}
+        key = TraceKey(vm["benchmark"], tuple(vm["params"]), point.mode, point.profile)
+        streams.append(traces[key.file_name].placed(
+            f"{vm['name']}.{i}", round(vm["start_s"] * 1e9), vm["share"]))
+    result = replay(streams, grain_for(len(streams)), config)
+    own = [result.end_ns[s.name] - s.start for s in streams]
+    return {**asdict(point), "vms": len(streams),
+            "alone_ns": max(s.alone_ns for s in streams),
+            "mean_vm_ns": round(sum(own) / len(own)),
+            "makespan_ns": result.makespan_ns,
+            "lock_wait_ns": round(sum(result.lock_wait_ns.values()) / len(streams)),
+            "events": result.events}
 
 
 def run_sweep(exp: Experiment, points: Sequence[SweepPoint],
-              traces: dict[str, dict[str, Any]], dask: str | None = None,
+              traces: dict[str, VmStream], dask: str | None = None,
               progress: Callable[[str], None] = lambda line: None,
               done: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """Rows in the points' order; `dask`: None (here, serially), "local" (a local

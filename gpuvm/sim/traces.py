@@ -1,10 +1,12 @@
-"""Traces the model replays, recorded once per (benchmark, parameters, mode, driver).
+"""The event streams the model replays, recorded once per (benchmark, parameters, mode,
+driver, cost profile).
 
-A trace is what one VM did when it ran alone on the emulator: its exact per-phase counts
-(traps by class, shadow syncs and entries scanned, hypercalls and their entries,
-doorbells, engine time).  The counts are deterministic (tests/test_vfio_counts_pinned.py),
-so one run serves every replay; the cache is results/traces/<key>.json and `refresh`
-re-records it (after a change to the guests or the mediator).
+A stream is what one VM did when it ran alone on the emulator's virtual clock: each exit
+at its price and its part under the mediator's lock, each doorbell with the engine time
+its submission took, each wait on the GPU (gpuvm.device.clock.EventStream).  Virtual time
+is deterministic, so one run serves every replay; the cache is results/traces/<key>.json
+under the current directory (never the installation), and `refresh` re-records it (after
+a change to the guests, the mediator or the profile).
 """
 
 from __future__ import annotations
@@ -12,19 +14,17 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 from gpuvm.experiment.costs import load_costs
-from gpuvm.experiment.execute import rows_for, specs_for
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import run_vms
-from gpuvm.run.spec import RunOptions
+from gpuvm.run.spec import RunOptions, VmSpec
+from gpuvm.sim.stream_replay import VmStream
 
-# under the current directory, as experiments' results are (never the installation)
 CACHE = Path("results") / "traces"
-# 6: per-phase counts only, as JSON (5 and before: per-event wall-time traces, .npz)
-FORMAT = 6
+# 7: priced event streams of the virtual clock (6: per-phase counts; 5 and before:
+# per-event wall-time traces)
+FORMAT = 7
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class TraceKey:
     benchmark: str
     params: tuple[int, ...]
     mode: str
+    profile: str = "xen-2014"
 
     @property
     def driver(self) -> str:
@@ -41,44 +42,44 @@ class TraceKey:
     @property
     def file_name(self) -> str:
         params = "-".join(str(p) for p in self.params) or "default"
-        return f"{self.benchmark}_{params}_{self.mode.replace('+', 'plus')}_{self.driver}.json"
+        profile = Path(self.profile).stem
+        return (f"{self.benchmark}_{params}_{self.mode.replace('+', 'plus')}_{self.driver}"
+                f"_{profile}.json")
 
 
-def record_run(key: TraceKey, backend: str) -> dict[str, Any]:
-    """One VM of `key` run once; its per-phase counts (not cached)."""
-    vm = VmConfig("vm", key.benchmark, key.params)
-    scenario = Scenario("trace", (vm,))
-    exp = Experiment("traces", "benchmarks", (scenario,), modes=(key.mode,))
-    results = run_vms(specs_for(scenario), RunOptions(mode=key.mode, backend=backend))
-    (row,) = rows_for(exp, scenario, key.mode, "fifo", 0, results, load_costs("xen-2014"))
-    if not row.passed:
-        raise RuntimeError(f"recording {key.file_name}: the VM failed: {row.error}")
-    d = asdict(row)
-    return {"format": FORMAT, "key": asdict(key) | {"driver": key.driver},
-            "backend": row.backend, "phase_counters": d["phase_counters"],
-            "record": d["record"]}
+def record_run(key: TraceKey, backend: str) -> VmStream:
+    """One VM of `key` run once, alone, on the virtual clock; its stream (not cached)."""
+    prices = load_costs(key.profile).event_prices(MODES[key.mode].mediated)
+    (result,) = run_vms([VmSpec("vm", key.benchmark, list(key.params))],
+                        RunOptions(mode=key.mode, backend=backend, prices=prices))
+    if not result.passed:
+        raise RuntimeError(f"recording {key.file_name}: the VM failed: {result.error()}")
+    return VmStream("vm", tuple(tuple(e) for e in result.session.clock_party.stream.entries))
 
 
-def read_trace(path: Path) -> dict[str, Any] | None:
-    """The cached trace, or None where it is of another format (or unreadable)."""
+def read_trace(path: Path) -> VmStream | None:
+    """The cached stream, or None where it is of another format (or unreadable)."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+        if isinstance(data, dict) and data.get("format") == FORMAT:
+            return VmStream.from_json(data["stream"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def load_trace(key: TraceKey, backend: str = "auto", refresh: bool = False,
-               cache: Path = CACHE) -> dict[str, Any]:
-    """The trace of `key`, recorded now if it is not cached (or `refresh`)."""
+               cache: Path = CACHE) -> VmStream:
+    """The stream of `key`, recorded now if it is not cached (or `refresh`)."""
     path = cache / key.file_name
     if not refresh:
-        data = read_trace(path)
-        if data is not None:
-            return data
-    text = json.dumps(record_run(key, backend), indent=1)
+        stream = read_trace(path)
+        if stream is not None:
+            return stream
+    stream = record_run(key, backend)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")  # a partial file never replaces a whole one
-    tmp.write_text(text)
+    tmp.write_text(json.dumps({"format": FORMAT, "key": asdict(key) | {"driver": key.driver},
+                               "stream": stream.to_json()}))
     tmp.replace(path)
-    return json.loads(text)  # the same form a cached trace has
+    return stream

@@ -7,9 +7,12 @@ and a VMM read all see the same bytes without copies.
 
 `backing` says what host memory holds it, the way a hypervisor chooses: "anon" (the
 host's default policy for shared memory), "4k" (huge pages refused, MADV_NOHUGEPAGE) or
-"thp" (shmem transparent huge pages asked for, MADV_HUGEPAGE).  Whether huge
-pages really back it is read back from /proc/self/smaps (`huge_kib`): the host's
-shmem_enabled knob may refuse them.
+"thp" (transparent huge pages asked for, MADV_HUGEPAGE).  A memfd gets huge pages only
+where the host's shmem_enabled knob allows them; where it says [never] (or [deny]) "thp"
+RAM is a private anonymous mapping instead, which anonymous THP ([madvise], the usual
+default) does give huge pages -- at the price that no other process can map it
+(`share_fd` refuses, naming the knob).  Whether huge pages really back it is read back
+from /proc/self/smaps (`huge_kib`).
 
 `prealloc` says when: up front, as the VM is built (libvirt's <allocation
 mode="immediate"/>, QEMU's -mem-prealloc; a Xen domain, the paper's platform, gets all its
@@ -32,9 +35,11 @@ import errno
 import mmap
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from gpuvm.host_pages import SHMEM_THP_KNOB, huge_kib, read_knob, smaps_kib
 from gpuvm.device.host_memory import close_memfd_mapping
 from gpuvm.errors import UserError
 from gpuvm.vmm.ram_pool import POOL, RamPool
@@ -56,6 +61,7 @@ ALLOC_ENV = "GPUVM_RAM_ALLOC"
 MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
+MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", 10)
 
 
 def default_allocation() -> str:
@@ -97,6 +103,8 @@ class GuestRam:
     # promise) or the pages could not all be allocated
     _keepable: bool = field(init=False, repr=False, default=True)
     pool: RamPool = field(default=POOL, repr=False)  # where populated RAM is kept (ram_pool)
+    # private anonymous memory, not a memfd: "thp" where shmem THP is off (see the module)
+    anonymous: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.size <= 0 or self.size % mmap.PAGESIZE:
@@ -106,14 +114,25 @@ class GuestRam:
                              f"{', '.join(BACKINGS)}")
         if self.prealloc is None:
             self.prealloc = default_allocation() == "immediate"
-        kept = self.pool.take(self.size, self.backing) if self.prealloc else None
-        if kept is None:
-            self._fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
-            os.ftruncate(self._fd, self.size)
+        self.anonymous = self.backing == "thp" and \
+            read_knob(SHMEM_THP_KNOB) in ("never", "deny")
+        kept = self.pool.take(self.size, self.backing) \
+            if self.prealloc and not self.anonymous else None
+        if self.anonymous:
+            self._keepable = False
+            self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # a child forked meanwhile (a compiler, a VM process) would share the pages
+            # copy-on-write, and the guest's next store would split the huge page under it
+            self._map.madvise(MADV_DONTFORK)
         else:
-            self._fd = kept
-        self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED,
-                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            if kept is None:
+                self._fd = os.memfd_create("gpuvm-guest-ram", os.MFD_CLOEXEC)
+                os.ftruncate(self._fd, self.size)
+            else:
+                self._fd = kept
+            self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
         if self.backing == "thp":
             self._map.madvise(MADV_HUGEPAGE)
         elif self.backing == "4k":
@@ -127,6 +146,11 @@ class GuestRam:
     def share_fd(self) -> int:
         """The memfd behind the RAM, for a device in another process to map (-1: closed).
         Once handed out the RAM is freed at close, never kept for another VM."""
+        if self._fd < 0 and self.anonymous:
+            raise GuestRamAllocError(
+                f"guest RAM backing \"thp\" is anonymous memory here ({SHMEM_THP_KNOB} "
+                f"is [{read_knob(SHMEM_THP_KNOB)}]), which another process cannot map: set "
+                "it to advise, or run the VM in-process")
         self._keepable = False
         return self._fd
 
@@ -153,10 +177,6 @@ class GuestRam:
 
     def huge_kib(self) -> int:
         """kB of guest RAM the host maps with huge pages now (smaps, as calibrate reads it)."""
-        from pathlib import Path
-
-        from gpuvm.calibrate.hostmem import huge_kib, smaps_kib
-
         start = self.host_address
         return huge_kib(smaps_kib(Path("/proc/self/smaps").read_text(), start,
                                   start + self.size))

@@ -8,15 +8,18 @@ says "pin [gpa, gpa+len)", afterwards "unpin".  The tracker counts them per VM, 
 nothing (gpuvm/experiment/costs.py does), and keeps the whole history (allocations, pins,
 transfers, with the VMM's clock) for the smart-pinning profile run.
 
-Huge-page splits: with guest RAM in a THP-backed memfd, a pin range that covers only part
-of a 2 MiB huge page must split it (the field report's gVisor case).  The report saw the
-slowdown only for device-to-host pageable copies, so a split is charged only to pins the
-device writes (arg = 1), and only on huge pages not advised MADV_NOHUGEPAGE.  With
-`nohugepage_pinned`, the VMM advises every range the guest pins (a real madvise on guest
-RAM) and counts those ranges as 4 KiB-backed from that pin on -- the model assumes the
-advice lands before the pages are faulted in, as the field report's recovery applies it.
-Whether THP really backs guest RAM on this host is a separate fact (GuestRam.huge_kib);
-the counts follow the configured backing so that runs compare on any host.
+Huge pages: with guest RAM on transparent huge pages (GuestRam backing "thp", checked
+from smaps at the first report -- RAM the host did not give huge pages counts as 4 KiB),
+two different things are counted.  `huge_splits` is what the kernel really did: the
+guest RAM's huge-mapped kB (smaps) read before and after the VMM acts on a pin, the drop
+in 2 MiB pages.  `huge_cuts` is arithmetic: the huge pages a device-written pin range
+covers only partly -- what a kernel that splits compound pages on a partial pin (the
+field report's gVisor case, blamed on pin_user_pages) would split.  Measured prices
+charge the first (gpu-h200: the kernel split nothing while a GPU pinned and copied);
+only the labelled scenario `hostmem-field-split` charges the second.  With
+`nohugepage_pinned`, the VMM advises every range the guest pins MADV_NOHUGEPAGE (a real
+madvise on guest RAM, which splits huge mappings the range cuts -- counted as splits)
+and counts those ranges as 4 KiB-backed from that pin on.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class HostMemTracker:
 
     @property
     def thp(self) -> bool:
-        return self.ram.backing == "thp"
+        """THP backing asked for and given: smaps showed huge pages at the first report."""
+        return self.ram.backing == "thp" and bool(self.huge_kib_first)
 
     def _add(self, key: str, n: int = 1) -> None:
         self.counters[f"hostmem.{key}"] = self.counters.get(f"hostmem.{key}", 0) + n
@@ -64,8 +68,9 @@ class HostMemTracker:
         """(first, last) huge page index the range touches."""
         return gpa // HUGE_PAGE, (gpa + length - 1) // HUGE_PAGE
 
-    def splits(self, gpa: int, length: int) -> int:
-        """Huge pages of THP memory (not advised away) that [gpa, gpa+length) cuts."""
+    def cuts(self, gpa: int, length: int) -> int:
+        """Huge pages of THP memory (not advised away) that [gpa, gpa+length) covers only
+        partly: arithmetic, not what the kernel did (see the module)."""
         if not self.thp or length <= 0:
             return 0
         first, last = self.huge_pages(gpa, length)
@@ -119,17 +124,20 @@ class HostMemTracker:
         self.events.append(record)
 
     def _pin(self, gpa: int, length: int, write: bool) -> None:
+        before = self.ram.huge_kib() if self.thp else 0
         if self.nohugepage_pinned and self.thp and length:
             self.ram.advise_nohugepage(gpa, length)
             first, last = self.huge_pages(gpa, length)
             self._advised[first:last + 1] = True
+        if self.thp:
+            self._add("huge_splits", max(0, before - self.ram.huge_kib()) // (HUGE_PAGE >> 10))
+        if write:  # after the advice: pages advised 4 KiB are not cut (the report's cure)
+            self._add("huge_cuts", self.cuts(gpa, length))
         huge = self.thp_bytes(gpa, length)
         self._add("pins")
         self._add("pin_bytes", length)
         self._add("pin_bytes_thp", huge)
         self._add("pin_bytes_4k", length - huge)
-        if write:
-            self._add("huge_splits", self.splits(gpa, length))
         self.pinned_bytes += length
         self.pinned_peak_bytes = max(self.pinned_peak_bytes, self.pinned_bytes)
 
@@ -156,7 +164,8 @@ class HostMemTracker:
 
     def summary(self) -> dict[str, Any]:
         """What an experiment row keeps (the history itself goes to its own file)."""
-        return {"backing": self.ram.backing, "nohugepage_pinned": self.nohugepage_pinned,
+        return {"backing": self.ram.backing, "anonymous": self.ram.anonymous,
+                "nohugepage_pinned": self.nohugepage_pinned,
                 "huge_kib_first": self.huge_kib_first, "huge_kib_end": self.huge_kib_end, "pinned_peak_bytes": self.pinned_peak_bytes,
                 "events": len(self.events),
                 "transfers_per_alloc": {str(k): v for k, v in
