@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -232,7 +233,8 @@ class MdevStore:
 
 # ------------------------------------------------------------------------------ output
 def format_types(store: MdevStore, parent: str | None = None) -> str:
-    """What `mdevctl types` prints: each parent (or the one given) and its types."""
+    """What `mdevctl types` prints: each parent (or the one given) and its types, a
+    description longer than 80 columns wrapped under itself (never cut)."""
     lines = []
     for p in [store.parent_of(parent)] if parent is not None else store.parents:
         avail = store.available(p.address)
@@ -240,7 +242,8 @@ def format_types(store: MdevStore, parent: str | None = None) -> str:
         for t in p.types().values():
             lines += [f"  {t.type_id}", f"    Available instances: {avail[t.type_id]}",
                       f"    Device API: {t.device_api}", f"    Name: {t.name}",
-                      f"    Description: {t.description}"]
+                      textwrap.fill(f"    Description: {t.description}", 80,
+                                    subsequent_indent=" " * 17, break_on_hyphens=False)]
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
-"""`gpuvm smi`: the vGPUs of the `gpuvm run`s going on now, as nvidia-smi vgpu shows a
-host's.
+"""`gpuvm smi`: the vGPUs of the `gpuvm run`s and `gpuvm experiment` runs going on now,
+as nvidia-smi vgpu shows a host's.
 
 A running system is another process, so the run loop publishes what it sees: every run
 rewrites <state dir>/runs/<pid>-<n>.json atomically (gpuvm/run/observe.py StatusWriter)
@@ -70,6 +70,9 @@ def _mib(n: int) -> str:
 
 
 def render(runs: list[dict[str, Any]]) -> list[object]:
+    """A table per run, within 80 columns (wrapped, never cut): the vGPUs by VM and type;
+    their UUIDs are in --json."""
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
@@ -78,33 +81,36 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
     out: list[object] = []
     for run in runs:
         engine = run.get("engine_utilisation")
-        title = (f"pid {run['pid']}: {run['mode']}, {run['policy']}; engine "
+        label = f"{run['label']}, " if run.get("label") else ""
+        title = (f"pid {run['pid']}: {label}{run['mode']}, {run['policy']}; engine "
                  f"{'-' if engine is None else f'{100 * engine:.0f}%'} over the last "
                  f"{run['window_s']:.1f} s")
-        t = Table(title=title, title_justify="left")
-        for col, just in (("VM", "left"), ("mdev UUID", "left"), ("Type", "left"),
-                          ("VRAM MiB", "right"), ("Ch", "right"), ("Util%", "right"),
-                          ("Share%", "right"), ("Credit ms", "right"), ("Traps/s", "right"),
-                          ("Syncs", "right"), ("Done", "left")):
-            t.add_column(col, justify=just, no_wrap=True)
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, collapse_padding=True)
+        for col, just in (("VM", "left"), ("Type", "left"), ("VRAM\nMiB", "right"),
+                          ("Ch", "right"), ("Util\n%", "right"), ("Share\n%", "right"),
+                          ("Credit\nms", "right"), ("Traps/s", "right"), ("Syncs", "right"),
+                          ("Done", "left")):
+            t.add_column(col, justify=just, overflow="fold")
         for v in run["vgpus"]:
             credit = v.get("credit")
-            t.add_row(v["vm"], v["uuid"], v["type"],
+            t.add_row(v["vm"], v["type"],
                       f"{_mib(v['vram_used'])}/{_mib(v['vram_total'])}", str(v["channels"]),
                       f"{100 * v['utilisation']:.0f}", f"{100 * v['share']:.0f}",
                       "-" if credit is None else f"{credit / 1e6:.1f}",
                       f"{v['traps_per_s']:,.0f}", f"{v['shadow_syncs']:,}", v["phase"])
         out.append(t)
-    out.append(Text("VRAM: MiB written (resident) / the slice; Ch: channels bound; Util: compute "
-                    "work given to the engine in the window; Done: last finished phase; Share: scheduler weight; Credit: CREDIT/BAND "
-                    "balance; Syncs: shadow page-table syncs", style="dim"))
+    out.append(Text("VRAM: MiB written (resident) / the slice; Ch: channels bound; Util: "
+                    "compute work given to the engine in the window; Share: scheduler "
+                    "weight; Credit: CREDIT/BAND balance; Syncs: shadow page-table syncs; "
+                    "Done: last finished phase; UUIDs: gpuvm smi --json", style="dim"))
     return out
 
 
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 160)  # a UUID whole
+    console = Console()  # the terminal's width; piped, $COLUMNS or 80
     try:
         while True:
             runs = read_status()

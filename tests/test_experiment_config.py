@@ -107,3 +107,42 @@ def test_bad_suites_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as info:
         parse(text, "s.toml")
     assert "\n" not in str(info.value)
+
+
+# Each value that `gpuvm run` takes as a flag and an experiment file as a key gets the
+# same checks: what the flag refuses, the key refuses, before anything runs.
+@pytest.mark.parametrize("flag, change", [
+    (["-b", "loop", "--size", "0"], ("params = [1000, 3]", "params = [0, 3]")),
+    (["-b", "loop", "--timeout", "inf"], ("time_scale = 2", "time_scale = 2\ntimeout_s = inf")),
+    (["-b", "loop", "--timeout", "0"], ("time_scale = 2", "time_scale = 2\ntimeout_s = 0")),
+    (["-b", "loop", "--time-scale", "0"], ("time_scale = 2", "time_scale = 0")),
+    (["-b", "loop", "--time-scale", "nan"], ("time_scale = 2", "time_scale = nan")),
+    (["--vm", "bench=loop,share=0"], ("share = 2", "share = 0")),
+    (["--vm", "bench=loop,share=inf"], ("share = 2", "share = inf")),
+    (["-b", "loop", "--vram-mib", "0"], ("time_scale = 2", "time_scale = 2\nvram_mib = 0")),
+    (["-b", "loop", "--type", "gpuvm-nope"],
+     ("partition = { vram_mib = 256, channels = 4 }", "type = \"gpuvm-nope\"")),
+    (["-b", "loop", "--inject", "nothing"], ("count = 2", "count = 2\ninject = \"nothing\"")),
+    (["-b", "loop", "--ram-alloc", "lazy"], ("count = 2", "count = 2\nram_alloc = \"lazy\"")),
+    (["-b", "loop", "--policy", "lottery"], ("policies = [\"band\", \"fifo\"]",
+                                              "policies = [\"lottery\"]")),
+    (["-b", "loop", "--mode", "fast"], ("modes = [\"fv\", \"pv\"]", "modes = [\"fast\"]")),
+    (["-b", "loop", "--clock", "sundial"], ("time_scale = 2",
+                                            "time_scale = 2\nclock = \"sundial\"")),
+    (["-b", "loop", "--backend", "qemu"], ("time_scale = 2",
+                                           "time_scale = 2\nbackend = \"qemu\"")),
+])
+def test_a_value_the_run_flag_refuses_the_file_refuses(flag, change, capsys):
+    from gpuvm.cli import main as gpuvm
+
+    try:
+        status = gpuvm(["run", *flag])
+    except SystemExit as exit_:  # argparse's refusal
+        status = exit_.code
+    assert status == 2, flag
+    assert capsys.readouterr().err.startswith("gpuvm: error:")
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(ConfigError) as exc:
+        parse(GOOD.replace(old, new, 1), "good.toml")
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("good.toml: ")

@@ -208,6 +208,7 @@ def test_a_torn_last_row_and_a_cut_run_are_dropped_on_resume(tmp_path, capsys):
     loaded = run.read_rows()
     assert len(loaded.rows) == 2 and "torn last row" in loaded.warnings[0]
 
+    run.release()  # the writer is gone, as after a crash
     assert gpuvm(["experiment", str(config), "--resume", str(run.path)]) == 0
     err = capsys.readouterr().err
     assert "gpuvm: warning: " in err and "torn last row" in err
@@ -321,6 +322,41 @@ def test_resume_refuses_a_complete_run_and_another_backend(finished, capsys):
     # nothing left to run: resuming only writes the report and marks it complete
     assert gpuvm(["experiment", str(config), "--resume"]) == 0
     assert (run / COMPLETE).is_file() and len(rows_of(run)) == 3
+
+
+# ------------------------------------------------------------------- one writer
+def test_a_second_writer_of_a_run_directory_is_refused(finished, capsys):
+    config, run = finished
+    (run / COMPLETE).unlink()
+    writer = RunDir.open(run).hold()  # as a first `--resume` of it does, while it runs
+    try:
+        # another process (a second resume, a report's rebuild) gets one line, and the
+        # rows stay as they were: no run is appended twice
+        second = cli(config, "--resume", run)
+        assert second.returncode == 2
+        line = error_line(second.stderr)
+        assert f"pid {os.getpid()}" in line and "is writing it" in line
+        report = cli(config, "--report", run)
+        assert report.returncode == 2 and "is writing it" in error_line(report.stderr)
+        assert len(rows_of(run)) == 3
+    finally:
+        writer.release()
+    assert gpuvm(["experiment", str(config), "--resume", str(run)]) == 0  # free again
+    assert (run / COMPLETE).is_file() and len(rows_of(run)) == 3
+
+
+def test_report_refuses_rows_that_repeat_a_run(finished, capsys):
+    config, run = finished
+    before = (run / "report.md").read_bytes()
+    lines = (run / ROWS).read_bytes().splitlines(keepends=True)
+    (run / ROWS).write_bytes(b"".join(lines + lines[1:2]))  # two writers appended run 2
+    assert gpuvm(["experiment", str(config), "--report", str(run)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert "row 4 repeats the run of VM a in scenario two, mode fv" in line
+    assert (run / "report.md").read_bytes() == before
+    (run / COMPLETE).unlink()
+    assert gpuvm(["experiment", str(config), "--resume", str(run)]) == 2
+    assert "row 4 repeats" in error_line(capsys.readouterr().err)
 
 
 # ------------------------------------------------------------------- bad paths

@@ -524,8 +524,10 @@ def test_bench_ram_alloc_runs_both_ways_side_by_side(capsys):
     assert cli.main(["bench", "ram-alloc", "--modes", "native", "--vms", "1",
                      "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "guest RAM up front vs on demand" in out and "ondemand / immediate" in out
-    assert "made fresh vs kept" in out and "│  kept │" in out and "│ fresh │" in out
+    assert all(len(line) <= 80 for line in out.splitlines()) and "…" not in out, out
+    words = " ".join(out.split())
+    assert "guest RAM up front vs on demand" in words and "ondemand /" in out
+    assert "made fresh vs kept" in words and "│  kept │" in out and "│ fresh │" in out
     assert cli.main(["bench", "ram-alloc", "--modes", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench ram-alloc: no mode 'nope' (have native" in err

@@ -64,7 +64,7 @@ def test_pinned_flag_reaches_the_guest(gpuvm):
 ])
 def test_guest_failure_is_one_line_and_nonzero(gpuvm, inject, expect):
     rc, out, err = gpuvm("-b", "madd", "--size", "16", "--inject", inject)
-    assert rc != 0
+    assert rc == 1  # a VM failed (bad input is 2)
     assert len(err.strip().splitlines()) == 1
     assert err.startswith(expect)
     assert "FAIL" in out
@@ -84,6 +84,6 @@ def test_bad_arguments_are_one_line(gpuvm):
 def test_one_bad_guest_beside_a_good_one(gpuvm):
     rc, out, err = gpuvm("--vm", "bench=madd,size=16,inject=bad-method",
                          "--vm", "bench=madd,size=16", "--mode", "fv-opt")
-    assert rc != 0 and err.startswith("gpuvm: error: vm0: channel 0 (PFIFO): bad method")
+    assert rc == 1 and err.startswith("gpuvm: error: vm0: channel 0 (PFIFO): bad method")
     assert "vm1" not in err and "vm0 fv-opt FAIL" in out
     assert "vm1 fv-opt" in out and "vm1 fv-opt FAIL" not in out

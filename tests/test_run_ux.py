@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from gpuvm.experiment.execute import row_from_dict, without_wall_clock
 from gpuvm.run.tables import render_summary
+from gpuvm.trace import rules
 
 REPO = Path(__file__).resolve().parents[1]
 HEADERS = ("VM/mode/phase", "Model ms", "xNat", "Dev ms", "Wall ms", "Traps", "Syncs",
@@ -60,6 +62,29 @@ def test_version_help_and_verbose_after_the_subcommand() -> None:
     # -v after the subcommand parses (it would be "unrecognized arguments" otherwise)
     p = gpuvm("run", "-v", "-b", "nope")
     assert "unrecognized" not in p.stderr and "no benchmark 'nope'" in p.stderr
+
+
+# ------------------------------------------------------------------ exit status
+def test_help_states_the_exit_statuses() -> None:
+    for argv in (["--help"], ["run", "--help"], ["experiment", "--help"]):
+        out = " ".join(gpuvm(*argv).stdout.split())
+        assert "1 a VM failed" in out and "2 bad input" in out and "130 / 143" in out, argv
+
+
+@pytest.mark.kvm
+def test_sigterm_stops_a_run_with_143(tmp_path) -> None:
+    env = {**os.environ, "GPUVM_STATE_DIR": str(tmp_path)}
+    run = subprocess.Popen([sys.executable, "-m", "gpuvm", "run", "--mode", "fv-opt",
+                            "--vm", "bench=loop,params=10000000:100000"], cwd=REPO, env=env,
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*.json")) and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()
+        time.sleep(0.05)  # until the guest runs (its status is published)
+    run.terminate()
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "gpuvm: interrupted by SIGTERM"
 
 
 # ------------------------------------------------------------------ the summary
@@ -153,35 +178,41 @@ def test_smi_removes_the_status_of_a_process_that_is_gone(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------ trace
-def _open_trace_processor(trace: Path):
-    """The perfetto package's TraceProcessor on `trace`: with the trace_processor_shell
-    that GPUVM_TRACE_PROCESSOR names, else the one the package fetches itself (its
-    prebuilt, downloaded on first use).  Only when that download cannot reach its host
-    (a closed network, as on our CI) is the read-back skipped, with the reason."""
-    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-    binary = os.environ.get("GPUVM_TRACE_PROCESSOR")
-    if binary:
-        return TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=binary))
-    try:
-        return TraceProcessor(trace=str(trace))
-    except subprocess.CalledProcessError as e:  # the package's curl of its prebuilt
-        pytest.skip(f"trace_processor_shell could not be fetched ({e}); set "
-                    "GPUVM_TRACE_PROCESSOR to a local build to read the trace back")
+def _trace_processor_binary() -> str | None:
+    """A trace_processor_shell already on this machine (GPUVM_TRACE_PROCESSOR, else on
+    PATH), or None.  Never the perfetto package's own: it downloads its prebuilt on first
+    use, and tests never reach the network."""
+    return os.environ.get("GPUVM_TRACE_PROCESSOR") or shutil.which("trace_processor_shell")
 
 
-@pytest.mark.kvm
-@pytest.mark.slow
-def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(tmp_path) -> None:
-    trace = tmp_path / "t.json"
+@pytest.fixture(scope="module")
+def band_trace(tmp_path_factory) -> tuple[Path, dict]:
+    """Two mmul VMs under BAND, traced: the trace file and the run's rows by VM."""
+    trace = tmp_path_factory.mktemp("trace") / "t.json"
     p = gpuvm("run", "--vm", "bench=mmul,size=64", "--vm", "bench=mmul,size=64",
               "--mode", "fv-opt", "--policy", "band", "--trace", str(trace), "--json")
     assert p.returncode == 0, p.stderr
+    assert f"trace: {trace} (open it in ui.perfetto.dev)" in p.stderr.splitlines()
     rows = {r.vm: r for r in (row_from_dict(d) for d in json.loads(p.stdout))}
-    events = json.loads(trace.read_text())["traceEvents"]
+    return trace, rows
+
+
+def _tracks(events: list[dict]) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
     processes = {e["pid"]: e["args"]["name"] for e in events
                  if e["ph"] == "M" and e["name"] == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e["ph"] == "M" and e["name"] == "thread_name"}
+    return processes, threads
+
+
+@pytest.mark.kvm
+@pytest.mark.slow
+def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(band_trace) -> None:
+    trace, rows = band_trace
+    loaded = json.loads(trace.read_text())
+    assert rules.problems(loaded) == []  # what Perfetto's importer needs, checked offline
+    events = loaded["traceEvents"]
+    processes, threads = _tracks(events)
     assert sorted(processes.values())[0] == "GPU" and len(processes) == 3
     slices = Counter((e["pid"], e["tid"]) for e in events if e["ph"] == "X")
     dispatches = Counter(e["args"]["dispatch"] for e in events if e["ph"] == "i")
@@ -199,17 +230,32 @@ def test_a_two_vm_band_trace_has_a_process_per_vm_and_the_runs_counts(tmp_path) 
         assert last["shadow syncs"] == row.counters.get("shadow.syncs", 0)
         assert last["hypercalls"] == row.counters.get("hcall.calls", 0)
         assert {"utilisation", "credit ms", "channels"} <= set(last)
-    _read_back_with_trace_processor(trace, rows, processes, threads)
 
 
-def _read_back_with_trace_processor(trace: Path, rows: dict, processes: dict[int, str],
+@pytest.mark.kvm
+@pytest.mark.slow
+def test_perfetto_reads_the_trace_back_where_its_shell_is_installed(band_trace) -> None:
+    binary = _trace_processor_binary()
+    if binary is None:
+        pytest.skip("trace_processor_shell is not on this machine (set "
+                    "GPUVM_TRACE_PROCESSOR or put it on PATH); the format's rules were "
+                    "checked without it")
+    trace, rows = band_trace
+    processes, threads = _tracks(json.loads(trace.read_text())["traceEvents"])
+    _read_back_with_trace_processor(trace, binary, rows, processes, threads)
+
+
+def _read_back_with_trace_processor(trace: Path, binary: str, rows: dict,
+                                    processes: dict[int, str],
                                     threads: dict[tuple[int, int], str]) -> None:
     """Perfetto's own importer reads the trace: it must see the same processes and
     tracks, put every slice on its thread's own track (one that does not nest is moved
     to a "thread_overlapping_slice" track and counted as an error in `stats`), keep the
     counters' last values, and record no import error -- so what the UI shows is what the
     run counted."""
-    tp = _open_trace_processor(trace)
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    tp = TraceProcessor(trace=str(trace), config=TraceProcessorConfig(bin_path=binary))
     try:
         def query(sql: str) -> list:
             return list(tp.query(sql))

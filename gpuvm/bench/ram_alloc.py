@@ -91,24 +91,26 @@ def print_build_table(times: dict[str, list[float]], title: str) -> None:
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("RAM", "build + close ms (min-median-max)", "over fresh"):
-        t.add_column(col, justify="right")
+    for col in ("RAM", "build + close ms\n(min-median-max)", "over fresh"):
+        t.add_column(col, justify="right", overflow="fold")
     fresh = statistics.median(times["fresh"])
     for way, ms in times.items():
         ms = sorted(ms)
         t.add_row(way, f"{ms[0]:,.1f}-{statistics.median(ms):,.1f}-{ms[-1]:,.1f}",
                   f"{statistics.median(ms) / fresh:.2f}x")
-    Console(width=120).print(t)
+    Console().print(t)
 
 
 def print_table(runs: list[AllocRun], title: str) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title)
-    for col in ("mode", "VMs", "immediate ms (min-median-max)", "ondemand ms",
-                "ondemand / immediate", "vCPU CPU per VM ms (imm. / ond.)"):
-        t.add_column(col, justify="right")
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # within 80 columns: headers on two lines, a cell too wide folds (never cut)
+    for col in ("mode", "VMs", "immediate ms\nmin-median-max", "ondemand ms\nmin-median-max",
+                "ondemand /\nimmediate", "vCPU ms a VM\nimm. / ond."):
+        t.add_column(col, justify="right", overflow="fold")
     cells: dict[tuple[str, int, str], list[AllocRun]] = {}
     for r in runs:
         cells.setdefault((r.mode, r.vms, r.alloc), []).append(r)
@@ -124,7 +126,7 @@ def print_table(runs: list[AllocRun], title: str) -> None:
         t.add_row(mode, str(n), spread(imm), spread(ond),
                   f"{median(ond, 'makespan_ms') / median(imm, 'makespan_ms'):.2f}x",
                   f"{median(imm, 'cpu_per_vm_ms'):,.1f} / {median(ond, 'cpu_per_vm_ms'):,.1f}")
-    Console(width=120).print(t)
+    Console().print(t)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

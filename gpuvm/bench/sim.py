@@ -43,7 +43,7 @@ def main_sim(args: argparse.Namespace) -> int:
         raise UserError("--vms counts and --seconds must be positive")
     table = Table(title=f"simpy model, {args.policy}, {args.seconds:g} s of virtual time")
     for col in ("VMs", "events", "wall s", "events/s", "kernels"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     rates = []
     for n in counts:
         t0 = time.process_time()
@@ -54,7 +54,7 @@ def main_sim(args: argparse.Namespace) -> int:
         kernels = sum(m.dispatches for m in result.metrics.values())
         table.add_row(f"{n:,}", f"{result.events:,}", f"{wall:.2f}", f"{rate:,.0f}",
                       f"{kernels:,}")
-    console = Console(width=120)
+    console = Console()
     console.print(table)
     if len(rates) > 1 and min(rates):
         console.print(f"events/s at {counts[0]:,} VMs vs {counts[-1]:,} VMs: "

@@ -1,6 +1,7 @@
-"""`gpuvm experiment FILE.toml`: replay an experiment from its config file.
+"""`gpuvm experiment NAME|FILE.toml`: run an experiment from its config file.
 
-Writes results/<name>/<timestamp>/ (manifest.json, runs.jsonl, results.csv, figures,
+NAME is an experiment that ships with gpuvm (`--list` shows them; gpuvm.experiment.catalog).
+Writes results/<name>/<timestamp>/ under the current directory (or under `--out DIR`): (manifest.json, runs.jsonl, results.csv, figures,
 report.md, and COMPLETE once every planned run is in) and then points
 results/<name>/latest at it.  Ctrl-C or SIGTERM stops the running guests and leaves the
 directory incomplete; `--resume [DIR]` finishes it without redoing the runs it holds.
@@ -28,8 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # here, not at the top: every gpuvm.experiment.* import runs this package first
     from gpuvm.vmm.backends import BACKENDS
 
-    parser.add_argument("config", type=Path, help="experiment file (TOML)")
+    parser.add_argument("config", nargs="?", metavar="NAME|FILE",
+                        help="an experiment that ships with gpuvm (see --list) or a TOML file")
     what = parser.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true",
+                      help="list the experiments that ship with gpuvm")
     what.add_argument("--report", type=Path, metavar="RUN_DIR",
                       help="only rebuild the report of a run directory (never over a report "
                            "built from more rows)")
@@ -38,25 +42,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(default: the newest interrupted run of this configuration)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="override the file's backend")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="results go to DIR/<name>/<timestamp> (default: ./results)")
 
 
 def resume_command(config: Path, run: RunDir) -> str:
     return f"gpuvm experiment {config} --resume {run.path}"
 
 
-def main(args: argparse.Namespace) -> int:
+def _list() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuvm.experiment.catalog import directory, shipped
+
+    table = Table(box=None, pad_edge=False, title_justify="left",
+                  title=f"experiments that ship with gpuvm ({directory()})")
+    table.add_column("name", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("what it runs (first sentence)", overflow="fold")
+    for s in shipped():
+        table.add_row(s.name, s.kind, s.description.split(". ")[0])
+    Console(soft_wrap=False).print(table)
+    print("run one: gpuvm experiment NAME (results under ./results)", file=sys.stderr)
+    return 0
+
+
+def _load(given: str | Path, args: argparse.Namespace) -> Experiment:
+    """The experiment a name or path gives, with --backend and --out applied."""
     from gpuvm.errors import UserError
+    from gpuvm.experiment.catalog import NoSuchExperiment, resolve
     from gpuvm.experiment.config import ConfigError, load
-    from gpuvm.experiment.rundir import RunDirError
 
     try:
-        exp = load(args.config)
-    except ConfigError as exc:
+        exp = load(resolve(given))
+    except (ConfigError, NoSuchExperiment) as exc:
         raise UserError(str(exc)) from None
-    if args.backend:
+    if getattr(args, "backend", None):
         exp = replace(exp, backend=args.backend)
+    if args.out is not None:
+        exp = replace(exp, output=args.out.resolve() / exp.name)
+    return exp
+
+
+def main(args: argparse.Namespace) -> int:
+    from gpuvm.errors import UserError
+    from gpuvm.experiment.rundir import RunDirError
+
+    if getattr(args, "list", False):
+        return _list()
+    if args.config is None:
+        raise UserError("experiment: give an experiment's name or file "
+                        "(`gpuvm experiment --list` shows the names)")
     # `gpuvm run --config FILE` calls in here with only config, report and backend
     args.resume = getattr(args, "resume", None)
+    args.out = getattr(args, "out", None)
+    exp = _load(args.config, args)
     try:
         if exp.kind == "suite":
             return _run_suite(exp, args)
@@ -72,14 +113,46 @@ def _warn(lines: list[str]) -> None:
         print(f"gpuvm: warning: {line}", file=sys.stderr)
 
 
+def _once(run: RunDir, dicts: list[dict[str, Any]]) -> None:
+    """Refuse rows that repeat a run (written by two writers at once, before the lock)."""
+    from gpuvm.experiment.rundir import RunDirError, repeated_run
+
+    repeated = repeated_run(dicts)
+    if repeated:
+        raise RunDirError(f"{run.rows_path}: {repeated}; not reported (two writers? keep "
+                          f"one row per run)")
+
+
 def _rows(run: RunDir, dicts: list[dict[str, Any]]) -> list[VmRow]:
     from gpuvm.experiment.execute import row_from_dict
     from gpuvm.experiment.rundir import RunDirError
 
+    _once(run, dicts)
     try:
         return [row_from_dict(d) for d in dicts]
     except TypeError as exc:
         raise RunDirError(f"{run.rows_path}: a row of another format: {exc}") from None
+
+
+def _summary(exp: Experiment, rows: list[VmRow], report: Path) -> None:
+    """The compact table on stdout (the terminal's width, piped 80), then the report's
+    path: what an experiment ends with."""
+    from rich.console import Console
+
+    from gpuvm.experiment.summary import summary_table
+
+    console = Console()
+    console.print(summary_table(exp.name, exp.cost_profile, rows))
+    console.print(f"full report: {_near(report)}", soft_wrap=True)
+
+
+def _near(path: Path) -> Path:
+    """`path` relative to the current directory where it is under it (results/...): the
+    short form a user can open from where they are."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
 
 
 def _failed(rows: list[VmRow], report: Path) -> int:
@@ -92,10 +165,19 @@ def _failed(rows: list[VmRow], report: Path) -> int:
 
 
 def _rebuild_report(exp: Experiment, args: argparse.Namespace) -> int:
-    from gpuvm.experiment.report import REPORT, report_rows, write_report
-    from gpuvm.experiment.rundir import RunDir, RunDirError
+    from gpuvm.experiment.rundir import RunDir
 
-    run = RunDir.open(args.report)
+    run = RunDir.open(args.report).hold()
+    try:
+        return _report_from_rows(exp, args, run)
+    finally:
+        run.release()
+
+
+def _report_from_rows(exp: Experiment, args: argparse.Namespace, run: RunDir) -> int:
+    from gpuvm.experiment.report import REPORT, report_rows, write_report
+    from gpuvm.experiment.rundir import RunDirError
+
     run.check(exp)
     loaded = run.read_rows()
     _warn(loaded.warnings)
@@ -107,8 +189,7 @@ def _rebuild_report(exp: Experiment, args: argparse.Namespace) -> int:
     exp = replace(exp, backend=run.manifest.get("backend", exp.backend))
     report = write_report(exp, rows, run.path, complete=run.complete,
                           resume=resume_command(args.config, run))
-    print(report.read_text())
-    print(f"report: {report}", file=sys.stderr)
+    _summary(exp, rows, report)
     status = _failed(rows, report)
     if not run.complete:
         print(f"gpuvm: {run.path} is incomplete; finish it with: "
@@ -121,9 +202,21 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
                      ) -> tuple[Experiment, RunDir, set[RunKey], list[dict[str, Any]]]:
     """The interrupted run, its finished runs' rows (rewriting runs.jsonl without a torn
     line or the rows of a run cut short), and the experiment with the run's backend."""
-    from gpuvm.experiment.rundir import RunDir, RunDirError, complete_runs, key_of
+    from gpuvm.experiment.rundir import RunDir
 
     run = RunDir.open(Path(args.resume)) if args.resume else RunDir.newest_incomplete(exp)
+    run.hold()  # the one writer from here (a second resume of it is refused)
+    try:
+        return _resumable(exp, args, run)
+    except BaseException:
+        run.release()
+        raise
+
+
+def _resumable(exp: Experiment, args: argparse.Namespace, run: RunDir
+               ) -> tuple[Experiment, RunDir, set[RunKey], list[dict[str, Any]]]:
+    from gpuvm.experiment.rundir import RunDirError, complete_runs, key_of
+
     run.check(exp)
     if run.complete:
         raise RunDirError(f"{run.path}: already complete; nothing to resume "
@@ -134,6 +227,7 @@ def _open_for_resume(exp: Experiment, args: argparse.Namespace
                           f"the same")
     exp = replace(exp, backend=backend)
     loaded = run.read_rows()
+    _once(run, loaded.rows)
     done = complete_runs(loaded.rows, exp)
     kept = [(row, line) for row, line in zip(loaded.rows, loaded.lines) if key_of(row) in done]
     warnings = list(loaded.warnings)
@@ -166,6 +260,22 @@ def _progress_bar(console: Any, runs: int) -> Iterator[Callable[[str], None]]:
         yield line
 
 
+def _fits_the_host(exp: Experiment) -> None:
+    """Each scenario's VMs run at once: refuse, before anything runs, one whose guest
+    RAM the host cannot give (gpuvm.run.host_fit)."""
+    from gpuvm.device import regs
+    from gpuvm.errors import UserError
+    from gpuvm.run.host_fit import available_bytes, shortfall
+
+    available = available_bytes()
+    for s in exp.scenarios:
+        short = shortfall([vm.ram_mib * regs.MiB for vm in s.vms
+                           if vm.ram_alloc == "immediate"], available,
+                          on_demand='ram_alloc = "ondemand"')
+        if short:
+            raise UserError(f"{exp.source}: scenario {s.name}: {short}")
+
+
 def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -174,6 +284,7 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
     from gpuvm.experiment.report import write_report
     from gpuvm.experiment.rundir import RunDir, complete_runs, plan
 
+    _fits_the_host(exp)
     console = Console(stderr=True, soft_wrap=True)  # a path is never broken over lines
     with StopSignals() as stop:
         if args.resume is None:
@@ -204,8 +315,9 @@ def _run(exp: Experiment, args: argparse.Namespace) -> int:
                   f"{len(plan(exp))} planned runs; finish it with: "
                   f"{resume_command(args.config, run)}", file=sys.stderr)
             return stop.exit_status
-    print(report.read_text())
-    console.print(f"report: {report}")
+        finally:
+            run.release()
+    _summary(exp, rows, report)
     return _failed(rows, report)
 
 
@@ -214,7 +326,6 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
     then one report over them all in the suite's own directory.  `--report DIR` rebuilds
     that report from the included experiments' latest complete runs."""
     from gpuvm.errors import UserError
-    from gpuvm.experiment.config import ConfigError, load
     from gpuvm.experiment.paper import SuitePart, write_paper_report
     from gpuvm.experiment.rundir import RunDir, output_base
 
@@ -225,15 +336,10 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
     parts: list[SuitePart] = []
     status = 0
     for path in exp.includes:
-        try:
-            sub = load(path)
-        except ConfigError as exc:
-            raise UserError(str(exc)) from None
-        if args.backend:
-            sub = replace(sub, backend=args.backend)
+        sub = _load(path, args)
         if args.report is None:
             sub_args = argparse.Namespace(config=path, report=None, resume=None,
-                                          backend=args.backend)
+                                          backend=args.backend, out=args.out)
             sub_status = _run(sub, sub_args)
             if sub_status in (130, 143):  # interrupted: the suite stops there
                 return sub_status
@@ -245,14 +351,16 @@ def _run_suite(exp: Experiment, args: argparse.Namespace) -> int:
         run.check(sub)
         parts.append(SuitePart(sub, run.path, _rows(run, run.read_rows().rows)))
     if args.report is not None:
-        run = RunDir.open(args.report)
-        run.check(exp)
+        run = RunDir.open(args.report).hold()
     else:
         run = RunDir.create(exp)
-    report = write_paper_report(exp, parts, run.path)
-    if args.report is None:
-        run.mark_complete(0)
-        run.point_latest()
-    print(report.read_text())
-    print(f"report: {report}", file=sys.stderr)
+    try:
+        run.check(exp)
+        report = write_paper_report(exp, parts, run.path)
+        if args.report is None:
+            run.mark_complete(0)
+            run.point_latest()
+    finally:
+        run.release()
+    print(f"full report: {_near(report)}")
     return status

@@ -55,6 +55,7 @@ the field, before anything runs.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,10 @@ from typing import Any
 from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
 from gpuvm.experiment.costs import load_costs
+from gpuvm.mediator.mdev_types import MdevTypeError, lookup
 from gpuvm.mediator.modes import MODES
+from gpuvm.run.mediated import gpu_types, machine_profile
+from gpuvm.run.spec import RunOptions
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from gpuvm.vmm.backends import BACKENDS
@@ -162,6 +166,8 @@ class _Table:
         value = self.data[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if kind is float and isinstance(value, float) and not math.isfinite(value):
+            raise self.fail(key, f"must be a finite number, got {value!r}")
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             raise self.fail(key, f"must be a {names}, got {value!r}")
@@ -209,6 +215,9 @@ def _vm(t: _Table) -> list[VmConfig]:
             any(not isinstance(p, int) or isinstance(p, bool) or p < 0 for p in params):
         raise t.fail("params", f"must be at most {guest_programs.BENCH_NUM_PARAMS} "
                                "non-negative integers")
+    if benchmark != "probe" and params and params[0] == 0:  # as `gpuvm run --size 0`
+        raise t.fail("params", f"params[0] = 0 (size 0) means nothing to {benchmark}; "
+                               "leave params out for its default")
     count = t.get("count", int, 1, check=lambda c: None if c >= 1 else "must be >= 1")
     share = t.get("share", float, 1.0, check=_positive)
     start = t.get("start_s", float, 0.0, check=lambda s: None if s >= 0 else "must be >= 0")
@@ -354,6 +363,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         scenarios.append(Scenario(sname, tuple(vms)))
     if len({s.name for s in scenarios}) != len(scenarios):
         raise ConfigError(f"{source}: scenario: names repeat")
+    _check_types(scenarios, result["vram_mib"], source)
     for i, scenario in enumerate(scenarios):
         earlier = {f"{s.name}/{v.name}": v for s in scenarios[:i] for v in s.vms}
         for vm in scenario.vms:
@@ -363,6 +373,24 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                   f"{vm.pin_hot_from!r} is not a reporting VM of an earlier "
                                   "scenario")
     return Experiment(scenarios=tuple(scenarios), **result)
+
+
+def _check_types(scenarios: list[Scenario], vram_mib: int | None, source: str) -> None:
+    """Every VM's vGPU type must be one the experiment's GPU has (as `gpuvm run --type`
+    is checked), before anything runs rather than as a run that fails."""
+    types = None
+    for i, scenario in enumerate(scenarios):
+        for vm in scenario.vms:
+            if vm.mdev_type is None:
+                continue
+            if types is None:
+                types = gpu_types(machine_profile(RunOptions(
+                    vram_size=vram_mib * regs.MiB if vram_mib else None)))
+            try:
+                lookup(types, vm.mdev_type)
+            except MdevTypeError as exc:
+                raise ConfigError(f"{source}: scenario[{i}] VM {vm.name}: type: "
+                                  f"{exc}") from None
 
 
 def _suite(result: dict[str, Any], includes: list[str], raw_scenarios: Any,

@@ -20,7 +20,7 @@ from gpuvm.device.clock import EventPrices
 # the checkout's experiments/costs/, or the copy a `pip install .` puts in the package
 _CHECKOUT_COSTS = Path(__file__).resolve().parents[2] / "experiments" / "costs"
 COSTS_DIR = _CHECKOUT_COSTS if _CHECKOUT_COSTS.is_dir() else \
-    Path(__file__).resolve().parent / "cost_profiles"
+    Path(__file__).resolve().parent / "files" / "costs"
 
 
 def mmio_exits(counters: Mapping[str, int]) -> int:

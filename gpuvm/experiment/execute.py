@@ -25,6 +25,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.run import VmResult, run_vms
+from gpuvm.run.observe import StatusWriter
 from gpuvm.device import regs
 from gpuvm.vmm.hostmem import hot_mask
 
@@ -222,7 +223,9 @@ def execute(exp: Experiment, run: RunDir, progress: Progress = lambda line: None
         t0 = time.monotonic()
         try:
             masks = hot_masks_for(scenario, key, earlier + [asdict(r) for r in rows])
-            results = run_vms(specs_for(scenario, masks), options)
+            status = StatusWriter(key.mode, key.policy, label=f"experiment {exp.name}: "
+                                  f"{scenario.name} rep {key.rep}")  # for `gpuvm smi`
+            results = run_vms(specs_for(scenario, masks), options, observers=[status])
         except RunError as exc:
             new = not_run_rows(exp, scenario, key, str(exc))
             verdict = f"NOT RUN: {exc}"

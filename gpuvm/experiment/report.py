@@ -199,11 +199,21 @@ def benchmarks_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str
 # ------------------------------------------------------------------------- isolation
 @dataclass
 class Share:
+    """A VM's GPU utilisation in the window where every VM competed, against its share.
+    An empty window (one VM finished before another's first GPU work) measures nothing:
+    its utilisation reads 0 but is not a result (`measured` is False; the report says
+    n/a rather than an error of -share)."""
+
     vm: str
     share: float
     utilisation: float
     dispatches: int
     mean_queue_ms: float
+    window_ns: int = 0
+
+    @property
+    def measured(self) -> bool:
+        return self.window_ns > 0
 
     @property
     def error_pp(self) -> float:
@@ -233,7 +243,8 @@ def shares_in_window(rows: list[VmRow]) -> tuple[tuple[int, int], list[Share]]:
     t0, t1 = isolation_window(rows)
     return (t0, t1), [Share(r.vm, r.share, _metrics(r).utilisation_between(t0, t1),
                             int(r.sched.get("dispatches", 0)),
-                            float(r.sched.get("mean_queue_delay_ns", 0)) / 1e6) for r in rows]
+                            float(r.sched.get("mean_queue_delay_ns", 0)) / 1e6, t1 - t0)
+                      for r in rows]
 
 
 def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]:
@@ -247,12 +258,14 @@ def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]
                 for rep in sorted({r.rep for r in runs}):
                     run = [r for r in runs if r.rep == rep]
                     (t0, t1), shares = shares_in_window(run)
-                    worst = max(abs(s.error_pp) for s in shares)
+                    worst = max((abs(s.error_pp) for s in shares if s.measured), default=None)
                     table.append((policy, mode, rep, t1 - t0, shares, worst))
                     end = max((e for r in run for _, e in r.busy), default=t1)
                     panels.append(UtilisationPanel(
                         f"{scenario.name} — {policy.upper()} ({mode}, rep {rep}): "
-                        f"max error {worst:.1f} pp", {r.vm: _metrics(r) for r in run},
+                        + (f"max error {worst:.1f} pp" if worst is not None
+                           else "no time with every VM competing"),
+                        {r.vm: _metrics(r) for r in run},
                         {s.vm: s.share for s in shares}, (t0, t1), end))
         if not table:
             md += [f"## {scenario.name}", "", "No run completed.", ""]
@@ -265,12 +278,18 @@ def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]
                "| dispatches | mean queue ms |", "|---|---|---|---|---|---|---|---|---|---|"]
         for policy, mode, rep, span, shares, worst in table:
             for s in shares:
+                util, error = (f"{100 * s.utilisation:.1f}", f"{s.error_pp:+.1f}") \
+                    if s.measured else ("n/a", "n/a")
                 md.append(f"| {policy} | {mode} | {rep} | {span / 1e9:.2f} | {s.vm} "
-                          f"| {100 * s.share:.1f} | {100 * s.utilisation:.1f} "
-                          f"| {s.error_pp:+.1f} | {s.dispatches:,} | {s.mean_queue_ms:.2f} |")
+                          f"| {100 * s.share:.1f} | {util} | {error} | {s.dispatches:,} "
+                          f"| {s.mean_queue_ms:.2f} |")
         for policy in exp.policies:
-            runs = [shares for p, _, _, _, shares, _ in table if p == policy]
+            runs = [shares for p, _, _, _, shares, _ in table if p == policy
+                    and all(s.measured for s in shares)]
             if not runs:
+                if any(p == policy for p, *_ in table):
+                    md.append(f"\n**{policy.upper()}**: n/a (no run had time with every "
+                              f"VM competing for the GPU).")
                 continue
             errors = [abs(s.error_pp) for shares in runs for s in shares]
             mean = sum(errors) / len(errors)

@@ -9,6 +9,9 @@
                         when the rows are read back)
         COMPLETE        written last, atomically (temporary file, fsync, rename): only a
                         directory holding it has every planned run
+        writer.lock     flock()ed by the one process writing the directory (a run, a
+                        resume, a report's rebuild): a second is refused, so two resumes
+                        cannot both append the same runs
         report.md, results.csv, report.json (what the report was built from), figures
     results/<name>/latest -> the newest *complete* run (replaced atomically)
 
@@ -18,6 +21,8 @@ line naming the path.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -26,13 +31,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuvm.experiment.config import REPO, Experiment
+from gpuvm.experiment.config import Experiment
 from gpuvm.mediator.modes import MODES
 
 MANIFEST = "manifest.json"
 ROWS = "runs.jsonl"
 COMPLETE = "COMPLETE"
 REPORT_RECORD = "report.json"
+WRITER_LOCK = "writer.lock"
 LATEST = "latest"
 FORMAT = 1
 
@@ -104,7 +110,9 @@ def config_hash(exp: Experiment) -> str:
 
 
 def output_base(exp: Experiment) -> Path:
-    return exp.output if exp.output.is_absolute() else REPO / exp.output
+    """Where an experiment's run directories go: a relative `output` is under the current
+    directory (results/<name> by default), never the installation gpuvm runs from."""
+    return exp.output if exp.output.is_absolute() else Path.cwd() / exp.output
 
 
 def _fsync_dir(path: Path) -> None:
@@ -145,6 +153,38 @@ class RunDir:
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = path
         self.manifest = manifest
+        self._lock_fd: int | None = None
+
+    # ---------------------------------------------------------------- one writer
+    def hold(self) -> RunDir:
+        """Become the directory's one writer until release() or this process ends (the
+        kernel drops an flock with its last descriptor, so a killed writer never leaves
+        the directory locked).  Another process holding it: a RunDirError."""
+        if self._lock_fd is not None:
+            return self
+        path = self.path / WRITER_LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"{path}: cannot open: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise RunDirError(f"{path}: cannot lock: {exc.strerror or exc}") from None
+            raise RunDirError(f"{self.path}: another gpuvm (pid {holder}) is writing it; "
+                              f"wait for it to end (or stop it) and try again") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # ---------------------------------------------------------------- create / open
     @classmethod
@@ -169,9 +209,10 @@ class RunDir:
                     "backend": exp.backend, "planned_runs": len(plan(exp)),
                     "planned_vm_runs": planned_vm_runs(exp), "started": time.time(),
                     "source": exp.source, "config": fingerprint(exp)}
+        run = cls(path, manifest).hold()  # before the manifest: no resume can take it
         (path / ROWS).touch()
         write_atomically(path / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-        return cls(path, manifest)
+        return run
 
     @classmethod
     def open(cls, path: Path) -> RunDir:
@@ -314,6 +355,21 @@ class RowAppender:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def repeated_run(rows: list[dict[str, Any]]) -> str | None:
+    """The first VM run that has more than one row, as a report's refusal names it; None
+    where every row is a run of its own.  Two rows of one run mean two writers appended
+    the same runs (a report over them would count that run twice)."""
+    seen: set[tuple[RunKey, str]] = set()
+    for n, row in enumerate(rows, 1):
+        key = (key_of(row), row.get("vm"))
+        if key in seen:
+            k = key[0]
+            return (f"row {n} repeats the run of VM {key[1]} in scenario {k.scenario}, "
+                    f"mode {k.mode}, policy {k.policy}, rep {k.rep}")
+        seen.add(key)
+    return None
 
 
 def complete_runs(rows: list[dict[str, Any]], exp: Experiment) -> set[RunKey]:

@@ -2,16 +2,20 @@
 undefine NAME`: VMs as libvirt domains, through libvirt-python.
 
 The default connection is gpuvm's own test-driver host (see gpuvm.libvirt); `--connect URI`
-uses another libvirt connection instead.  `start` runs the guest to its end on gpuvm's
+uses another libvirt connection instead.  On a real hypervisor's connection (QEMU, ...)
+every command says in one line what works there, and `start` is refused: the hypervisor
+cannot open gpuvm's vGPUs.  `start` runs the guest to its end on gpuvm's
 VMM with the domain's vGPU, so it returns when the domain has shut off again.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gpuvm.libvirt import domain_xml
-from gpuvm.libvirt.host import Host, RunSettings, state_name
+from gpuvm.errors import UserError
+from gpuvm.libvirt.host import Host, RunSettings, real_driver, state_name, what_works_on
 from gpuvm.vmm.backends import BACKENDS
 
 
@@ -43,45 +47,52 @@ def _summary(result: domain_xml.RunResult) -> str:
 
 
 def _list(host: Host, conn) -> None:
+    """Every domain on one line of at most 80 columns (wrapped, never cut): its vGPU by
+    type and mode; the vGPU's UUID is in `gpuvm mdev list` and the domain's XML."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"domains on {host.uri}", title_justify="left")
-    for col in ("Id", "Name", "State", "vGPU (mdev UUID)", "Type", "Mode", "Workload",
-                "Last result"):
-        table.add_column(col, no_wrap=col != "Last result")
+    table = Table(title=f"domains on {host.uri}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, caption="vGPU UUIDs: gpuvm mdev list, or gpuvm domain "
+                  "dumpxml NAME", caption_justify="left")
+    for col in ("Id", "Name", "State", "vGPU (mode)", "Workload", "Last result"):
+        table.add_column(col, no_wrap=col == "Id", overflow="fold")
     doms = sorted(conn.listAllDomains(0), key=lambda d: d.name())
     for dom in doms:
         try:
             spec = host.spec_of(dom)
         except domain_xml.DomainXmlError:
             table.add_row(str(dom.ID()) if dom.isActive() else "-", dom.name(),
-                          state_name(dom), "-", "-", "-", "-", "-")
+                          state_name(dom), "-", "-", "-")
             continue
         try:
             mdev = host.mdevs.get(spec.mdev_uuid)
-            type_id, mode = mdev.type_id, mdev.mode
+            vgpu = f"{mdev.type_id} ({mdev.mode})"
         except ValueError:
-            type_id, mode = "(not defined)", "-"
+            vgpu = "(not defined)"
         w = spec.workload
         workload = " ".join([w.benchmark, *map(str, w.params)]) + \
             (f" inject={w.inject}" if w.inject else "")
         table.add_row(str(dom.ID()) if dom.isActive() else "-", dom.name(), state_name(dom),
-                      spec.mdev_uuid, type_id, mode, workload,
-                      _summary(spec.result) if spec.result else "-")
-    Console(width=200 if not Console().is_terminal else None).print(table)
+                      vgpu, workload, _summary(spec.result) if spec.result else "-")
+    Console().print(table)  # the terminal's width; piped, $COLUMNS or 80
 
 
 def main(args: argparse.Namespace) -> int:
     host = Host(uri=args.connect)
     cmd = args.domain_command
-    if cmd == "define":
-        spec = domain_xml.load(args.file)
-        conn = host.connect()
+    spec = domain_xml.load(args.file) if cmd == "define" else None  # before connecting
+    conn = host.connect()
+    driver = real_driver(conn)
+    if driver is not None:
+        if cmd == "start":
+            raise UserError(f"domain start: {what_works_on(host.uri, driver)}")
+        print(f"gpuvm: note: {what_works_on(host.uri, driver)}", file=sys.stderr)
+    if spec is not None:
         dom = host.define(conn, spec)
         print(f"Domain '{dom.name()}' defined from {args.file}")
         return 0
-    conn = host.connect()
     if cmd == "list":
         _list(host, conn)
     elif cmd == "dumpxml":
@@ -96,8 +107,8 @@ def main(args: argparse.Namespace) -> int:
         settings = RunSettings(args.backend, args.time_scale, args.timeout)
         dom, result = host.start(
             conn, args.name, settings,
-            on_running=lambda d, m: print(f"Domain '{d.name()}' started: {state_name(d)}, "
-                                          f"vGPU {m.uuid} ({m.type_id}, mode {m.mode})",
+            on_running=lambda d, m: print(f"Domain '{d.name()}' started: {state_name(d)}\n"
+                                          f"  vGPU {m.uuid} ({m.type_id}, {m.mode})",
                                           flush=True))
         print(f"Domain '{dom.name()}' {state_name(dom)}: "
               f"{host.spec_of(dom).workload.benchmark} {_summary(result)}")

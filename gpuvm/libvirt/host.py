@@ -59,6 +59,23 @@ def libvirt_message(exc: libvirt.libvirtError) -> str:
                      if line.strip() and line.strip() != "(null)")
 
 
+def real_driver(conn: libvirt.virConnect) -> str | None:
+    """The hypervisor driver of a connection that is not libvirt's test driver (QEMU,
+    LXC, ...), or None for the test driver gpuvm's guests run beside."""
+    driver = conn.getType()
+    return None if driver.upper() == "TEST" else driver
+
+
+def what_works_on(uri: str, driver: str) -> str:
+    """One line: what `gpuvm domain` can and cannot do on a real hypervisor's connection.
+    Why it cannot start there: gpuvm's vGPUs live in gpuvm's VMM, not as kernel mdevs
+    under /sys/bus/mdev, so the hypervisor would be handed a <hostdev type='mdev'> it
+    cannot open (and gpuvm's guests do not run under it)."""
+    return (f"{uri} is a {driver} connection: define, list, dumpxml, destroy and undefine "
+            f"work there, start does not ({driver} cannot open gpuvm's vGPUs, which are "
+            f"not kernel mdevs); start runs on gpuvm's own host (leave out --connect)")
+
+
 # ------------------------------------------------------------------------------ running
 @dataclass(frozen=True)
 class RunSettings:

@@ -22,7 +22,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.run.execute import VmResult, run_vms
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
-from gpuvm.run.tables import SUMMARY_WIDTH, TABLE_WIDTH, render, render_comparison, \
+from gpuvm.run.tables import TABLE_WIDTH, render, render_comparison, \
     render_summary, render_vms
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
@@ -399,8 +399,8 @@ def main(args: argparse.Namespace) -> int:
                                                   else args.backend))
     if not args.benchmark and not args.vm:
         raise UserError("--benchmark (or --vm, or --config) is required")
-    tty = sys.stdout.isatty()
-    console = Console(width=None if tty else SUMMARY_WIDTH)
+    # the terminal's width, or when piped $COLUMNS else 80: the tables are built to fit 80
+    console = Console()
     runs: dict[str, list[VmResult]] = {}
     specs_by_mode: dict[str, list[VmSpec]] = {}
     failed: list[str] = []
@@ -423,8 +423,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in rows]))
     else:
         _print_tables(console, args, runs, rows)
-    if failed:
-        raise UserError("; ".join(failed))
+    if failed:  # not bad input: the run was made and its rows written (exit status 1)
+        print(f"gpuvm: error: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -456,7 +457,8 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
         results = run_vms(specs, options, observers=observers)
     if trace is not None:
         try:
-            trace.write(_trace_path(args.trace, mode, n_modes > 1))
+            written = trace.write(_trace_path(args.trace, mode, n_modes > 1))
+            print(f"trace: {written} (open it in ui.perfetto.dev)", file=sys.stderr)
         except OSError as exc:
             raise RunError(f"--trace {args.trace}: {exc.strerror or exc}") from None
     return results

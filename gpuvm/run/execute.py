@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.mediator.modes import MODES
+from gpuvm.run.host_fit import available_bytes, shortfall
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
 from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
@@ -117,6 +118,10 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
                        "can reach every VM's memory): a multi-tenant isolation run needs "
                        "the kvm backend (or isolated VMM processes)")
     specs = [guest_for_mode(s, options.mode) for s in specs]
+    short = shortfall([s.ram_size for s in specs if prealloc_for(s.ram_alloc) is not False],
+                      available_bytes())
+    if short:
+        raise RunError(short)
     boot = [(s, s.boot_params(), s.flags()) for s in specs]  # validate before building
     try:
         programs = guest_programs.build_all(sorted({s.program for s in specs}),

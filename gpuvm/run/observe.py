@@ -105,6 +105,7 @@ class RunStatus:
     window_s: float  # utilisation is over the device time between the last two updates
     engine_utilisation: float | None  # the compute engine (PGRAPH) over the same window
     vgpus: list[VgpuStatus] = field(default_factory=list)
+    label: str = ""  # what the run is part of (an experiment's point), for smi's title
 
 
 def status_dir(state: Path | None = None) -> Path:
@@ -148,13 +149,13 @@ class StatusWriter:
     _count = 0
 
     def __init__(self, mode: str, policy: str, state: Path | None = None,
-                 period_s: float = STATUS_PERIOD_S) -> None:
+                 period_s: float = STATUS_PERIOD_S, label: str = "") -> None:
         StatusWriter._count += 1
         self.dir = status_dir(state)
         self.path = self.dir / f"{os.getpid()}-{StatusWriter._count}.json"
         self.period_s = period_s
         self.status = RunStatus(os.getpid(), time.time(), 0.0, mode, policy,
-                                period_s, None)
+                                period_s, None, label=label)
         self.vms: dict[str, tuple[VmSpec, object, GuestSession]] = {}
         self._next = 0.0
         self._last: dict[str, tuple[float, int]] = {}  # vm -> (monotonic, traps)

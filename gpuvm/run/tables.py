@@ -45,7 +45,6 @@ RESIDENCY_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Switch µs", lambda c: c.get("residency_switch_ns", 0) // 1000),
 ]
 TABLE_WIDTH = 220  # --detail tables when piped: wide enough that no column is cut
-SUMMARY_WIDTH = 100  # the summary when stdout is not a terminal; it is built to fit 80
 
 DRIVER_COUNTS = ("pte_writes", "pde_writes", "pt_zero_words", "tlb_flushes", "doorbells",
                  "hypercalls", "hc_entries", "copies", "launches", "waits")
@@ -172,13 +171,16 @@ RESULT_KEYS = ("maxerr", "faulted", "refused", "vector", "n", "bytes", "iteratio
 
 def render_vms(runs: dict[str, list[VmResult]], rows: list) -> list[object]:
     """What each VM ran and the GPU it saw (one line per VM; modes share it)."""
+    from rich import box
     from rich.table import Table
 
     first = next(iter(runs.values()))
     t = Table(title="VMs (each sees the GPU of its vGPU type, native ones too)",
-              title_justify="left")
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    # within 80 columns: the short columns never wrap, the long ones wrap whole words
+    # (a probe's parameters, what the guest says) rather than being cut
     for col in ("VM", "Benchmark", "GPU (mdev type)", "VRAM", "Pass", "Guest says"):
-        t.add_column(col, no_wrap=col != "Guest says",
+        t.add_column(col, no_wrap=col in ("VM", "VRAM", "Pass"), overflow="fold",
                      justify="right" if col in ("VRAM", "Pass") else "left")
     for i, r in enumerate(first):
         passed = [rs[i].passed for rs in runs.values()]

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         figure = render_utilisation(results, args.out / f"{name}.png")
         print(f"wrote {figure}", file=sys.stderr)
         everything.extend(results)
-    Console(width=150).print(summary_table(everything))
+    Console().print(summary_table(everything))  # 80 columns when piped
     return 0
 
 

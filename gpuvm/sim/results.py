@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.table import Table
 
 from gpuvm.sim.scenarios import Scenario
@@ -87,24 +88,32 @@ class SimResult:
                        for vm, m in self.metrics.items()}
 
 
-def summary_table(results: Sequence[SimResult]) -> Table:
-    """One table: every VM of every run, utilisation against share."""
-    table = Table(title="GPU utilisation while all VMs are active (share vs measured)")
-    for col, justify in (("scenario", "left"), ("policy", "left"), ("vm", "left"),
-                         ("share %", "right"), ("util %", "right"), ("error pp", "right"),
-                         ("dispatches", "right"), ("queue delay ms mean/max", "right"),
-                         ("demotions", "right"), ("waits/kept", "right")):
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+def summary_table(results: Sequence[SimResult]) -> Group:
+    """Every VM of every run, utilisation against share: a table per scenario, each
+    within 80 columns."""
+    tables: dict[str, Table] = {}
     for result in results:
+        name = result.scenario.name
+        if name not in tables:
+            tables[name] = table = Table(
+                title=f"{name}: GPU utilisation while all VMs are active (share vs "
+                      f"measured)", title_justify="left", box=box.SIMPLE_HEAD,
+                show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
+            for col, justify in (("policy", "left"), ("vm", "left"), ("share\n%", "right"),
+                                 ("util\n%", "right"), ("error\npp", "right"),
+                                 ("dis-\npatches", "right"), ("queue ms\nmean/max", "right"),
+                                 ("demo-\ntions", "right"), ("waits/\nkept", "right")):
+                table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table = tables[name]
         for row in result.summary():
-            table.add_row(result.scenario.name, result.policy, row.vm,
+            table.add_row(result.policy, row.vm,
                           f"{100 * row.share:.1f}", f"{100 * row.utilisation:.1f}",
                           f"{row.error_pp:+.1f}", str(row.dispatches),
                           f"{row.mean_queue_delay_ns / 1e6:.2f}/"
                           f"{row.max_queue_delay_ns / 1e6:.1f}",
                           str(row.demotions), f"{row.yield_waits}/{row.kept_turns}")
         table.add_section()
-    return table
+    return Group(*tables.values())
 
 
 def format_summary(results: Sequence[SimResult], width: int = 150) -> str:

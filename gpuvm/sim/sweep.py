@@ -48,15 +48,46 @@ def _vms_of(scenario: Scenario, count: int) -> list:
     return vms if not count else [vms[i % len(vms)] for i in range(count)]
 
 
+def distinct_points(exp: Experiment, points: Sequence[SweepPoint]
+                    ) -> tuple[list[SweepPoint], dict[str, str]]:
+    """The points that replay different VMs, and for each scenario dropped, the one it
+    repeats.  Why: `--vms N` makes every scenario N VMs of its kind, so scenarios of one
+    kind (scaling's 1, 2, 4 and 8 mmul VMs) become the same point -- replayed once, not
+    once per scenario (at 1,024 VMs, minutes each) and printed as identical rows."""
+    scenarios = {s.name: s for s in exp.scenarios}
+    first: dict[tuple, SweepPoint] = {}
+    kept, same_as = [], {}
+    for p in points:
+        vms = tuple((v.benchmark, v.params, v.start_s, v.share)
+                    for v in _vms_of(scenarios[p.scenario], p.vms))
+        key = (vms, p.mode, p.policy, p.vms, p.profile)
+        if key in first:
+            same_as[p.scenario] = first[key].scenario
+            continue
+        first[key] = p
+        kept.append(p)
+    return kept, same_as
+
+
+def traces_for(exp: Experiment, point: SweepPoint) -> list[str]:
+    """The trace files (by name) a point replays."""
+    scenario = next(s for s in exp.scenarios if s.name == point.scenario)
+    return [TraceKey(vm.benchmark, vm.params, point.mode, point.profile).file_name
+            for vm in scenario.vms]
+
+
 def traces_needed(exp: Experiment, points: Sequence[SweepPoint], backend: str = "auto",
-                  refresh: bool = False) -> dict[str, VmStream]:
-    """Every stream the points replay, recorded here if not cached (by file name)."""
+                  refresh: bool = False, progress: Callable[[str], None] = lambda key: None
+                  ) -> dict[str, VmStream]:
+    """Every stream the points replay, recorded here if not cached (by file name); each
+    named to `progress` before it is loaded or recorded."""
     scenarios = {s.name: s for s in exp.scenarios}
     out: dict[str, VmStream] = {}
     for point in points:
         for vm in scenarios[point.scenario].vms:
             key = TraceKey(vm.benchmark, vm.params, point.mode, point.profile)
             if key.file_name not in out:
+                progress(key.file_name)
                 out[key.file_name] = load_trace(key, backend, refresh)
     return out
 
@@ -89,22 +120,27 @@ def run_point(point: SweepPoint, vms: list[dict[str, Any]],
 
 def run_sweep(exp: Experiment, points: Sequence[SweepPoint],
               traces: dict[str, VmStream], dask: str | None = None,
-              progress: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
+              progress: Callable[[str], None] = lambda line: None,
+              done: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """Rows in the points' order; `dask`: None (here, serially), "local" (a local
-    cluster of one single-threaded worker process per core) or a scheduler address."""
+    cluster of one single-threaded worker process per core) or a scheduler address.
+    `done` is called as each point is finished (a progress bar's step)."""
     scenarios = {s.name: s for s in exp.scenarios}
     tasks = [(p, [{"name": v.name, "benchmark": v.benchmark, "params": list(v.params),
                    "start_s": v.start_s, "share": v.share}
                   for v in _vms_of(scenarios[p.scenario], p.vms)]) for p in points]
     t0 = time.monotonic()
     if dask is None:
-        rows = [run_point(p, vms, traces) for p, vms in tasks]
+        rows = []
+        for p, vms in tasks:
+            rows.append(run_point(p, vms, traces))
+            done()
     else:
-        from distributed import Client, LocalCluster
+        from distributed import Client, LocalCluster, as_completed
 
         if dask == "local":
             cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1,
-                                   processes=True, dashboard_address=None)
+                                   processes=True, dashboard_address=":0")
             client = Client(cluster)
         else:
             cluster, client = None, Client(dask)
@@ -112,6 +148,8 @@ def run_sweep(exp: Experiment, points: Sequence[SweepPoint],
             shared = client.scatter(traces, broadcast=True)
             futures = [client.submit(run_point, p, vms, shared, pure=False)
                        for p, vms in tasks]
+            for _ in as_completed(futures):
+                done()
             rows = client.gather(futures)
         finally:
             client.close()
