@@ -10,10 +10,12 @@ a one-line reason and the guest's RIP, and the thread releases its fds and mappi
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
 
+from gpuvm.device import regs
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
@@ -28,6 +30,34 @@ from gpuvm.vmm.kvm.vm import KvmError, KvmVm
 log = logging.getLogger(__name__)
 
 BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
+COALESCE_ENV = "GPUVM_COALESCE"  # 0: every store exits (before/after comparisons)
+
+
+def coalescing_default() -> bool:
+    """Whether KVM guests queue their posted stores in the coalesced ring: yes unless
+    $GPUVM_COALESCE is 0."""
+    value = os.environ.get(COALESCE_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{COALESCE_ENV}={value!r}: must be 0 (off) or 1 (on)")
+    return value != "0"
+
+
+def coalesced_zones(windows: tuple[BarWindow, ...]) -> list[tuple[int, int]]:
+    """The guest-physical ranges whose stores take effect only at a later trapped access,
+    as (gpa, size): the PRAMIN window of BAR0 (plain VRAM stores; PRAMIN's base is a
+    register that exits) and the whole BAR3 aperture (instance memory: page tables,
+    instance blocks, the runlist -- read by the GPU at a TLB flush, a channel's
+    programming or a runlist submit, all BAR0 stores that exit).  BAR1 is left trapping:
+    its pages the driver writes are USERD, whose GP_PUT is the doorbell."""
+    zones = []
+    for w in windows:
+        if w.bar == regs.BAR0 and regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE <= w.size:
+            zones.append((w.base + regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE))
+        elif w.bar == regs.BAR3:
+            zones.append((w.base, w.size))
+    return zones
+
+
 class GuestImageError(ValueError):
     """The flat image cannot be loaded (missing, too big for the layout or the RAM)."""
 
@@ -78,8 +108,10 @@ class KvmRunner(GuestThread):
     loop_class: type[ExitLoop] = ExitLoop  # the exit bench swaps in a raw-mode loop
 
     def __init__(self, name: str, flat_image: Path, ram: GuestRam, session: GuestSession,
-                 bar_sizes: dict[int, int]) -> None:
+                 bar_sizes: dict[int, int], coalesce: bool | None = None) -> None:
         self.name = name
+        # posted stores through the coalesced ring (None: as $GPUVM_COALESCE says)
+        self.coalesce = coalescing_default() if coalesce is None else coalesce
         self.ram = ram
         self.session = session
         self.windows = bar_windows(bar_sizes, ram.size)
@@ -130,6 +162,9 @@ class KvmRunner(GuestThread):
             vm.set_regs(long_mode.entry_regs(abi.GUEST_IMAGE_BASE, abi.GUEST_STACK_TOP - 8,
                                              abi.GUEST_BOOT_PARAMS))
             self.memslots.bind(vm)
+            if self.coalesce and vm.coalesced_ring:
+                for gpa, size in coalesced_zones(self.windows):
+                    vm.coalesce(gpa, size)
         except BaseException:
             self.memslots.unbind()
             vm.close()
@@ -151,7 +186,8 @@ class KvmRunner(GuestThread):
                 if self._stop is not None:
                     vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # stopped before it began
             loop = self.loop_class(vm, self.session, self.windows, self.counters,
-                            self._stop_reason)
+                                   self._stop_reason,
+                                   coalesced=self.coalesce and bool(vm.coalesced_ring))
             self.session.start()
             started = True
             usage = ThreadUsage.now()
