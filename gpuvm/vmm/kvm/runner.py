@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from gpuvm.device import regs
+from gpuvm.errors import UserError
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
@@ -38,7 +39,7 @@ def coalescing_default() -> bool:
     $GPUVM_COALESCE is 0."""
     value = os.environ.get(COALESCE_ENV, "1").strip()
     if value not in ("0", "1", ""):
-        raise ValueError(f"{COALESCE_ENV}={value!r}: must be 0 (off) or 1 (on)")
+        raise UserError(f"{COALESCE_ENV}={value!r}: must be 0 (off) or 1 (on)")
     return value != "0"
 
 
