@@ -24,14 +24,12 @@ rows are given as ratios both to the raw exit and to the same target in-process.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import fcntl
 import json
 import mmap
-import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.experiment.costs import mmio_exits
@@ -40,7 +38,7 @@ from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
-from gpuvm.vmm.kvm.runner import COALESCE_ENV
+from gpuvm.vmm.kvm.runner import coalescing
 from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, ExitLoop
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import run_vms
@@ -291,20 +289,6 @@ def print_exit_bench(r: dict) -> None:
 
 MODE_BENCH = "mmul"
 MODE_BENCH_MODES = ("native", "fv")
-
-
-@contextlib.contextmanager
-def coalescing(on: bool) -> Iterator[None]:
-    """KVM runners made inside use the coalesced ring or not ($GPUVM_COALESCE)."""
-    before = os.environ.get(COALESCE_ENV)
-    os.environ[COALESCE_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[COALESCE_ENV]
-        else:
-            os.environ[COALESCE_ENV] = before
 
 
 def _mode_run(mode: str, size: int, on: bool) -> dict:

@@ -9,11 +9,13 @@ a one-line reason and the guest's RIP, and the thread releases its fds and mappi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from gpuvm.device import regs
 from gpuvm.errors import UserError
@@ -41,6 +43,21 @@ def coalescing_default() -> bool:
     if value not in ("0", "1", ""):
         raise UserError(f"{COALESCE_ENV}={value!r}: must be 0 (off) or 1 (on)")
     return value != "0"
+
+
+@contextlib.contextmanager
+def coalescing(on: bool) -> Iterator[None]:
+    """KVM runners made inside (and VMM processes started inside) use the coalesced ring
+    or not: $GPUVM_COALESCE, restored after (benchmarks' before/after comparisons)."""
+    before = os.environ.get(COALESCE_ENV)
+    os.environ[COALESCE_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[COALESCE_ENV]
+        else:
+            os.environ[COALESCE_ENV] = before
 
 
 def coalesced_zones(windows: tuple[BarWindow, ...]) -> list[tuple[int, int]]:
