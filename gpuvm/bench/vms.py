@@ -19,7 +19,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS, resolve_backend
 from gpuvm.vmm.kvm.runner import coalescing
-from gpuvm.vmm.kvm.vcpu import COALESCED_STORES
+from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES
 
 DEFAULT = ("mmul", "madd", "fmadd", "memcpy")
 RINGS = {"both": (False, True), "on": (True,), "off": (False,)}
@@ -27,12 +27,13 @@ RINGS = {"both": (False, True), "on": (True,), "off": (False,)}
 
 def kvm_exits(result) -> int:
     """A VM's exits to userspace: the trapped accesses it counted, less those that
-    came through the coalesced ring."""
+    came through the coalesced ring or went to pages mapped as memory."""
     totals: dict[str, int] = {}
     for p in result.session.phases:
         for k, v in p.counters.items():
             totals[k] = totals.get(k, 0) + v
-    return mmio_exits(totals) + totals.get("exits.io", 0) - totals.get(COALESCED_STORES, 0)
+    return mmio_exits(totals) + totals.get("exits.io", 0) - totals.get(COALESCED_STORES, 0) \
+        - totals.get(DIRECT_ACCESSES, 0)
 
 
 def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
