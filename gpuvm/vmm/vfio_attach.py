@@ -47,6 +47,7 @@ class MemslotListener:
 
     def __init__(self, table: Any, regions: dict[int, RegionInfo]) -> None:
         self.table = table
+        table.device_maps = True
         self.areas = {i: r.sparse for i, r in regions.items() if r.mappable}
 
     def _check(self, region: int, offset: int, size: int) -> None:

@@ -82,6 +82,9 @@ class MemslotTable:
         # whether the runner counts such accesses (the KVM runner does; until it says
         # so, such a device maps nothing and every access exits)
         self.accepts_direct = False
+        # whether a device maps pages here as it judges (BAR remap), set when one is
+        # connected: its decisions follow the guest's trapped accesses
+        self.device_maps = False
 
     # ---------------------------------------------------------------- binding
     def bind(self, vm: SlotSink) -> None:

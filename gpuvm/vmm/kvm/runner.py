@@ -172,6 +172,15 @@ class KvmRunner(GuestThread):
                 f"the VM when it returns")
 
     @property
+    def coalescing_safe(self) -> bool:
+        """Whether the posted stores may wait in the ring: not where a device remaps BAR
+        pages as it judges from the guest's trapped accesses (a mediated vGPU in a remap
+        mode: a BAR3 or PRAMIN store can make it map or unmap pages, which the guest's
+        next access must already see), unless those mappings are the passed-through
+        GPU's own apertures, which no queued store changes (`coalesced_zones`)."""
+        return self.coalesce and (self.direct_counting or not self.memslots.device_maps)
+
+    @property
     def direct_counting(self) -> bool:
         """Whether the device maps pages that stand for counted accesses (see
         MemslotTable.direct_counter)."""
@@ -202,7 +211,7 @@ class KvmRunner(GuestThread):
             vm.set_regs(long_mode.entry_regs(abi.GUEST_IMAGE_BASE, abi.GUEST_STACK_TOP - 8,
                                              abi.GUEST_BOOT_PARAMS))
             self.memslots.bind(vm)
-            if self.coalesce and vm.coalesced_ring:
+            if self.coalescing_safe and vm.coalesced_ring:
                 for gpa, size in coalesced_zones(self.windows, self.direct_counting):
                     vm.coalesce(gpa, size)
         except BaseException:
@@ -227,7 +236,8 @@ class KvmRunner(GuestThread):
                     vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # stopped before it began
             loop = self.loop_class(vm, self.session, self.windows, self.counters,
                                    self._stop_reason,
-                                   coalesced=self.coalesce and bool(vm.coalesced_ring),
+                                   coalesced=self.coalescing_safe and
+                                   bool(vm.coalesced_ring),
                                    direct=self._direct_accesses())
             self.session.start()
             started = True

@@ -104,10 +104,11 @@ class ExitLoop:
         self._direct_slots = tuple((w.bar, 1 + 2 * i, 2 + 2 * i)
                                    for i, w in enumerate(windows))
 
-    def ring_pending(self) -> bool:
-        """Whether coalesced stores wait in the ring (any thread may ask)."""
+    def ring_state(self) -> tuple[int, int]:
+        """The coalesced ring's (first, last): stores wait in it while they differ (any
+        thread may ask)."""
         u32 = self._u32
-        return u32[self.ring_first_at] != u32[self.ring_last_at]
+        return u32[self.ring_first_at], u32[self.ring_last_at]
 
     def count_direct(self) -> None:
         """Count the guest's BAR accesses that did not exit (pages of a passed-through
