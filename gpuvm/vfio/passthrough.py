@@ -34,6 +34,10 @@ _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
 class PassthroughGpu:
     """A physical (emulated) GPU handed whole to one VM."""
 
+    # whether BAR3 and PRAMIN are offered for mapping (sparse areas) at all: set before
+    # the VM attaches, by whoever knows its VMM can count accesses through them
+    apertures_as_memory = False
+
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
         self.bar_sizes = {regs.BAR0: regs.BAR0_SIZE, regs.BAR1: gpu.profile.bar1_size,
@@ -65,6 +69,8 @@ class PassthroughGpu:
         return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
+        if not self.apertures_as_memory:
+            return trapped_pci_region_info(index, self.bar_sizes)
         if index == regs.BAR3:  # any page may be mapped once the guest has touched it
             size = self.bar_sizes[index]
             return bar_region_info(index, size, (SparseArea(0, size),))
