@@ -60,7 +60,7 @@ def test_mode_bench_compares_the_ring_off_and_on() -> None:
     exits to userspace, a speedup for each pair of runs."""
     r = exits.run_mode_bench(size=16, modes=("fv",), repeats=1)
     m = r["modes"]["fv"]
-    assert m["same_counts"] and m["traps"] == m["before_exits"] > 10_000
+    assert m["same_counts"] and m["same_priced"] and m["traps"] == m["before_exits"] > 10_000
     assert m["after_exits"] < m["before_exits"] / 20
     assert len(m["speedup"]) == 1 and m["speedup"][0] > 0
     exits.print_mode_bench(r)
