@@ -163,5 +163,6 @@ def test_pv_flat_image_on_kvm_counts_like_inproc():
     (kvm,) = run_vms([spec], replace(OPTIONS, backend="kvm"), machine=ToyPv)
     (inproc,) = run_vms([spec], OPTIONS, machine=ToyPv)
     assert kvm.passed and inproc.passed
-    assert [p.counters for p in kvm.session.phases] == \
-        [p.counters for p in inproc.session.phases]
+    # kvm.*: how KVM delivered the accesses (its coalesced ring), not what was counted
+    assert [{k: v for k, v in p.counters.items() if not k.startswith("kvm.")}
+            for p in kvm.session.phases] == [p.counters for p in inproc.session.phases]

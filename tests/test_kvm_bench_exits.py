@@ -52,3 +52,15 @@ def test_exit_bench_over_vfio_user_counts_every_store_and_compares() -> None:
     # a loaded host can put the raw loop above the served one, so only their presence
     # and consistency are tested here
     assert served["over_raw"] > 0
+
+
+@pytest.mark.slow  # ~17 s on two busy cores (the run without the ring)
+def test_mode_bench_compares_the_ring_off_and_on() -> None:
+    """mmul with KVM's coalesced MMIO off then on: the same trapped accesses, far fewer
+    exits to userspace, a speedup for each pair of runs."""
+    r = exits.run_mode_bench(size=16, modes=("fv",), repeats=1)
+    m = r["modes"]["fv"]
+    assert m["same_counts"] and m["same_priced"] and m["traps"] == m["before_exits"] > 10_000
+    assert m["after_exits"] < m["before_exits"] / 20
+    assert len(m["speedup"]) == 1 and m["speedup"][0] > 0
+    exits.print_mode_bench(r)

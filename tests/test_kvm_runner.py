@@ -23,8 +23,8 @@ from vfio_doubles import BarRegisterDevice, attached
 USABLE, WHY = kvm_usable()
 pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
 
-MODE_BARS, MODE_UD2, MODE_BAD_PORT, MODE_MEMSLOT, MODE_SPIN, MODE_PORT_IN, MODE_READONLY = \
-    range(7)
+(MODE_BARS, MODE_UD2, MODE_BAD_PORT, MODE_MEMSLOT, MODE_SPIN, MODE_PORT_IN, MODE_READONLY,
+ MODE_COALESCE, MODE_COALESCE_SPIN) = range(9)
 RAM = 8 * regs.MiB
 BAR_SIZES = {0: regs.BAR0_SIZE, 1: 64 * regs.MiB, 3: 16 * regs.MiB}
 BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
@@ -77,14 +77,15 @@ def image() -> Path:
 
 
 def make_vm(image: Path, mode: int, name: str = "vm0", target: FakeTarget | None = None,
-            param1: int = 0, session_cls: type[GuestSession] = GuestSession):
+            param1: int = 0, session_cls: type[GuestSession] = GuestSession,
+            coalesce: bool = True):
     from gpuvm.vmm.kvm.runner import KvmRunner
     ram = GuestRam(RAM)
     target = target or FakeTarget()
     session = session_cls(name, ram, attached(target, ram, name))
     bp = boot_params_for(ram, "kvmtest", [mode, param1], 0, BAR_BASES, BAR_SIZES)
     del bp
-    runner = KvmRunner(name, image, ram, session, BAR_SIZES)
+    runner = KvmRunner(name, image, ram, session, BAR_SIZES, coalesce=coalesce)
     return runner, session, target, ram
 
 
@@ -184,6 +185,71 @@ def test_mmio_outside_bar_windows_fails(image: Path) -> None:
     assert outcome.failure is not None
     assert f"{abi.GUEST_BAR1_BASE + 0x10:#x}" in outcome.failure
     assert "outside guest RAM and every BAR window" in outcome.failure
+
+
+class LoggedTarget(FakeTarget):
+    """Logs reads, writes and the session's exit ticks in one sequence."""
+
+    def __init__(self, reads: dict[tuple[int, int], int]) -> None:
+        super().__init__(reads)
+        self.log: list[tuple] = []
+
+    def on_read(self, bar: int, offset: int, size: int) -> int:
+        self.log.append(("read", bar, offset, size))
+        return super().on_read(bar, offset, size)
+
+    def on_write(self, bar: int, offset: int, size: int, value: int) -> None:
+        self.log.append(("write", bar, offset, size, value))
+        super().on_write(bar, offset, size, value)
+
+
+class TickLog(GuestSession):
+    def tick(self) -> None:
+        self.device.log.append(("tick",))
+
+
+@pytest.mark.parametrize("stores", [3, 400])  # 400: the ring (169 entries) fills
+def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: int) -> None:
+    """BAR3 and PRAMIN stores queued in the ring reach the device in the guest's order,
+    each after its own exit tick, before the BAR0 read that follows them is answered --
+    the sequence, values and counts of a run where every store exits."""
+    runs = {}
+    for coalesce in (False, True):
+        target = LoggedTarget({(0, 0x100): 41})
+        runner, session, target, ram = make_vm(image, MODE_COALESCE, target=target,
+                                               param1=stores, session_cls=TickLog,
+                                               coalesce=coalesce)
+        runner.start()
+        outcome = runner.join(20)
+        ram.close()
+        assert outcome.failure is None, outcome.describe_failure()
+        runs[coalesce] = (target.log, runner.exit_counters())
+    (trapped_log, trapped), (queued_log, queued) = runs[False], runs[True]
+    expected = [e for i in range(stores) for e in (("tick",), ("write", 3, i * 8, 8, i + 1))]
+    expected += [("tick",), ("write", 0, regs.PRAMIN_WINDOW + 0x40, 4, 0xABCD),
+                 ("tick",), ("read", 0, 0x100, 4), ("tick",), ("write", 0, 0x104, 4, 42)]
+    assert trapped_log[-len(expected) - 1:-1] == expected  # then the exit port's tick
+    assert queued_log == trapped_log
+    assert trapped.pop("kvm.coalesced_stores") == 0
+    through_ring = queued.pop("kvm.coalesced_stores")
+    assert queued == trapped and trapped["exits.mmio.bar3.write"] == stores
+    # all but the stores that found the ring full (each of those exits as before)
+    assert through_ring >= (stores + 1) - (stores + 1) // 169
+
+
+def test_a_guest_that_never_exits_has_its_queued_stores_handed_on(image: Path) -> None:
+    """The flusher kicks a vCPU whose ring holds stores: they reach the device while the
+    guest spins without a single exit."""
+    runner, _, target, ram = make_vm(image, MODE_COALESCE_SPIN, name="ring-spinner")
+    runner.start()
+    deadline = time.monotonic() + 5
+    while not target.writes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    outcome = runner.join(0.05)
+    ram.close()
+    assert target.writes == [(3, 0x80, 8, 0x5151)]
+    assert runner.exit_counters()["exits.mmio.bar3.write"] == 1
+    assert outcome.failure is not None and "timed out" in outcome.failure
 
 
 def test_timeout_stops_a_spinning_guest(image: Path) -> None:

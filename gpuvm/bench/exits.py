@@ -32,14 +32,18 @@ from pathlib import Path
 from typing import Callable
 
 from gpuvm.device import regs
-from gpuvm.experiment.costs import mmio_exits
+from gpuvm.experiment.costs import load_costs, mmio_exits
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
-from gpuvm.vmm.kvm.vcpu import ExitLoop
-from gpuvm.run.spec import GpuDevice
+from gpuvm.vmm.kvm.runner import coalescing
+from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES, ExitLoop
+from gpuvm.mediator.modes import MODES
+from gpuvm.run import run_vms
+from gpuvm.run.command import COST_PROFILE
+from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
 from gpuvm.vfio.passthrough import PassthroughGpu
 from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vmm.vfio_attach import attach
@@ -284,6 +288,97 @@ def print_exit_bench(r: dict) -> None:
     Console().print(table)
 
 
+MODE_BENCH = "mmul"
+UNEXITED = (COALESCED_STORES, DIRECT_ACCESSES)  # counted accesses that had no exit
+MODE_BENCH_MODES = ("native", "fv")
+
+
+def _mode_run(mode: str, size: int, on: bool) -> dict:
+    """One mmul VM on KVM (virtual clock): its guest wall time, KVM's exits to userspace,
+    the trapped accesses the model counts, and what must not change with the ring."""
+    prices = load_costs(COST_PROFILE).event_prices(MODES[mode].mediated)  # as `gpuvm run`
+    with coalescing(on):
+        (result,) = run_vms([VmSpec("vm0", MODE_BENCH, [size])],
+                            RunOptions(mode=mode, backend="kvm", clock="virtual",
+                                       prices=prices))
+    if not result.passed:
+        raise RuntimeError(f"{mode}: {result.outcome.describe_failure()}")
+    counts = [(p.name, {k: v for k, v in p.counters.items() if k not in UNEXITED})
+              for p in result.session.phases]
+    # every exit of the modelled system at its price, in order; a wait's length is the
+    # virtual clock's (it can differ between two runs that trap every access too)
+    priced = [e if e[0] != "w" else ["w"] for e in result.session.clock_party.stream.entries]
+    totals: dict[str, int] = {}
+    for p in result.session.phases:
+        for k, v in p.counters.items():
+            totals[k] = totals.get(k, 0) + v
+    traps = mmio_exits(totals) + totals.get("exits.io", 0)
+    return {"wall_s": result.wall_ns / 1e9, "traps": traps,
+            "kvm_exits": traps - sum(totals.get(k, 0) for k in UNEXITED), "counts": counts,
+            "priced": priced}
+
+
+def run_mode_bench(size: int = 256, modes: tuple[str, ...] = MODE_BENCH_MODES,
+                   repeats: int = 2) -> dict:
+    """mmul `size` in each mode with the coalesced ring off (before) and on (after),
+    the two runs back to back in every repeat, so each ratio is of one moment's host.
+
+    Returns {size, repeats, modes: {mode: {traps, before_exits, after_exits,
+    before_s: [..], after_s: [..], speedup: [..], same_counts, same_priced}}}: `traps` the
+    accesses the model counts (equal with and without the ring), `*_exits` KVM's exits
+    to userspace, `speedup` each repeat's before/after guest wall time; `same_counts`
+    whether every phase's counts were equal in each pair, `same_priced` whether every
+    exit of the modelled system had the same price in virtual time, in the same order
+    (how long each wait on the GPU lasted left out: the virtual clock's, and it can
+    differ between two runs that trap every access too)."""
+    if size < 1 or repeats < 1:
+        raise ValueError("size and repeats must be at least 1")
+    out: dict[str, dict] = {}
+    for _ in range(repeats):
+        for mode in modes:
+            before, after = _mode_run(mode, size, False), _mode_run(mode, size, True)
+            m = out.setdefault(mode, {"traps": before["traps"], "before_exits": 0,
+                                      "after_exits": 0, "before_s": [], "after_s": [],
+                                      "speedup": [], "same_counts": True,
+                                      "same_priced": True})
+            m["before_exits"] = max(m["before_exits"], before["kvm_exits"])
+            m["after_exits"] = max(m["after_exits"], after["kvm_exits"])
+            m["before_s"].append(before["wall_s"])
+            m["after_s"].append(after["wall_s"])
+            m["speedup"].append(before["wall_s"] / after["wall_s"])
+            m["same_counts"] &= before["counts"] == after["counts"] and \
+                before["traps"] == after["traps"] == m["traps"]
+            m["same_priced"] &= before["priced"] == after["priced"]
+    return {"size": size, "repeats": repeats, "modes": out}
+
+
+def print_mode_bench(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def span(xs: list[float], fmt: str) -> str:
+        lo, hi = min(xs), max(xs)
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    table = Table(title=f"{MODE_BENCH} n={r['size']} on KVM, coalesced MMIO off (before) "
+                        f"and on (after), {r['repeats']} runs each, back to back")
+    table.caption = ("traps: accesses the model counts (the same either way); exits: KVM's "
+                     "exits to userspace; wall: the guest's phases; speedup: before/after of "
+                     "each pair of runs (lowest-highest); equal: every phase's counts, and "
+                     "every exit of the modelled system at its price in virtual time, in "
+                     "order, in each pair")
+    for col in ("mode", "traps", "exits before", "exits after", "wall before s",
+                "wall after s", "speedup", "counts equal", "priced exits equal"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, m in r["modes"].items():
+        table.add_row(mode, f"{m['traps']:,}", f"{m['before_exits']:,}",
+                      f"{m['after_exits']:,}", span(m["before_s"], ".3f"),
+                      span(m["after_s"], ".3f"), span(m["speedup"], ".1f") + "x",
+                      "yes" if m["same_counts"] else "NO",
+                      "yes" if m["same_priced"] else "NO")
+    Console().print(table)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS,
                         help="trapped stores per loop (default %(default)s)")
@@ -295,6 +390,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=TRANSPORTS, default="inproc",
                         help="vfio-user: also serve each target from another process over "
                              "a vfio-user socket, as a ratio to raw and to in-process")
+    parser.add_argument("--mmul", type=int, default=0, metavar="N",
+                        help="instead: mmul of size N in each of --modes with KVM's "
+                             "coalesced MMIO off and on, back to back --repeats times: "
+                             "exits, wall time and the speedup, counts and virtual times "
+                             "checked equal")
+    parser.add_argument("--modes", default=",".join(MODE_BENCH_MODES),
+                        help="modes of the --mmul comparison (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -308,6 +410,21 @@ def main_exits(args: argparse.Namespace) -> int:
         raise UserError(f"bench exits needs KVM: {why}")
     if args.iterations < 1 or args.repeats < 1:
         raise UserError("--iterations and --repeats must be at least 1")
+    if args.mmul < 0:
+        raise UserError("--mmul must be a size of at least 1")
+    if args.mmul:
+        modes = tuple(m for m in args.modes.split(",") if m)
+        unknown = [m for m in modes if m not in MODES]
+        if unknown or not modes:
+            raise UserError(f"--modes: {unknown[0] if unknown else args.modes!r} is not a "
+                            f"mode (have {', '.join(MODES)})")
+        result = run_mode_bench(args.mmul, modes, args.repeats)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print_mode_bench(result)
+        return 0 if all(m["same_counts"] and m["same_priced"]
+                        for m in result["modes"].values()) else 1
     result = run_exit_bench(args.iterations, args.repeats, target=args.target,
                             transport=args.transport)
     if args.json:

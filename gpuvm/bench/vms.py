@@ -1,8 +1,12 @@
 """`gpuvm bench vms`: several VMs at once, each with a GPU of its own, against one alone.
 
-Each benchmark first runs alone (native mode, one VM, one emulated GPU), then all of them
-run at the same time, each VM with its own GPU.  Wall times side by side in one run: what
-concurrency costs when the VMs share nothing but this machine's cores (and Python's GIL).
+Each distinct benchmark first runs alone (one VM, one emulated GPU), then all the VMs
+run at the same time, each with its own GPU (native mode) or its own vGPU of one GPU.
+Wall times side by side in one run: what concurrency costs when the VMs share nothing
+but this machine's cores (and Python's GIL, unless --isolated puts each VM in its own
+VMM process).  On KVM the whole comparison runs twice, with the coalesced-MMIO ring off
+(every posted store exits) and on, so what the ring saves is measured in the same run;
+each VM's exits to userspace are shown beside its wall time.
 """
 
 from __future__ import annotations
@@ -10,57 +14,122 @@ from __future__ import annotations
 import argparse
 import time
 
+from gpuvm.experiment.costs import mmio_exits
+from gpuvm.mediator.modes import MODES
 from gpuvm.run.spec import RunOptions, VmSpec
-from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.backends import BACKENDS, resolve_backend
+from gpuvm.vmm.kvm.runner import coalescing
+from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES
 
 DEFAULT = ("mmul", "madd", "fmadd", "memcpy")
+RINGS = {"both": (False, True), "on": (True,), "off": (False,)}
 
 
-def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto") -> dict:
+def kvm_exits(result) -> int:
+    """A VM's exits to userspace: the trapped accesses it counted, less those that
+    came through the coalesced ring or went to pages mapped as memory."""
+    totals: dict[str, int] = {}
+    for p in result.session.phases:
+        for k, v in p.counters.items():
+            totals[k] = totals.get(k, 0) + v
+    return mmio_exits(totals) + totals.get("exits.io", 0) - totals.get(COALESCED_STORES, 0) \
+        - totals.get(DIRECT_ACCESSES, 0)
+
+
+def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
     from gpuvm.run import run_vms
 
-    options = RunOptions(mode="native", backend=backend)
     alone = {}
-    for i, bench in enumerate(benchmarks):
+    for spec in specs:
+        if spec.benchmark in alone:
+            continue
         t0 = time.perf_counter()
-        (result,) = run_vms([VmSpec(f"vm{i}", bench)], options)
-        alone[bench] = (time.perf_counter() - t0, result.passed)
+        (result,) = run_vms([VmSpec(spec.name, spec.benchmark, spec.params)], options)
+        alone[spec.benchmark] = {"elapsed_s": time.perf_counter() - t0,
+                                 "s": result.wall_ns / 1e9, "passed": result.passed,
+                                 "exits": kvm_exits(result)}
     t0 = time.perf_counter()
-    together = run_vms([VmSpec(f"vm{i}", b) for i, b in enumerate(benchmarks)], options)
-    elapsed = time.perf_counter() - t0
-    return {"backend": together[0].outcome.backend, "alone": alone, "together_s": elapsed,
-            "together_passed": [r.passed for r in together],
-            "together_vm_s": {b: r.wall_ns / 1e9
-                              for b, r in zip(benchmarks, together)}}
+    together = run_vms(specs, options)
+    return {"alone": alone, "together_s": time.perf_counter() - t0,
+            "vms": [{"name": s.name, "benchmark": s.benchmark, "s": r.wall_ns / 1e9,
+                     "passed": r.passed, "exits": kvm_exits(r)}
+                    for s, r in zip(specs, together)]}
+
+
+def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
+                  mode: str = "native", size: int | None = None, isolated: bool = False,
+                  ring: str = "both") -> dict:
+    """Each distinct benchmark alone, then one VM per entry of `benchmarks` at once, with
+    the coalesced ring off and/or on (`ring`: both, on, off; only KVM has a ring)."""
+    backend = resolve_backend(backend)
+    rings = RINGS[ring] if backend == "kvm" else (True,)
+    options = RunOptions(mode=mode, backend=backend, isolated=isolated)
+    specs = [VmSpec(f"vm{i}", b, [size] if size else []) for i, b in enumerate(benchmarks)]
+    passes = {}
+    for on in rings:
+        with coalescing(on):
+            passes["on" if on else "off"] = _one_pass(specs, options)
+    return {"backend": backend, "mode": mode, "size": size, "isolated": isolated,
+            "passes": passes}
 
 
 def print_vms_bench(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    n = len(r["alone"])
-    t = Table(title=f"{n} VMs at once vs one at a time (native, a GPU per VM, {r['backend']})")
-    for col in ("benchmark", "alone s", f"in the {n}-VM run s", "pass"):
-        t.add_column(col, justify="left" if col == "benchmark" else "right")
-    for (bench, (secs, ok)), ok_together in zip(r["alone"].items(), r["together_passed"]):
-        t.add_row(bench, f"{secs:.2f}", f"{r['together_vm_s'][bench]:.2f}",
-                  "PASS" if ok and ok_together else "FAIL")
-    sequential = sum(s for s, _ in r["alone"].values())
-    slowest = max(s for s, _ in r["alone"].values())
-    t.caption = (f"{n} at once: {r['together_s']:.2f} s elapsed, vs {sequential:.2f} s one "
-                 f"after another ({r['together_s'] / sequential:.2f}x) and {slowest:.2f} s for "
-                 f"the slowest alone ({r['together_s'] / slowest:.2f}x)")
-    Console().print(t)
+    console = Console()
+    for ring, p in r["passes"].items():
+        n = len(p["vms"])
+        where = "processes" if r["isolated"] else "threads"
+        t = Table(title=f"{n} VMs at once vs one at a time ({r['mode']}, {r['backend']}, "
+                        f"VMs as {where}, coalesced MMIO {ring})")
+        for col in ("VM", "benchmark", "alone s", f"in the {n}-VM run s", "exits alone",
+                    "exits in the run", "pass"):
+            t.add_column(col, justify="left" if col in ("VM", "benchmark") else "right")
+        for vm in p["vms"]:
+            a = p["alone"][vm["benchmark"]]
+            t.add_row(vm["name"], vm["benchmark"], f"{a['s']:.2f}", f"{vm['s']:.2f}",
+                      f"{a['exits']:,}", f"{vm['exits']:,}",
+                      "PASS" if a["passed"] and vm["passed"] else "FAIL")
+        slowest = max(a["elapsed_s"] for a in p["alone"].values())
+        t.caption = (f"s: the guest's phases; {n} at once: {p['together_s']:.2f} s elapsed "
+                     f"(machine set-up included), {p['together_s'] / slowest:.2f}x the "
+                     f"slowest alone ({slowest:.2f} s)")
+        console.print(t)
+    if {"on", "off"} <= r["passes"].keys():
+        off, on = r["passes"]["off"], r["passes"]["on"]
+        lines = [f"{b}: alone {off['alone'][b]['s'] / on['alone'][b]['s']:.1f}x faster"
+                 for b in on["alone"]]
+        lines.append(f"all at once: {off['together_s'] / on['together_s']:.1f}x faster")
+        console.print("with the coalesced ring (off / on, this run): " + "; ".join(lines))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--benchmarks", default=",".join(DEFAULT),
-                        help="comma-separated benchmarks, one VM each")
+                        help="comma-separated benchmarks, one VM each (repeat one for "
+                             "several VMs of it: mmul,mmul,...)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument("--mode", default="native", choices=list(MODES),
+                        help="native: a GPU per VM; a mediated mode: a vGPU each on one GPU")
+    parser.add_argument("--size", type=int, default=0,
+                        help="params[0] of every VM (default: each benchmark's own)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="each VM in its own VMM process")
+    parser.add_argument("--ring", choices=list(RINGS), default="both",
+                        help="KVM's coalesced MMIO off, on, or both in turn (default)")
 
 
 def main_vms(args: argparse.Namespace) -> int:
-    r = run_vms_bench(tuple(args.benchmarks.split(",")), args.backend)
+    from gpuvm.errors import UserError
+
+    benchmarks = tuple(b for b in args.benchmarks.split(",") if b)
+    if not benchmarks:
+        raise UserError("--benchmarks: name at least one benchmark")
+    if args.size < 0:
+        raise UserError("--size must be at least 1")
+    r = run_vms_bench(benchmarks, args.backend, args.mode, args.size or None,
+                      args.isolated, args.ring)
     print_vms_bench(r)
-    ok = all(ok for _, ok in r["alone"].values()) and all(r["together_passed"])
+    ok = all(a["passed"] for p in r["passes"].values() for a in p["alone"].values()) and \
+        all(vm["passed"] for p in r["passes"].values() for vm in p["vms"])
     return 0 if ok else 1

@@ -6,7 +6,7 @@ onto VRAM: offset x is VRAM address x, untranslated (envytools rnndb/bus/pbus.xm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
 from gpuvm.device.mmu import DATA, DmaFault, Space, VmFault
@@ -24,14 +24,36 @@ class BarAperture:
         self.reg = 0
         self._space: Space | None = None
         self._keys = (f"mmio.bar{bar}.read", f"mmio.bar{bar}.write")
+        # told whenever translations through this BAR may change (a passed-through GPU
+        # takes back the pages it mapped into the guest)
+        self.on_forget: list[Callable[[], None]] = []
 
     def set_reg(self, value: int) -> None:
         self.reg = value
-        self._space = None
+        self.forget()
 
     def forget(self) -> None:
         """Re-read the instance block on next use (after a flush or a rewrite)."""
         self._space = None
+        for listener in self.on_forget:
+            listener()
+
+    def page_frame(self, offset: int) -> int | None:
+        """The VRAM address of the page at BAR `offset` if a store there lands in plain
+        VRAM (present, writable), else None -- without counting or faulting."""
+        if not self.reg & regs.PBUS_BARVM_ENABLE:
+            base = offset & ~0xFFF
+            return base if self.gpu.vram.contains(base, 0x1000) else None
+        space = self.space()
+        if space is None:
+            return None
+        mmu = self.gpu.mmu
+        try:
+            target, phys = mmu.translate_one(space, offset & ~0xFFF, True, user=False)
+        except (VmFault, DmaFault):
+            return None
+        mmu.counters.total["vm.translations"] -= 1  # a look, not an access
+        return phys if target == regs.TARGET_VRAM else None
 
     @property
     def inst(self) -> int:

@@ -185,7 +185,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(a comparison table follows), or 'all' (have: "
                              f"{', '.join(MODES)})")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
-                        help="how guests run: kvm (a KVM vCPU per VM), inproc (the driver "
+                        help="how guests run: kvm (a KVM vCPU per VM; its page-table "
+                             "stores queue in KVM's coalesced-MMIO ring unless "
+                             "$GPUVM_COALESCE=0, which makes each exit: same counts and "
+                             "modelled times, more wall time), inproc (the driver "
                              "as a shared library in this process), auto (kvm when "
                              "/dev/kvm works)")
     parser.add_argument("--size", type=_size, nargs="+", default=[], metavar="N",

@@ -30,6 +30,9 @@ class NativeMachine:
         self.time_scale = options.time_scale
         self.prices = options.prices
         self.clock = device_clock(options)  # a virtual one is shared by every VM's GPU
+        # a VM in this process may have the GPU's apertures mapped as memory (its VMM
+        # counts the accesses); one in its own process over vfio-user traps them all
+        self.apertures_as_memory = not options.isolated
         for spec in specs:
             requested_vgpu(spec, self.types)
         self.devices: dict[str, PassthroughGpu] = {}
@@ -44,6 +47,7 @@ class NativeMachine:
         device = self.device_class(Gpu(profile, time_scale=self.time_scale,
                                        clock=self.clock if self.clock.virtual else None
                                        ).start())
+        device.apertures_as_memory = self.apertures_as_memory
         self.devices[spec.name] = device
         return device
 

@@ -1,8 +1,12 @@
 """The whole emulated GPU as a VFIO device: native mode, as vfio-pci passes a card through.
 
-Every BAR is a trapped region (the emulated device has to see each access: BAR1 and BAR3
-are apertures through its own page tables, so nothing can be mapped straight into the
-guest); the configuration space is a real region; the VMM's DMA mappings are the GPU's
+BAR0's registers and BAR1 trap (the device has to see each access; BAR1 holds the
+USERD doorbells).  BAR3 and BAR0's PRAMIN window are plain stores into VRAM once
+translated, so where the VMM can count the guest's accesses through mapped pages
+(`MemslotListener.count_direct`: native mode on KVM) they are mapped as memory, as
+vfio-pci maps a real card's BARs: PRAMIN onto VRAM at its base, a BAR3 page once an
+access through it has trapped, until BAR3's translations may change (a TLB flush, a new
+BAR3 VM); elsewhere every access traps.  The configuration space is a real region; the VMM's DMA mappings are the GPU's
 only way to system memory (its IOMMU table); the GPU's completion/fault events raise the
 MSI vector's eventfd.
 """
@@ -20,7 +24,8 @@ from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
 from gpuvm.vfio import abi
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
-                               VfioError, pci_device_info, trapped_pci_region_info)
+                               SparseArea, VfioError, bar_region_info, pci_device_info,
+                               trapped_pci_region_info)
 from gpuvm.vfio.pci_config import PciConfig
 
 _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
@@ -28,6 +33,10 @@ _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
 
 class PassthroughGpu:
     """A physical (emulated) GPU handed whole to one VM."""
+
+    # whether BAR3 and PRAMIN are offered for mapping (sparse areas) at all: set before
+    # the VM attaches, by whoever knows its VMM can count accesses through them
+    apertures_as_memory = False
 
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
@@ -42,6 +51,12 @@ class PassthroughGpu:
         # virtual time: the VM's vCPU charged each bare-metal access at its price
         self.meter: GuestParty | None = None
         self._exit_ns: Mapping[int, int] = {}
+        # The VMM's, where it counts accesses through mapped pages (native mode's
+        # apertures as memory): BAR3 pages mapped so far, whether PRAMIN is
+        self.listener: MappingListener | None = None
+        self._mapped: set[int] = set()
+        self._pramin_mapped = False
+        gpu.bar3.on_forget.append(self._forget_pages)
 
     def use_meter(self, party: GuestParty, prices: EventPrices) -> None:
         """Charge each access the guest makes to `party` at `prices.exit_ns` (natively an
@@ -54,6 +69,14 @@ class PassthroughGpu:
         return pci_device_info()
 
     def get_region_info(self, index: int) -> RegionInfo:
+        if not self.apertures_as_memory:
+            return trapped_pci_region_info(index, self.bar_sizes)
+        if index == regs.BAR3:  # any page may be mapped once the guest has touched it
+            size = self.bar_sizes[index]
+            return bar_region_info(index, size, (SparseArea(0, size),))
+        if index == regs.BAR0:  # the PRAMIN window, mapped onto VRAM at its base
+            return bar_region_info(index, self.bar_sizes[index],
+                                   (SparseArea(regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE),))
         return trapped_pci_region_info(index, self.bar_sizes)
 
     def read(self, region: int, offset: int, size: int) -> int:
@@ -61,7 +84,10 @@ class PassthroughGpu:
             return self.config.read(offset, size)
         if self.meter is not None:
             self.meter.charge(self._exit_ns.get(region, 0))
-        return self.gpu.mmio_read(region, offset, size)
+        value = self.gpu.mmio_read(region, offset, size)
+        if region == regs.BAR3 and self.listener is not None:
+            self._map_page(offset)
+        return value
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
         if self.meter is not None and region != _CONFIG:
@@ -70,9 +96,79 @@ class PassthroughGpu:
             self.config.write(offset, size, value)
             return
         self.gpu.mmio_write(region, offset, size, value)
+        if self.listener is not None:
+            if region == regs.BAR3:
+                self._map_page(offset)
+            elif region == regs.BAR0 and offset == regs.PBUS_PRAMIN_BASE:
+                self._map_pramin()
 
+    # ------------------------------------------------------------------ apertures as memory
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
-        """Nothing is ever mapped: every BAR access must reach the emulated device."""
+        """Map what the guest reaches through BAR3 and the PRAMIN window as memory --
+        only where the VMM can count those accesses (they stand for the bare-metal
+        accesses the model prices: `count_direct`); else every access traps."""
+        if self.listener is not None:
+            self._forget_pages()
+            if self._pramin_mapped:
+                self.listener.unmap(regs.BAR0, regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE)
+                self._pramin_mapped = False
+        self.listener = None
+        count_direct = getattr(listener, "count_direct", None)
+        if listener is not None and count_direct is not None and \
+                count_direct(self.direct_accesses):
+            self.listener = listener
+            self._map_pramin()
+
+    def direct_accesses(self, bar: int, reads: int, writes: int) -> None:
+        """The guest's accesses through mapped pages, as the device counts and prices
+        trapped ones: BAR0's are PRAMIN's (the only part of BAR0 mapped), BAR3's each
+        took one translation of the BAR3 VM.  The VMM calls this once per access, each
+        its own exit of the modelled system (after its tick), so the charge is one
+        access's price."""
+        if self.meter is not None:
+            self.meter.charge(self._exit_ns.get(bar, 0) * (reads + writes))
+        counts = self.gpu.counts.total
+        if bar == regs.BAR0:
+            counts["mmio.bar0.pramin.read"] += reads
+            counts["mmio.bar0.pramin.write"] += writes
+        elif bar == regs.BAR3:
+            counts["mmio.bar3.read"] += reads
+            counts["mmio.bar3.write"] += writes
+            if self.gpu.bar3.reg & regs.PBUS_BARVM_ENABLE:
+                counts["vm.translations"] += reads + writes
+
+    def _map_page(self, offset: int) -> None:
+        """Map the BAR3 page at `offset` if it lands in plain VRAM (the access that
+        trapped has just translated it); it stays until BAR3's translations change."""
+        page = offset >> 12
+        if page in self._mapped:
+            return
+        with self.gpu.lock:
+            frame = self.gpu.bar3.page_frame(page << 12)
+        if frame is not None:
+            assert self.listener is not None
+            self.listener.map(regs.BAR3, page << 12, self.gpu.vram.host_address + frame,
+                              0x1000)
+            self._mapped.add(page)
+
+    def _forget_pages(self) -> None:
+        """BAR3's translations may change (a TLB flush, a new BAR3 VM): its pages trap
+        again until touched."""
+        if self._mapped and self.listener is not None:
+            self.listener.unmap(regs.BAR3, 0, self.bar_sizes[regs.BAR3])
+        self._mapped.clear()
+
+    def _map_pramin(self) -> None:
+        """The PRAMIN window onto VRAM at its base, where the whole window is VRAM."""
+        assert self.listener is not None
+        base = self.gpu.pbus.pramin_vram_base
+        if self.gpu.vram.contains(base, regs.PRAMIN_WINDOW_SIZE):
+            self.listener.map(regs.BAR0, regs.PRAMIN_WINDOW, self.gpu.vram.host_address + base,
+                              regs.PRAMIN_WINDOW_SIZE)
+            self._pramin_mapped = True
+        elif self._pramin_mapped:
+            self.listener.unmap(regs.BAR0, regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE)
+            self._pramin_mapped = False
 
     def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
         try:
@@ -103,6 +199,8 @@ class PassthroughGpu:
 
     def close(self) -> None:
         self.irqs.clear()
+        if self._forget_pages in self.gpu.bar3.on_forget:
+            self.gpu.bar3.on_forget.remove(self._forget_pages)
         if self._interrupt in self.gpu.event_listeners:
             self.gpu.event_listeners.remove(self._interrupt)
 

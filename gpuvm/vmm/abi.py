@@ -117,6 +117,12 @@ class BootParams(ctypes.Structure):
         # 4 KiB page of the BAR: 0 = trap (call host_mmio_*), else the host address the
         # page is remapped to (the in-process equivalent of a KVM memslot over VRAM)
         ("host_bar_pages", ctypes.c_uint64 * BOOT_NUM_BARS),
+        # KVM: the guest's own count of its loads and stores per BAR, each counted once
+        # the access has completed.  A passed-through GPU maps its apertures into the
+        # guest as memory (no exit); the VMM counts the accesses that did not exit from
+        # these, so they remain the bare-metal accesses the model prices
+        ("bar_reads", ctypes.c_uint64 * BOOT_NUM_BARS),
+        ("bar_writes", ctypes.c_uint64 * BOOT_NUM_BARS),
     ]
 
 

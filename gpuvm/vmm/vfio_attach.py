@@ -47,6 +47,7 @@ class MemslotListener:
 
     def __init__(self, table: Any, regions: dict[int, RegionInfo]) -> None:
         self.table = table
+        table.device_maps = True
         self.areas = {i: r.sparse for i, r in regions.items() if r.mappable}
 
     def _check(self, region: int, offset: int, size: int) -> None:
@@ -65,6 +66,15 @@ class MemslotListener:
 
     def slots_in_use(self) -> int:
         return self.table.slots_in_use
+
+    def count_direct(self, counter: Callable[[int, int, int], None]) -> bool:
+        """The device's mapped pages stand for accesses the model counts: if the guest's
+        VMM can count them (KVM: from the guest's own counts), `counter(bar, reads,
+        writes)` hears of them and this is True; else False (map nothing then)."""
+        if not getattr(self.table, "accepts_direct", False):
+            return False
+        self.table.direct_counter = counter
+        return True
 
 
 @dataclass

@@ -16,24 +16,33 @@ static inline volatile void *bar_ptr(unsigned bar, uint64_t off)
     return (volatile void *)(uintptr_t)(boot->bar_base[bar] + off);
 }
 
+/* Each access is counted once it has completed (bar_reads / bar_writes): an access
+ * that exits is counted by the VMM as it handles it, one to a page the VMM mapped as
+ * memory only here, and the VMM counts it from the difference at its next exit. */
 uint32_t plat_rd32(unsigned bar, uint64_t off)
 {
-    return *(volatile uint32_t *)bar_ptr(bar, off);
+    uint32_t v = *(volatile uint32_t *)bar_ptr(bar, off);
+    ((volatile uint64_t *)boot->bar_reads)[bar]++;
+    return v;
 }
 
 void plat_wr32(unsigned bar, uint64_t off, uint32_t value)
 {
     *(volatile uint32_t *)bar_ptr(bar, off) = value;
+    ((volatile uint64_t *)boot->bar_writes)[bar]++;
 }
 
 uint64_t plat_rd64(unsigned bar, uint64_t off)
 {
-    return *(volatile uint64_t *)bar_ptr(bar, off);
+    uint64_t v = *(volatile uint64_t *)bar_ptr(bar, off);
+    ((volatile uint64_t *)boot->bar_reads)[bar]++;
+    return v;
 }
 
 void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
 {
     *(volatile uint64_t *)bar_ptr(bar, off) = value;
+    ((volatile uint64_t *)boot->bar_writes)[bar]++;
 }
 
 void plat_out(uint32_t port, uint32_t value)

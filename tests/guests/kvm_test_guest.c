@@ -3,7 +3,7 @@
 #include "fermi_regs.h"
 
 enum { MODE_BARS = 0, MODE_UD2 = 1, MODE_BAD_PORT = 2, MODE_MEMSLOT = 3, MODE_SPIN = 4,
-       MODE_PORT_IN = 5, MODE_READONLY = 6 };
+       MODE_PORT_IN = 5, MODE_READONLY = 6, MODE_COALESCE = 7, MODE_COALESCE_SPIN = 8 };
 
 static inline void out32(uint16_t port, uint32_t value)
 {
@@ -89,6 +89,17 @@ static int readonly(struct gpuvm_boot_params *bp)
     return 0;
 }
 
+/* params[1] stores through BAR3 and one into PRAMIN (coalesced: queued in the ring),
+ * then a BAR0 read (exits: the queued stores must reach the device first), echoed. */
+static void coalesce(struct gpuvm_boot_params *bp)
+{
+    uintptr_t bar0 = bp->bar_base[0], bar3 = bp->bar_base[3];
+    for (uint64_t i = 0; i < bp->params[1]; i++)
+        REG64(bar3, i * 8) = i + 1;
+    REG32(bar0, PRAMIN_WINDOW + 0x40) = 0xabcd;
+    REG32(bar0, 0x104) = REG32(bar0, 0x100) + 1;
+}
+
 int guest_main(struct gpuvm_boot_params *bp)
 {
     if (bp->magic != BOOT_MAGIC)
@@ -109,6 +120,13 @@ int guest_main(struct gpuvm_boot_params *bp)
         return port_in(bp);
     case MODE_READONLY:
         return readonly(bp);
+    case MODE_COALESCE:
+        coalesce(bp);
+        return 0;
+    case MODE_COALESCE_SPIN:  /* queued stores, then no exit at all */
+        REG64(bp->bar_base[3], 0x80) = 0x5151;
+        for (;;)
+            __asm__ volatile("pause");
     case MODE_SPIN:
         for (;;)
             __asm__ volatile("pause");

@@ -2,7 +2,9 @@
 
 Modules, one job each: kvm_api (ABI numbers and structs), vm (fds and the kvm_run
 mapping), long_mode (page tables and CPL3 registers), memslots (BAR remap), vcpu (the
-exit loop), kick (stopping a running vCPU), runner (KvmRunner: thread, outcome).
+exit loop, which also drains the coalesced-MMIO ring and counts accesses to pages mapped
+as memory), flusher (the ring's bounded wait), kick (stopping a running vCPU), runner
+(KvmRunner: thread, outcome, which stores are coalesced).
 """
 
 from __future__ import annotations

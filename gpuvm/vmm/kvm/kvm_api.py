@@ -91,11 +91,23 @@ class KvmUserspaceMemoryRegion(ctypes.Structure):
     ]
 
 
+class KvmCoalescedMmioZone(ctypes.Structure):
+    """A guest-physical range whose MMIO writes KVM queues in the ring instead of exiting
+    (`pad` is the union's `pio`: 0 for MMIO)."""
+
+    _fields_ = [
+        ("addr", ctypes.c_uint64),
+        ("size", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
 # Verified sizes (kvm.md: "Struct sizes verified against <linux/kvm.h>")
 assert ctypes.sizeof(KvmRegs) == 144
 assert ctypes.sizeof(KvmSegment) == 24
 assert ctypes.sizeof(KvmSregs) == 312
 assert ctypes.sizeof(KvmUserspaceMemoryRegion) == 32
+assert ctypes.sizeof(KvmCoalescedMmioZone) == 16
 
 # --------------------------------------------------------------------------------------
 # ioctls
@@ -106,6 +118,8 @@ KVM_CHECK_EXTENSION = _io(0x03)
 KVM_GET_VCPU_MMAP_SIZE = _io(0x04)
 KVM_CREATE_VCPU = _io(0x41)
 KVM_SET_USER_MEMORY_REGION = _iow(0x46, KvmUserspaceMemoryRegion)
+KVM_REGISTER_COALESCED_MMIO = _iow(0x67, KvmCoalescedMmioZone)
+KVM_UNREGISTER_COALESCED_MMIO = _iow(0x68, KvmCoalescedMmioZone)
 KVM_RUN = _io(0x80)
 KVM_GET_REGS = _ior(0x81, KvmRegs)
 KVM_SET_REGS = _iow(0x82, KvmRegs)
@@ -115,12 +129,14 @@ KVM_SET_SREGS = _iow(0x84, KvmSregs)
 assert KVM_SET_USER_MEMORY_REGION == 0x4020AE46
 assert KVM_GET_REGS == 0x8090AE81
 assert KVM_SET_SREGS == 0x4138AE84
+assert KVM_REGISTER_COALESCED_MMIO == 0x4010AE67
 
 KVM_API_VERSION = 12
 
 # capabilities (KVM_CHECK_EXTENSION)
 KVM_CAP_USER_MEMORY = 3
 KVM_CAP_NR_MEMSLOTS = 10
+KVM_CAP_COALESCED_MMIO = 15  # the answer is the ring's page offset in the vCPU mmap
 KVM_CAP_READONLY_MEM = 81
 KVM_CAP_IMMEDIATE_EXIT = 136
 
@@ -146,6 +162,24 @@ RUN_IO_COUNT = 36  # u32
 RUN_IO_DATA_OFFSET = 40  # u64, from the start of kvm_run
 KVM_EXIT_IO_IN = 0
 KVM_EXIT_IO_OUT = 1
+
+# --------------------------------------------------------------------------------------
+# struct kvm_coalesced_mmio_ring (one page of the vCPU mmap, at the page offset
+# KVM_CHECK_EXTENSION(KVM_CAP_COALESCED_MMIO) answers): u32 first (the VMM's: next entry
+# to take), u32 last (KVM's: next entry to fill), then struct kvm_coalesced_mmio entries
+# {u64 phys_addr; u32 len; u32 pio; u8 data[8]} to the page's end.  Empty when
+# first == last; KVM leaves one entry free, and a write that finds the ring full exits
+# as an ordinary KVM_EXIT_MMIO.
+# --------------------------------------------------------------------------------------
+RING_FIRST = 0  # u32
+RING_LAST = 4  # u32
+RING_ENTRIES = 8
+RING_ENTRY_SIZE = 24
+RING_ENTRY_PHYS_ADDR = 0  # u64
+RING_ENTRY_LEN = 8  # u32
+RING_ENTRY_DATA = 16  # u8[8]
+PAGE_SIZE = 4096
+RING_MAX = (PAGE_SIZE - RING_ENTRIES) // RING_ENTRY_SIZE  # 170: entries the ring indexes
 # KVM_EXIT_FAIL_ENTRY: hardware_entry_failure_reason u64 @32
 # KVM_EXIT_INTERNAL_ERROR: suberror u32 @32, ndata u32 @36, data u64[] @40
 

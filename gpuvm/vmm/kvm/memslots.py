@@ -23,7 +23,7 @@ import bisect
 import heapq
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from gpuvm.vmm.kvm import kvm_api as api
 
@@ -75,6 +75,16 @@ class MemslotTable:
         self._free: list[int] = []  # released slot numbers (min-heap)
         self._next_slot = first_slot
         self._vm: SlotSink | None = None
+        # Set by a device whose mapped pages stand for accesses the model counts (a
+        # passed-through GPU's apertures): told (bar, reads, writes) of those the guest
+        # made without an exit; the runner then counts them from the guest's own counts.
+        self.direct_counter: Callable[[int, int, int], None] | None = None
+        # whether the runner counts such accesses (the KVM runner does; until it says
+        # so, such a device maps nothing and every access exits)
+        self.accepts_direct = False
+        # whether a device maps pages here as it judges (BAR remap), set when one is
+        # connected: its decisions follow the guest's trapped accesses
+        self.device_maps = False
 
     # ---------------------------------------------------------------- binding
     def bind(self, vm: SlotSink) -> None:

@@ -9,11 +9,16 @@ a one-line reason and the guest's RIP, and the thread releases its fds and mappi
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
+from gpuvm.device import regs
+from gpuvm.errors import UserError
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
@@ -22,12 +27,60 @@ from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm import long_mode
 from gpuvm.vmm.kvm.kick import ensure_kick_handler, kick
 from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
-from gpuvm.vmm.kvm.vcpu import BarWindow, ExitCounters, ExitLoop
+from gpuvm.vmm.kvm.vcpu import BarWindow, DirectAccesses, ExitCounters, ExitLoop
 from gpuvm.vmm.kvm.vm import KvmError, KvmVm
 
 log = logging.getLogger(__name__)
 
 BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
+COALESCE_ENV = "GPUVM_COALESCE"  # 0: every access exits (before/after comparisons)
+
+
+def coalescing_default() -> bool:
+    """Whether KVM guests make fewer exits -- their posted stores queued in the
+    coalesced ring, a passed-through GPU's apertures mapped as memory (native mode) --
+    for the same counts: yes unless $GPUVM_COALESCE is 0."""
+    value = os.environ.get(COALESCE_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise UserError(f"{COALESCE_ENV}={value!r}: must be 0 (off) or 1 (on)")
+    return value != "0"
+
+
+@contextlib.contextmanager
+def coalescing(on: bool) -> Iterator[None]:
+    """KVM runners made inside (and VMM processes started inside) use the coalesced ring
+    or not: $GPUVM_COALESCE, restored after (benchmarks' before/after comparisons)."""
+    before = os.environ.get(COALESCE_ENV)
+    os.environ[COALESCE_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[COALESCE_ENV]
+        else:
+            os.environ[COALESCE_ENV] = before
+
+
+def coalesced_zones(windows: tuple[BarWindow, ...], apertures_mapped: bool = False
+                    ) -> list[tuple[int, int]]:
+    """The guest-physical ranges whose stores take effect only at a later trapped access,
+    as (gpa, size): the PRAMIN window of BAR0 (plain VRAM stores; PRAMIN's base is a
+    register that exits) and the whole BAR3 aperture (instance memory: page tables,
+    instance blocks, the runlist -- read by the GPU at a TLB flush, a channel's
+    programming or a runlist submit, all BAR0 stores that exit).  BAR1 is left trapping:
+    its pages the driver writes are USERD, whose GP_PUT is the doorbell.  Where the
+    device maps BAR3's pages as memory once touched (`apertures_mapped`: native mode),
+    BAR3 is left out: the first store to a page must exit so that it is mapped at once,
+    not queue behind others to the same page."""
+    zones = []
+    for w in windows:
+        if w.bar == regs.BAR0 and regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE <= w.size:
+            zones.append((w.base + regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE))
+        elif w.bar == regs.BAR3 and not apertures_mapped:
+            zones.append((w.base, w.size))
+    return zones
+
+
 class GuestImageError(ValueError):
     """The flat image cannot be loaded (missing, too big for the layout or the RAM)."""
 
@@ -78,8 +131,10 @@ class KvmRunner(GuestThread):
     loop_class: type[ExitLoop] = ExitLoop  # the exit bench swaps in a raw-mode loop
 
     def __init__(self, name: str, flat_image: Path, ram: GuestRam, session: GuestSession,
-                 bar_sizes: dict[int, int]) -> None:
+                 bar_sizes: dict[int, int], coalesce: bool | None = None) -> None:
         self.name = name
+        # posted stores through the coalesced ring (None: as $GPUVM_COALESCE says)
+        self.coalesce = coalescing_default() if coalesce is None else coalesce
         self.ram = ram
         self.session = session
         self.windows = bar_windows(bar_sizes, ram.size)
@@ -87,6 +142,8 @@ class KvmRunner(GuestThread):
         self.counters = ExitCounters(self.windows)
         # BAR remap: usable before start() (applied when the VM exists) and while it runs
         self.memslots = MemslotTable(first_slot=1, reserved=((0, ram.size),))
+        # the same switch: without it a passed-through GPU's apertures trap too
+        self.memslots.accepts_direct = self.coalesce
         session.add_extra_counters(self.exit_counters)
         ensure_kick_handler()
         self._init_thread()
@@ -114,6 +171,30 @@ class KvmRunner(GuestThread):
         return (f"{self._stop}; the vCPU thread is still busy in a handler and will release "
                 f"the VM when it returns")
 
+    @property
+    def coalescing_safe(self) -> bool:
+        """Whether the posted stores may wait in the ring: not where a device remaps BAR
+        pages as it judges from the guest's trapped accesses (a mediated vGPU in a remap
+        mode: a BAR3 or PRAMIN store can make it map or unmap pages, which the guest's
+        next access must already see), unless those mappings are the passed-through
+        GPU's own apertures, which no queued store changes (`coalesced_zones`)."""
+        return self.coalesce and (self.direct_counting or not self.memslots.device_maps)
+
+    @property
+    def direct_counting(self) -> bool:
+        """Whether the device maps pages that stand for counted accesses (see
+        MemslotTable.direct_counter)."""
+        return self.memslots.direct_counter is not None
+
+    def _direct_accesses(self) -> DirectAccesses | None:
+        counter = self.memslots.direct_counter
+        if counter is None:
+            return None
+        start = abi.GUEST_BOOT_PARAMS + abi.BootParams.bar_reads.offset
+        end = abi.GUEST_BOOT_PARAMS + abi.BootParams.bar_writes.offset + \
+            abi.BootParams.bar_writes.size
+        return DirectAccesses(memoryview(self.ram.array[start:end]).cast("Q"), counter)
+
     # ---------------------------------------------------------------- vCPU thread
     def _stop_reason(self) -> str | None:
         return self._stop
@@ -130,6 +211,9 @@ class KvmRunner(GuestThread):
             vm.set_regs(long_mode.entry_regs(abi.GUEST_IMAGE_BASE, abi.GUEST_STACK_TOP - 8,
                                              abi.GUEST_BOOT_PARAMS))
             self.memslots.bind(vm)
+            if self.coalescing_safe and vm.coalesced_ring:
+                for gpa, size in coalesced_zones(self.windows, self.direct_counting):
+                    vm.coalesce(gpa, size)
         except BaseException:
             self.memslots.unbind()
             vm.close()
@@ -151,7 +235,10 @@ class KvmRunner(GuestThread):
                 if self._stop is not None:
                     vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # stopped before it began
             loop = self.loop_class(vm, self.session, self.windows, self.counters,
-                            self._stop_reason)
+                                   self._stop_reason,
+                                   coalesced=self.coalescing_safe and
+                                   bool(vm.coalesced_ring),
+                                   direct=self._direct_accesses())
             self.session.start()
             started = True
             usage = ThreadUsage.now()

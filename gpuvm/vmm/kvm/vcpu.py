@@ -13,13 +13,17 @@ nearly free, reading the four MMIO fields and counting costs ~10 % of a raw exit
 from __future__ import annotations
 
 import fcntl
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
 from gpuvm.vmm.guest_session import GuestSession
 from gpuvm.vmm.kvm import kvm_api as api
+from gpuvm.vmm.kvm.flusher import FLUSHER
 from gpuvm.vmm.kvm.vm import KvmVm
 
+COALESCED_STORES = "kvm.coalesced_stores"
+DIRECT_ACCESSES = "kvm.direct_accesses"
 # value masks by access size (index = bytes)
 MASKS = tuple((1 << (8 * n)) - 1 for n in range(9))
 
@@ -40,23 +44,41 @@ class BarWindow:
 class ExitCounters:
     """Exit counts kept as list slots (cheap to bump on the exit path), read as a dict.
 
-    Slot 0 is "exits.io"; BAR window i has its read count at 1 + 2i, writes at 2 + 2i."""
+    Slot 0 is "exits.io"; BAR window i has its read count at 1 + 2i, writes at 2 + 2i;
+    then "kvm.coalesced_stores" counts the writes among those that came through the
+    coalesced ring and "kvm.direct_accesses" those made to pages mapped as memory and
+    counted from the guest's own counts (neither had a KVM exit of its own): KVM's
+    exits are the sum of exits.* less these two."""
 
     def __init__(self, windows: tuple[BarWindow, ...]) -> None:
         self.names = ["exits.io"]
         for w in windows:
             self.names += [f"exits.mmio.bar{w.bar}.read", f"exits.mmio.bar{w.bar}.write"]
+        self.names += [COALESCED_STORES, DIRECT_ACCESSES]
+        self.coalesced_slot = len(self.names) - 2
+        self.direct_slot = len(self.names) - 1
         self.slots = [0] * len(self.names)
 
     def as_dict(self) -> dict[str, int]:
         return dict(zip(self.names, self.slots))
 
 
+@dataclass
+class DirectAccesses:
+    """Where the guest counts its own BAR accesses (a u64 view: reads per BAR, then
+    writes per BAR) and whom to tell about those that did not exit, when a device maps
+    pages into the guest that stand for accesses the model counts (native mode)."""
+
+    guest_counts: memoryview
+    device_count: Callable[[int, int, int], None]  # (bar, reads, writes)
+
+
 class ExitLoop:
     """Runs one vCPU until the guest exits (None) or must stop (a one-line reason)."""
 
     def __init__(self, vm: KvmVm, session: GuestSession, windows: tuple[BarWindow, ...],
-                 counters: ExitCounters, stop_reason: Callable[[], str | None]) -> None:
+                 counters: ExitCounters, stop_reason: Callable[[], str | None],
+                 coalesced: bool = False, direct: DirectAccesses | None = None) -> None:
         assert vm.run is not None
         self.vm = vm
         self.session = session
@@ -68,20 +90,120 @@ class ExitLoop:
         self._u16 = mv.cast("H")
         self._u32 = mv.cast("I")
         self._u64 = mv.cast("Q")
+        # The coalesced-MMIO ring, where the runner registered zones: u32 indices of its
+        # `first` and `last`, both 0 (always equal: never drained) when there is none.
+        ring = vm.coalesced_ring if coalesced else 0
+        self.ring_first_at = (ring + api.RING_FIRST) // 4 if ring else 0
+        self.ring_last_at = (ring + api.RING_LAST) // 4 if ring else 0
+        self._ring_entries = ring + api.RING_ENTRIES
+        # where a queued store goes: (base, end, bar, write slot) per window
+        self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
+                                    for i, w in enumerate(windows))
+        self.direct = direct
+        # (bar, read slot, write slot) per window, to count what did not exit
+        self._direct_slots = tuple((w.bar, 1 + 2 * i, 2 + 2 * i)
+                                   for i, w in enumerate(windows))
+
+    def ring_state(self) -> tuple[int, int]:
+        """The coalesced ring's (first, last): stores wait in it while they differ (any
+        thread may ask)."""
+        u32 = self._u32
+        return u32[self.ring_first_at], u32[self.ring_last_at]
+
+    def count_direct(self) -> None:
+        """Count the guest's BAR accesses that did not exit (pages of a passed-through
+        GPU's apertures mapped as memory) from its own counts of every access, each as
+        the exit path counts one: the vCPU's tick, the window's count, and the device
+        counting and pricing it as if it had trapped.  Called before each exit is handled (they came
+        first; the access that exits is not in the guest's count yet), so every phase
+        and every later exit sees the counts and virtual time of a run where they all
+        exited."""
+        direct = self.direct
+        assert direct is not None
+        guest = direct.guest_counts
+        counts = self.counters.slots
+        tick = self.session.tick
+        nbars = len(guest) // 2
+        for bar, rslot, wslot in self._direct_slots:
+            reads = guest[bar] - counts[rslot]
+            writes = guest[nbars + bar] - counts[wslot]
+            if reads > 0 or writes > 0:
+                reads, writes = max(reads, 0), max(writes, 0)
+                counts[self.counters.direct_slot] += reads + writes
+                device_count = direct.device_count
+                for _ in range(reads):  # each its own exit: its tick, then its price
+                    tick()
+                    counts[rslot] += 1
+                    device_count(bar, 1, 0)
+                for _ in range(writes):
+                    tick()
+                    counts[wslot] += 1
+                    device_count(bar, 0, 1)
+
+    def drain(self) -> str | None:
+        """Hand every store queued in the coalesced ring to the device, oldest first,
+        exactly as the exit path hands a trapped store: the vCPU's exit tick, then the
+        window's write count, then `device.write`.  So each one is still a trapped access
+        of the modelled system -- counts and virtual time are those of a run without the
+        ring, only the KVM exits are fewer.  Called before every exit is handled (the
+        stores came first) and on a flush kick; returns why the guest must stop, or None."""
+        u32, u64 = self._u32, self._u64
+        first_at, last_at, entries = self.ring_first_at, self.ring_last_at, self._ring_entries
+        ring_max, entry_size = api.RING_MAX, api.RING_ENTRY_SIZE
+        len_at, data_at = api.RING_ENTRY_LEN, api.RING_ENTRY_DATA
+        tick = self.session.tick
+        write = self.session.device.write
+        counts = self.counters.slots
+        windows = self._write_windows
+        masks = MASKS
+        first, last = u32[first_at], u32[last_at]  # the vCPU is not running: last stays
+        counts[self.counters.coalesced_slot] += (last - first) % ring_max
+        while first != last:
+            at = entries + first * entry_size
+            addr = u64[at >> 3]
+            size = u32[(at + len_at) >> 2]
+            value = u64[(at + data_at) >> 3] & masks[size]
+            first = (first + 1) % ring_max
+            u32[first_at] = first  # the entry is copied: KVM may reuse it
+            for base, end, bar, wslot in windows:
+                if base <= addr < end:
+                    break
+            else:
+                return (f"coalesced MMIO write of {size} bytes at guest-physical {addr:#x}, "
+                        f"outside every BAR window")
+            tick()
+            counts[wslot] += 1
+            write(bar, addr - base, size, value)
+        return None
 
     def release(self) -> None:
         """Drop the views on kvm_run so the mapping can be closed."""
         for name in ("_u16", "_u32", "_u64", "_u8"):
             getattr(self, name).release()
+        if self.direct is not None:
+            self.direct.guest_counts.release()
 
     def run(self) -> str | None:
+        if self.ring_first_at == self.ring_last_at:
+            return self._loop()
+        FLUSHER.add(threading.get_ident(), self)
+        try:
+            return self._loop()
+        finally:
+            FLUSHER.remove(threading.get_ident())
+
+    def _loop(self) -> str | None:
         while True:
             try:
                 return self._dispatch()
             except InterruptedError:
-                # A kick (timeout/stop) or a stray signal.  A stray one just re-enters:
-                # a pending MMIO read or `in` completes on the next KVM_RUN.
+                # A kick (timeout/stop, or the flusher's: stores wait in the ring) or a
+                # stray signal.  Other than a stop it re-enters: a pending MMIO read or
+                # `in` completes on the next KVM_RUN.
                 reason = self._stop_reason()
+                if reason is not None:
+                    return reason
+                reason = self.drain()
                 if reason is not None:
                     return reason
             except OSError as exc:
@@ -116,8 +238,16 @@ class ExitLoop:
         port_out = self.session.port_out
         port_in = self.session.port_in
         tick = self.session.tick  # the vCPU's time on a virtual device clock
+        first_at, last_at, drain = self.ring_first_at, self.ring_last_at, self.drain
+        count_direct = self.count_direct if self.direct is not None else None
         while True:
             ioctl(fd, KVM_RUN)
+            if u32[first_at] != u32[last_at]:  # coalesced stores: they came first
+                failure = drain()
+                if failure is not None:
+                    return failure
+            if count_direct is not None:  # so did accesses to pages mapped as memory
+                count_direct()
             tick()
             reason = u32[reason_at]
             if reason == EXIT_MMIO:
