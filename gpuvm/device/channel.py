@@ -19,7 +19,7 @@ from gpuvm.device import regs
 from gpuvm.device.engine_classes import BoundObject, Completion
 from gpuvm.device.faults import ChannelError
 from gpuvm.device.mmu import CONTEXT, DmaFault, Space, VmFault
-from gpuvm.device.pushbuffer import MethodCall, decode
+from gpuvm.device.pushbuffer import MethodCall, PushDecoder
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
@@ -50,6 +50,7 @@ class Channel:
     error: int = 0  # CHAN_ERR_*_EXT; non-zero = stopped
     ctx: ChannelContext | None = None
     pending: deque = field(default_factory=deque)  # MethodCall | ChannelError
+    decoder: PushDecoder = field(default_factory=PushDecoder)  # carries across entries
     objects: dict[int, BoundObject] = field(default_factory=dict)
     resume_at: int = 0  # blocked on an engine until this device time
     on_resume: Completion | None = None
@@ -87,6 +88,7 @@ class Channel:
         self.error = 0
         self.ctx = None
         self.pending.clear()
+        self.decoder.reset()
         self.objects.clear()
         self.resume_at = 0
         self.on_resume = None
@@ -200,7 +202,7 @@ class ChannelExecutor:
         if not words:  # the DMA pusher's IB_EMPTY (envytools docs/hw/fifo/dma-pusher.rst)
             raise ChannelError(regs.CHAN_ERR_IB_EMPTY_EXT, f"GPFIFO entry {ch.gp_get}", va)
         ch.count("pfifo.gpfifo_entries")
-        calls, error = decode(mem.read(va, 4 * words).view(np.uint32))
+        calls, error = ch.decoder.decode(mem.read(va, 4 * words).view(np.uint32))
         ch.pending.extend(calls)
         if error is not None:
             ch.pending.append(error)

@@ -390,8 +390,14 @@ GPFIFO_LEN_MASK = 0x1FFFFF
 GPFIFO_VA_HI_MASK = 0xFF
 GPFIFO_MAX_LOG2 = 16  # largest ring the device accepts (64 Ki entries)
 
+# GF100 method headers (envytools docs/hw/fifo/dma-pusher.rst, "GF100 commands"):
+# bits 29-31 type; the new forms carry count (or immediate data) in bits 16-28,
+# subchannel 13-15, method >> 2 in 0-11.  Types 0 and 2 keep the pre-GF100 forms, told
+# apart by bits 16-17 ("tert"): count in bits 18-28, the method's byte address in 2-12.
 MTHD_TYPE_SHIFT = 29
+MTHD_TYPE_GRP0 = 0  # tert 0: increasing methods (old form); 1-3: SLI commands
 MTHD_TYPE_INC = 1
+MTHD_TYPE_GRP2 = 2  # tert 0: non-increasing methods (old form); 1-3: no such command
 MTHD_TYPE_NONINC = 3
 MTHD_TYPE_IMMD = 4
 MTHD_TYPE_INC_ONCE = 5
@@ -400,6 +406,15 @@ MTHD_COUNT_MASK = 0x1FFF
 MTHD_SUBC_SHIFT = 13
 MTHD_SUBC_MASK = 0x7
 MTHD_ADDR_MASK = 0xFFF  # method >> 2
+MTHD_TERT_SHIFT = 16
+MTHD_TERT_MASK = 0x3
+MTHD_TERT_OLD_METHODS = 0
+MTHD_TERT_SLI_CONDITIONAL = 1
+MTHD_TERT_SLI_MASK_STORE = 2
+MTHD_TERT_SLI_CONDITIONAL_MASK = 3
+MTHD_OLD_COUNT_SHIFT = 18
+MTHD_OLD_COUNT_MASK = 0x7FF
+MTHD_OLD_ADDR_MASK = 0x1FFC  # the method's byte address
 
 # Host (PFIFO) methods, valid on any subchannel
 HOST_OBJECT = 0x00  # class bits 0-15, engine bits 16-20
