@@ -1,4 +1,5 @@
-"""The engine classes a channel can bind: copy (0x90b5), compute (0x90c0), M2MF (0x9039).
+"""The engine classes a channel can bind: copy (0x90b5 on engine 0, 0x90b8 on engine 1),
+compute (0x90c0), M2MF (0x9039).
 
 A class object keeps its method state per bound object and turns a launch method into
 (duration, completion) -- the channel then occupies the engine for that long and runs the
@@ -98,7 +99,7 @@ class CopyClass(EngineClass):
     """
 
     cls = regs.CLASS_COPY
-    engines = (regs.ENGINE_PCOPY0, regs.ENGINE_PCOPY1)
+    engines = (regs.ENGINE_PCOPY0,)
     widths = {regs.COPY_SRC_HI: 0xFF, regs.COPY_SRC_LO: 0xFFFFFFFF, regs.COPY_DST_HI: 0xFF,
               regs.COPY_DST_LO: 0xFFFFFFFF, regs.COPY_PITCH_IN: regs.COPY_PITCH_MASK,
               regs.COPY_PITCH_OUT: regs.COPY_PITCH_MASK, regs.COPY_LINE_BYTES: regs.COPY_XCNT_MASK,
@@ -140,6 +141,15 @@ class CopyClass(EngineClass):
             long_form = not value & regs.COPY_LAUNCH_QUERY_SHORT
             done = lambda t: _release(mem, va, seq, long_form, t)  # noqa: E731
         return _copy_cost(self.profile, total, sysram), done
+
+
+class Copy1Class(CopyClass):
+    """Copy engine 1's class, 0x90b8: the same firmware and methods as 0x90b5 (nouveau's
+    nouveau_bo_move_init binds it as "COPY1" on engine 5 and moves buffers with
+    nvc0_bo_move_copy either way).  Each GF100 copy engine serves only its own class."""
+
+    cls = regs.CLASS_COPY1
+    engines = (regs.ENGINE_PCOPY1,)
 
 
 def _remap_copy(mem: "ChannelMemory", s: dict[int, int], src: int, dst: int, xcnt: int,
@@ -265,4 +275,4 @@ class ComputeClass(EngineClass):
 
 
 def engine_classes(profile: "DeviceProfile") -> dict[int, EngineClass]:
-    return {c.cls: c(profile) for c in (CopyClass, ComputeClass, M2mfClass)}
+    return {c.cls: c(profile) for c in (CopyClass, Copy1Class, ComputeClass, M2mfClass)}

@@ -445,7 +445,8 @@ ENGINE_PCOPY1 = 5
 # --------------------------------------------------------------------------------------
 CLASS_M2MF = 0x9039
 CLASS_COMPUTE = 0x90C0
-CLASS_COPY = 0x90B5
+CLASS_COPY = 0x90B5  # GF100 copy engine 0 (PCOPY0)
+CLASS_COPY1 = 0x90B8  # GF100 copy engine 1 (PCOPY1): nouveau's "COPY1", same methods
 
 # Compute 0x90c0 (Gdev order)
 COMPUTE_GRID_XY = 0x0238  # y << 16 | x
