@@ -222,8 +222,10 @@ class ChannelExecutor:
                 raise ChannelError(regs.CHAN_ERR_UNKNOWN_CLASS_EXT,
                                    f"class {cls:#x} on engine {engine_id}", v)
             ch.objects[call.subc] = BoundObject(cls, engine_id)
-        elif m == regs.HOST_NOP:
-            pass
+        elif m in (regs.HOST_NOP, regs.HOST_WRCACHE_FLUSH, regs.HOST_YIELD):
+            pass  # writes reach memory at once; channels switch at every turn anyway
+        elif m == regs.HOST_NOTIFY_INTR:
+            self.gpu.pfifo.notify(ch)
         elif m == regs.HOST_SEMAPHORE_ADDR_HI:
             ch.sem_addr = ((v & 0xFF) << 32) | (ch.sem_addr & 0xFFFFFFFF)
         elif m == regs.HOST_SEMAPHORE_ADDR_LO:

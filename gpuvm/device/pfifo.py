@@ -42,6 +42,10 @@ class Pfifo(RegisterBlock):
         self.runlist: list[int] = []
         self.kick = 0
         self.fault_mask = 0
+        # channels whose NOTIFY_INTR (the non-stall interrupt) is not acknowledged yet;
+        # the register view is one bit, the set lets a mediator show each VM its own
+        self.notify_chids: set[int] = set()
+        self.engine_intr_en = 0
         self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
         self.faults: list[ChannelFault] = []
@@ -71,6 +75,13 @@ class Pfifo(RegisterBlock):
         self.reg(regs.PFIFO_KICK, read=lambda: self.kick, write=self._kick)
         self.reg(regs.PFIFO_FAULT_UNIT_MASK, read=lambda: self.fault_mask,
                  write=self._clear_fault_mask)
+        self.reg(regs.PFIFO_ENGINE_INTR_SOURCE, read=self.engine_intr_source)
+        for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
+            self.reg(regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE,
+                     read=lambda e=engn: self.engine_intr(e),
+                     write=lambda v, e=engn: self._ack_engine_intr(e, v))
+        self.reg(regs.PFIFO_ENGINE_INTR_EN, read=lambda: self.engine_intr_en,
+                 write=self._set_engine_intr_en, plain=True)
         for unit in range(regs.PFIFO_FAULT_UNITS):
             base = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
             for i in range(4):
@@ -89,7 +100,34 @@ class Pfifo(RegisterBlock):
     def intr_status(self) -> int:
         """PFIFO_INTR: the latched bits, and the runlist event bit while its status
         register (0x2a00) has anything set -- a level, as envytools notes."""
-        return self.intr | (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0)
+        return self.intr | (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0) | \
+            (regs.PFIFO_INTR_ENGINE if self.engine_intr_source() else 0)
+
+    def engine_intr(self, engn: int) -> int:
+        """PFIFO_ENGINE_INTR of one FIFO engine: NOTIFY while a channel's non-stall
+        interrupt is unacknowledged (reported on the PGRAPH FIFO engine)."""
+        if engn == regs.FIFO_ENGINE_PGRAPH and self.notify_chids:
+            return regs.PFIFO_ENGINE_INTR_NOTIFY
+        return 0
+
+    def engine_intr_source(self) -> int:
+        """PFIFO_ENGINE_INTR_SOURCE: a bit per FIFO engine with an enabled interrupt."""
+        return (1 << regs.FIFO_ENGINE_PGRAPH) if \
+            self.engine_intr(regs.FIFO_ENGINE_PGRAPH) & self.engine_intr_en else 0
+
+    def _ack_engine_intr(self, engn: int, value: int) -> None:
+        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
+            self.notify_chids.clear()
+
+    def _set_engine_intr_en(self, value: int) -> None:
+        self.engine_intr_en = value
+
+    def notify(self, ch: Channel) -> None:
+        """The host NOTIFY_INTR method: raise the non-stall interrupt for this channel
+        (its owner's MSI; nouveau's fence waiters wake on it)."""
+        self.notify_chids.add(ch.chid)
+        self.gpu.counts.chan(ch.chid, "pfifo.notify_intrs")
+        self.gpu.signal(ch.chid)
 
     def _clear_intr(self, value: int) -> None:
         self.intr &= ~(value & ~regs.PFIFO_INTR_RUNLIST)

@@ -137,6 +137,19 @@ PFIFO_INTR_SCHED = 1 << 8  # envytools: PLAYLIST (a runlist the device cannot us
 PFIFO_INTR_VM_FAULT = 1 << 28
 PFIFO_INTR_PBDMA = 1 << 29
 PFIFO_INTR_RUNLIST = 1 << 30  # level: PFIFO_INTR_RUNLIST_STATUS != 0
+PFIFO_INTR_ENGINE = 1 << 31  # level: PFIFO_ENGINE_INTR_SOURCE != 0 (the non-stall interrupt)
+
+# FIFO engine interrupts (rnndb gf100_pfifo.xml ENGINE_INTR*; nvkm gf100_fifo_intr_engine):
+# a bit per FIFO engine in SOURCE, a word per engine whose nibbles carry NOTIFY in bit 0
+# (the host NOTIFY_INTR / NON_STALL_INTERRUPT method), written back to acknowledge;
+# ENGINE_INTR_EN gates which bits count (nvkm's gf100_fifo_init writes 1).
+PFIFO_ENGINE_INTR_SOURCE = 0x0025A4
+PFIFO_ENGINE_INTR = 0x0025A8  # + 4 * FIFO engine
+PFIFO_ENGINE_INTR_STRIDE = 4
+PFIFO_ENGINE_INTR_COUNT = 16
+PFIFO_ENGINE_INTR_NOTIFY = 1 << 0
+PFIFO_ENGINE_INTR_EN = 0x002628
+FIFO_ENGINE_PGRAPH = 0  # the FIFO engine a channel's host NOTIFY_INTR is reported on
 
 PFIFO_CTRL = 0x002200
 PFIFO_CTRL_ENABLE = 1 << 0
@@ -425,7 +438,10 @@ HOST_SEMAPHORE_ADDR_HI = 0x10
 HOST_SEMAPHORE_ADDR_LO = 0x14
 HOST_SEMAPHORE_SEQUENCE = 0x18
 HOST_SEMAPHORE_TRIGGER = 0x1C
+HOST_NOTIFY_INTR = 0x20  # the non-stall interrupt (cl906f NON_STALL_INTERRUPT)
+HOST_WRCACHE_FLUSH = 0x24
 HOST_REF_CNT = 0x50
+HOST_YIELD = 0x80
 HOST_METHODS_END = 0x100  # methods below this are host methods
 
 SEM_ACQUIRE_EQUAL = 1

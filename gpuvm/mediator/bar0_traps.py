@@ -43,6 +43,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     reads: dict[int, tuple[str, Reader]] = {}
     writes: dict[int, tuple[str, Writer]] = {}
     r = v.vregs
+    ch = v.channels
 
     def virtual(offset: int, name: str, writable: bool = True) -> None:
         # partials of the dict's own methods: no Python frame on the trap path
@@ -58,12 +59,45 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
     virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
     virtual(regs.PFFB_FLUSH_PD, "flush_pd")
-    reads[regs.PMC_INTR] = ("virtual", lambda: v.pmc_intr() | (
-        regs.PMC_INTR_PFIFO if r["runlist_intr"] else 0))
+    pfifo = v.med.gpu.pfifo
+
+    def notify_pending() -> bool:
+        """Whether one of this VM's channels raised the non-stall interrupt (NOTIFY_INTR)
+        and the VM has not acknowledged it: each VM sees only its own."""
+        return any(c.bound and c.pchid in pfifo.notify_chids for c in ch.by_vchid.values())
+
+    def engine_intr(engn: int) -> int:
+        return regs.PFIFO_ENGINE_INTR_NOTIFY if engn == regs.FIFO_ENGINE_PGRAPH and \
+            notify_pending() else 0
+
+    def engine_intr_source() -> int:
+        return (1 << regs.FIFO_ENGINE_PGRAPH) if engine_intr(regs.FIFO_ENGINE_PGRAPH) & \
+            r["engine_intr_en"] else 0
+
+    def engine_intr_ack(engn: int, value: int) -> None:
+        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
+            for c in ch.by_vchid.values():
+                pfifo.notify_chids.discard(c.pchid)
+
+    def pfifo_intr() -> int:
+        # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
+        # handler, which acks 0x259c and never 0x2100 bit 28, sees it go
+        value = v.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
+        return value | (regs.PFIFO_INTR_VM_FAULT if v.fault_mask() else 0) | \
+            (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
+            (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
+
+    reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() else 0) |
+                            (regs.PMC_INTR_PGRAPH if r["pgraph_intr"] else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
-    reads[regs.PFIFO_INTR] = ("virtual", lambda: v.pfifo_intr() | (
-        regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0))
+    reads[regs.PFIFO_INTR] = ("virtual", pfifo_intr)
+    reads[regs.PFIFO_ENGINE_INTR_SOURCE] = ("virtual", engine_intr_source)
+    for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
+        off = regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE
+        reads[off] = ("virtual", lambda e=engn: engine_intr(e))
+        writes[off] = ("channel", lambda value, e=engn: engine_intr_ack(e, value))
+    virtual(regs.PFIFO_ENGINE_INTR_EN, "engine_intr_en")
     writes[regs.PFIFO_INTR] = ("virtual",
                                lambda value: v.pfifo_intr_clear(value & ~regs.PFIFO_INTR_RUNLIST))
     reads[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda: r["runlist_intr"])
@@ -76,7 +110,6 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         for i in range(4):
             reads[base + 4 * i] = ("virtual", lambda u=unit, k=i: v.fault_record(u, k))
 
-    ch = v.channels
     reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
     writes[regs.PFIFO_USERD_POLL] = ("channel", v.set_userd_poll)  # changes what is remapped
     reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
