@@ -208,7 +208,24 @@ class ChannelExecutor:
             ch.pending.append(error)
         ch.gp_get = (ch.gp_get + 1) % ctx.gpfifo_entries
         self._userd_write(ctx, regs.USERD_GP_GET, ch.gp_get)
+        self._dma_pointers(ctx, va + 4 * words, not entry[1] & regs.GPFIFO_NOT_MAIN)
         return True
+
+    def _dma_pointers(self, ctx: ChannelContext, end: int, main: bool) -> None:
+        """The pusher has read the segment up to `end` (its words are queued): DMA_PUT and
+        DMA_GET both stand there, and DMA_MGET too for a main-pushbuffer segment."""
+        lo, hi = end & 0xFFFFFFFF, end >> 32
+        write = self.gpu.mmu.phys_write
+        write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT,
+              lo.to_bytes(4, "little") * 2, CONTEXT)  # DMA_PUT, DMA_GET
+        write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT_HIGH, hi.to_bytes(4, "little"),
+              CONTEXT)
+        if main:  # DMA_MGET, DMA_MGET_HIGH, DMA_GET_HIGH
+            write(ctx.userd_target, ctx.userd + regs.USERD_DMA_MGET,
+                  np.array([lo, hi | regs.USERD_DMA_MGET_VALID, hi], dtype="<u4").tobytes(),
+                  CONTEXT)
+        else:
+            self._userd_write(ctx, regs.USERD_DMA_GET_HIGH, hi)
 
     # ------------------------------------------------------------------ methods
     def _host_method(self, ch: Channel, mem: ChannelMemory, call: MethodCall, now: int) -> None:

@@ -391,9 +391,18 @@ CHANNEL_VA_BASE = 128 * MiB  # nouveau allocates channel VAs from here
 # --------------------------------------------------------------------------------------
 # Command submission: USERD, GPFIFO, method headers
 # --------------------------------------------------------------------------------------
+# The channel control area (envytools dma-pusher.rst): in IB mode the device keeps the
+# pushbuffer pointers here -- PUT/GET are the current segment's end and how far it has
+# read (low 32 bits; the high 8 in *_HIGH), MGET the same for "main" segments -- which
+# nouveau's READ_GET polls (0x44 / 0x60) to reuse pushbuffer space.
 USERD_DMA_PUT = 0x40
 USERD_DMA_GET = 0x44
 USERD_REF = 0x48
+USERD_DMA_PUT_HIGH = 0x4C
+USERD_DMA_MGET = 0x58
+USERD_DMA_MGET_HIGH = 0x5C  # bits 0-7 high address, bit 31 MGET valid
+USERD_DMA_MGET_VALID = 1 << 31
+USERD_DMA_GET_HIGH = 0x60
 USERD_GP_GET = 0x88
 USERD_GP_PUT = 0x8C
 
@@ -401,6 +410,7 @@ GPFIFO_ENTRY_SIZE = 8
 GPFIFO_LEN_SHIFT = 10  # word1 bits 10-30: length in 32-bit words
 GPFIFO_LEN_MASK = 0x1FFFFF
 GPFIFO_VA_HI_MASK = 0xFF
+GPFIFO_NOT_MAIN = 1 << 9  # word1: not the main pushbuffer (DMA_MGET is left alone)
 GPFIFO_MAX_LOG2 = 16  # largest ring the device accepts (64 Ki entries)
 
 # GF100 method headers (envytools docs/hw/fifo/dma-pusher.rst, "GF100 commands"):
