@@ -265,8 +265,8 @@ class ChannelExecutor:
         elif m == regs.HOST_REF_CNT:
             self._userd_write(ch.ctx, regs.USERD_REF, v)
             self.gpu.signal(ch.chid)
-        else:
-            raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT, f"host method {m:#x}", m)
+        else:  # the PBDMA's ILLEGAL_MTHD: recorded, interrupted, skipped
+            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_ILLEGAL_MTHD, call.subc, m, v)
 
     def _acquired(self, ch: Channel, mem: ChannelMemory) -> bool:
         va, value, op = ch.acquire
@@ -282,10 +282,10 @@ class ChannelExecutor:
                        now: int) -> bool:
         """Run one engine method; False if its engine is disabled (the channel stalls)."""
         obj = ch.objects.get(call.subc)
-        if obj is None:
-            raise ChannelError(regs.CHAN_ERR_NO_OBJECT_EXT,
-                               f"method {call.method:#x} on empty subchannel {call.subc}",
-                               call.method)
+        if obj is None:  # the PBDMA's EMPTY_SUBC: recorded, interrupted, skipped
+            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_EMPTY_SUBC, call.subc, call.method,
+                                       call.value)
+            return True
         engine = self.gpu.engines.by_id(obj.engine_id)
         if not self.gpu.pmc.engine_enabled(engine.enable_bit):
             return False

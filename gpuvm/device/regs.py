@@ -151,6 +151,26 @@ PFIFO_ENGINE_INTR_NOTIFY = 1 << 0
 PFIFO_ENGINE_INTR_EN = 0x002628
 FIFO_ENGINE_PGRAPH = 0  # the FIFO engine a channel's host NOTIFY_INTR is reported on
 
+# PBDMA (the GF100 pusher/puller unit; envytools calls it PSUBFIFO), unit 0: what nvkm's
+# gf100_fifo_intr_pbdma reads.  SOURCE has a bit per unit with a pending interrupt
+# (PFIFO_INTR bit 29 is its level); INTR holds the reasons (write 1s to ack); METHOD0 /
+# DATA0 the trapped method (subchannel << 16 | method) and its data; CHAN the channel.
+PFIFO_PBDMA_INTR_SOURCE = 0x0025A0
+PBDMA_INTR = 0x040108  # + 0x2000 * unit
+PBDMA_INTR_EN = 0x04010C
+PBDMA_METHOD0 = 0x0400C0
+PBDMA_DATA0 = 0x0400C4
+PBDMA_CHAN = 0x040120  # bits 0-6: channel id
+PBDMA_STRIDE = 0x2000
+PBDMA_METHOD0_SUBC_SHIFT = 16
+PBDMA_METHOD0_NOP = 0x80600008  # what nvkm writes to METHOD0 to let the channel go on
+PBDMA_INTR_MEMREQ = 1 << 0  # a pushbuffer/IB read the device could not make
+PBDMA_INTR_GPENTRY = 1 << 15  # a bad GPFIFO entry ("seen with null ib push", nvkm)
+PBDMA_INTR_PBENTRY = 1 << 18  # a pushbuffer word that is no command
+PBDMA_INTR_ILLEGAL_MTHD = 1 << 21  # a host method that does not exist: skipped
+PBDMA_INTR_EMPTY_SUBC = 1 << 23  # a method on a subchannel with no object: skipped
+PBDMA_INTR_CHANNEL_STOPPED_EXT = 1 << 28  # emulator: the channel stopped (CHAN_ERROR_EXT)
+
 PFIFO_CTRL = 0x002200
 PFIFO_CTRL_ENABLE = 1 << 0
 

@@ -79,15 +79,50 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
             for c in ch.by_vchid.values():
                 pfifo.notify_chids.discard(c.pchid)
 
+    def pbdma_record() -> tuple[int, list[int]] | None:
+        """The oldest PBDMA record of this VM's channels (vchid, [INTR, METHOD0, DATA0])."""
+        mine = {c.pchid: c.vchid for c in ch.by_vchid.values() if c.bound}
+        for pchid, record in list(pfifo.pbdma_traps.items()):
+            if pchid in mine:
+                return mine[pchid], record
+        return None
+
+    def pbdma_word(word: int) -> int:
+        found = pbdma_record()
+        if found is None:
+            return 0
+        return found[0] if word < 0 else found[1][word]
+
+    def pbdma_ack(value: int) -> None:
+        found = pbdma_record()
+        if found is not None:
+            with v.med.gpu.lock:
+                pfifo.ack_pbdma(ch.by_vchid[found[0]].pchid, value)
+        v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
+
+    reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if pbdma_record() else 0)
+    writes[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda value: None)  # a level
+    reads[regs.PBDMA_INTR] = ("virtual", lambda: pbdma_word(0))
+    writes[regs.PBDMA_INTR] = ("channel", pbdma_ack)
+    reads[regs.PBDMA_METHOD0] = ("virtual", lambda: pbdma_word(1))
+    writes[regs.PBDMA_METHOD0] = ("virtual", lambda value: None)  # the method is skipped
+    reads[regs.PBDMA_DATA0] = ("virtual", lambda: pbdma_word(2))
+    reads[regs.PBDMA_CHAN] = ("virtual", lambda: pbdma_word(-1))  # the VM's channel id
+    virtual(regs.PBDMA_INTR_EN, "pbdma_intr_en")
+
     def pfifo_intr() -> int:
         # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
         # handler, which acks 0x259c and never 0x2100 bit 28, sees it go
+        # PBDMA likewise follows the VM's PBDMA records (and the mediator's own stops of
+        # its channels, which have none: acked by the guest at 0x40108 or in 0x2100)
         value = v.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
         return value | (regs.PFIFO_INTR_VM_FAULT if v.fault_mask() else 0) | \
+            (regs.PFIFO_INTR_PBDMA if pbdma_record() else 0) | \
             (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
             (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
 
-    reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() else 0) |
+    reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() &
+                                                 r["pfifo_intr_en"] else 0) |
                             (regs.PMC_INTR_PGRAPH if r["pgraph_intr"] else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).

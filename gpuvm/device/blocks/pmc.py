@@ -31,7 +31,9 @@ class Pmc(RegisterBlock):
     def pending(self) -> int:
         """Which units have an interrupt pending (the summary a driver reads first)."""
         value = 0
-        if self.gpu.pfifo.intr_status():
+        # a unit's line is its status under its own enables (nvkm leaves PFIFO_INTR bit 31
+        # pending with 0x2140 bit 31 clear until a fence waiter wants it)
+        if self.gpu.pfifo.intr_status() & self.gpu.pfifo.intr_en:
             value |= regs.PMC_INTR_PFIFO
         if self.gpu.pgraph.intr:
             value |= regs.PMC_INTR_PGRAPH
