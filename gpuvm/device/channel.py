@@ -47,6 +47,8 @@ class Channel:
     table: int = 0  # PFIFO_CHAN_TABLE word
     state: int = 0  # PFIFO_CHAN_STATE word
     gp_get: int = 0
+    gp_put: int = 0  # the GP_PUT the device last read from USERD
+    restore: bool = False  # just bound: take progress from RAMFC when the context loads
     error: int = 0  # CHAN_ERR_*_EXT; non-zero = stopped
     ctx: ChannelContext | None = None
     pending: deque = field(default_factory=deque)  # MethodCall | ChannelError
@@ -84,7 +86,7 @@ class Channel:
 
     def reset(self) -> None:
         """A (re)bound channel starts from a clean PFIFO context."""
-        self.gp_get = 0
+        self.gp_get = self.gp_put = 0
         self.error = 0
         self.ctx = None
         self.pending.clear()
@@ -171,7 +173,41 @@ class ChannelExecutor:
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"USERD {ctx.userd:#x} is outside memory", ctx.userd) from None
+        if ch.restore:
+            ch.restore = False
+            self._restore(ch, ctx, w)
         return ctx
+
+    def _restore(self, ch: Channel, ctx: ChannelContext, w: list[int]) -> None:
+        """A channel bound again picks up where it was unbound: GP_GET and the semaphore
+        state from RAMFC, its subchannel objects (engine context) if the RAMFC is still the
+        one the device saved -- a driver that zeroed it made a new channel."""
+        put, get = w[regs.RAMFC_GP_PUT // 4], w[regs.RAMFC_GP_GET // 4]
+        ch.gp_get = get % ctx.gpfifo_entries
+        ch.sem_addr = ((w[regs.RAMFC_SEMAPHOREA // 4] & 0xFF) << 32) | \
+            w[regs.RAMFC_SEMAPHOREB // 4]
+        ch.sem_seq = w[regs.RAMFC_SEMAPHOREC // 4]
+        saved = self.gpu.pfifo.saved_objects.pop(ch.inst, None)
+        if saved is not None and saved[0] == (put, get) and (put or get):
+            ch.objects.update(saved[1])
+            ch.count("pfifo.context_restores")
+
+    def save(self, ch: Channel) -> None:
+        """Unbinding: write the channel's progress to its RAMFC (GP_PUT, GP_GET, the
+        semaphore registers) and keep its subchannel objects for the same instance."""
+        words = {regs.RAMFC_GP_PUT: ch.gp_put, regs.RAMFC_GP_GET: ch.gp_get,
+                 regs.RAMFC_SEMAPHOREA: ch.sem_addr >> 32,
+                 regs.RAMFC_SEMAPHOREB: ch.sem_addr & 0xFFFFFFFF,
+                 regs.RAMFC_SEMAPHOREC: ch.sem_seq}
+        self.gpu.mmu.actor = ch.actor
+        try:
+            for off, value in words.items():
+                self.gpu.mmu.phys_write(ch.inst_target, ch.inst + off,
+                                        (value & 0xFFFFFFFF).to_bytes(4, "little"), CONTEXT)
+        except DmaFault:
+            return
+        if ch.objects:
+            self.gpu.pfifo.saved_objects[ch.inst] = ((ch.gp_put, ch.gp_get), dict(ch.objects))
 
     def _userd_write(self, ctx: ChannelContext, offset: int, value: int) -> None:
         self.gpu.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
@@ -188,6 +224,7 @@ class ChannelExecutor:
         if gp_put >= ctx.gpfifo_entries:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
                                f"GP_PUT {gp_put} beyond a ring of {ctx.gpfifo_entries}", gp_put)
+        ch.gp_put = gp_put
         if gp_put == ch.gp_get:
             ch.poll = False
             return False

@@ -59,6 +59,9 @@ class Pfifo(RegisterBlock):
         # registers show the oldest, the dict lets a mediator show each VM its own
         self.pbdma_traps: dict[int, list[int]] = {}
         self.pbdma_intr_en = 0
+        # subchannel objects of unbound channels by instance (the engine contexts a
+        # rebind of the same instance picks up): inst -> ((GP_PUT, GP_GET) saved, objects)
+        self.saved_objects: dict[int, tuple[tuple[int, int], dict]] = {}
         self.engine_intr_en = 0
         self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
@@ -275,8 +278,13 @@ class Pfifo(RegisterBlock):
         if value != old:
             if old_inst is not None and (ch.on_resume is not None or ch.busy_since is not None):
                 self._preempt(old_inst)
+            if old_inst is not None:  # the context save of an unbind (RAMFC)
+                ch.table = old
+                self.executor.save(ch)
+                ch.table = value
             since = ch.busy_since
             ch.reset()
+            ch.restore = ch.valid
             if since is not None:  # whoever waits for this channel to go idle: it has
                 now = self.gpu.clock.now_ns()
                 for listener in self.idle_listeners:

@@ -353,6 +353,17 @@ RAMIN_LIMIT_HI = 0x20C
 RAMIN_GRCTX_LO = 0x210
 RAMIN_GRCTX_HI = 0x214
 RAMFC_END = 0x200  # offsets below this are RAMFC (saved FIFO state)
+# Where the device saves a channel's progress when it is unbound and loads it when it is
+# bound again (NVIDIA's RAMFC layout, whose USERD 0x08, signature 0x10, ACQUIRE 0x30 and
+# GP_BASE 0x48/0x4c are the words nvkm's gf100_fifo_gpfifo_new writes).  A driver that
+# zeroes a new instance block starts its channel at entry 0.
+RAMFC_GP_PUT = 0x000
+RAMFC_GP_GET = 0x014
+RAMFC_SEMAPHOREA = 0x038  # semaphore address bits 32-39
+RAMFC_SEMAPHOREB = 0x03C  # address bits 0-31
+RAMFC_SEMAPHOREC = 0x040  # sequence
+RAMFC_PROGRESS_WORDS = (RAMFC_GP_PUT, RAMFC_GP_GET, RAMFC_SEMAPHOREA, RAMFC_SEMAPHOREB,
+                        RAMFC_SEMAPHOREC)
 RAMIN_ADDR_TARGET_MASK = 0x3
 RAMIN_ADDR_MASK = 0xFFFFF000
 
