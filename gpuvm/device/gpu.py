@@ -68,7 +68,8 @@ class Gpu:
         self.pbus = Pbus(self)
         self.pffb = Pffb(self)
         self.pramin = Pramin(self)
-        for block in (self.pmc, self.pbus, self.pfifo, Ptimer(self), PfbPartitions(self),
+        self.ptimer = Ptimer(self)
+        for block in (self.pmc, self.pbus, self.pfifo, self.ptimer, PfbPartitions(self),
                       Pflush(self), Pfb(), self.pffb, Pcopy(0, self.engines.copy0),
                       Pcopy(1, self.engines.copy1), PfbPartitionSizes(self), self.pgraph,
                       self.pramin):
@@ -263,6 +264,9 @@ class Gpu:
         with self.lock:
             while not self._stopping:
                 wake = self.pfifo.service(self.clock.now_ns())
+                alarm = self.ptimer.fire(self.clock.now_ns())
+                if alarm is not None and (wake is None or alarm < wake):
+                    wake = alarm
                 if self._signalled_chids is None or self._signalled_chids:
                     chids = None if self._signalled_chids is None \
                         else frozenset(self._signalled_chids)

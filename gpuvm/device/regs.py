@@ -291,9 +291,15 @@ CHAN_ERR_TIMEOUT_EXT = 13  # killed by the hypervisor's watchdog (held the GPU t
 # --------------------------------------------------------------------------------------
 # PTIMER
 # --------------------------------------------------------------------------------------
-PTIMER_TIME_0 = 0x009400  # low 32 bits, ns; bits 0-4 read as zero
+PTIMER_TIME_0 = 0x009400  # low 32 bits, ns; bits 0-4 read as zero; writing sets the time
 PTIMER_TIME_0_MASK = 0xFFFFFFE0
-PTIMER_TIME_1 = 0x009410  # high 32 bits
+PTIMER_TIME_1 = 0x009410  # high 32 bits (nvkm writes it first, then TIME_0)
+PTIMER_INTR_0 = 0x009100  # bit 0 ALARM; write 1s to clear
+PTIMER_INTR_EN_0 = 0x009140
+PTIMER_INTR_ALARM = 1 << 0
+PTIMER_NUMERATOR = 0x009200  # stored: the model's timer always counts nanoseconds
+PTIMER_DENOMINATOR = 0x009210
+PTIMER_ALARM_0 = 0x009420  # the alarm fires when TIME's low 32 bits reach it
 
 # --------------------------------------------------------------------------------------
 # PFLUSH

@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
+from gpuvm.device.blocks.ptimer import alarm_time
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -31,8 +32,6 @@ Writer = Callable[[int], None]
 # (offset, "read"/"write") -> why sharing it between VMs is harmless
 PASSTHROUGH: dict[tuple[int, str], str] = {
     (regs.PMC_BOOT_0, "read"): "the chip's identity: a constant",
-    (regs.PTIMER_TIME_0, "read"): "the GPU clock: one time for everyone, read only",
-    (regs.PTIMER_TIME_1, "read"): "the GPU clock: one time for everyone, read only",
     (regs.PFLUSH_FLUSH, "read"): "write-back flush status: always done in this model",
     (regs.PFLUSH_FLUSH, "write"): "write-back flush: completes at once, changes no state",
     (regs.PFFB_VM_CFG, "read"): "flush slots/done and the large-page size: read only",
@@ -121,9 +120,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
             (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
             (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
 
+    _timer(v, reads, writes)
     reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() &
                                                  r["pfifo_intr_en"] else 0) |
-                            (regs.PMC_INTR_PGRAPH if r["pgraph_intr"] else 0))
+                            (regs.PMC_INTR_PGRAPH if r["pgraph_intr"] else 0) |
+                            (regs.PMC_INTR_PTIMER if r["ptimer_intr"] & r["ptimer_intr_en"]
+                             else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
     reads[regs.PFIFO_INTR] = ("virtual", pfifo_intr)
@@ -198,3 +200,59 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         "pgraph_intr", r["pgraph_intr"] & ~value))
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
+
+
+def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+           writes: dict[int, tuple[str, Writer]]) -> None:
+    """Each VM's own PTIMER: the GPU clock plus the offset its TIME writes set, its own
+    alarm and interrupt.  A VM that sets the time or arms an alarm changes nothing for
+    another; its alarm raises its own MSI (the device calls back at the device time)."""
+    r = v.vregs
+    gpu = v.med.gpu
+    ptimer = gpu.ptimer
+
+    def counter() -> int:
+        return (gpu.clock.now_ns() + r["ptimer_offset"]) % (1 << 64)
+
+    def fired() -> None:  # device lock held, on the engine thread
+        r["ptimer_intr"] |= regs.PTIMER_INTR_ALARM
+        v.count("ptimer.alarms", 1)
+        v.interrupt()
+        arm(again=True)  # the low word comes round again in 2^32 ns
+
+    def arm(again: bool = False) -> None:
+        if r["ptimer_intr_en"] & regs.PTIMER_INTR_ALARM:
+            now = gpu.clock.now_ns()
+            when = alarm_time(now + r["ptimer_offset"], r["ptimer_alarm"])
+            ptimer.call_at(v, now + (when or (1 << 32) if again else when), fired)
+        else:
+            ptimer.call_at(v, None)
+
+    def setter(name: str, rearm: bool) -> Writer:
+        def write(value: int) -> None:
+            r[name] = value
+            if rearm:
+                with gpu.lock:
+                    arm()
+        return write
+
+    def time_0(value: int) -> None:
+        r["ptimer_offset"] = ((r["ptimer_time_1"] << 32) | value) - gpu.clock.now_ns()
+        with gpu.lock:
+            arm()
+
+    reads[regs.PTIMER_TIME_0] = ("virtual", lambda: counter() & regs.PTIMER_TIME_0_MASK)
+    reads[regs.PTIMER_TIME_1] = ("virtual", lambda: (counter() >> 32) & 0xFFFFFFFF)
+    writes[regs.PTIMER_TIME_0] = ("virtual", time_0)
+    writes[regs.PTIMER_TIME_1] = ("virtual", setter("ptimer_time_1", False))
+    reads[regs.PTIMER_ALARM_0] = ("virtual", lambda: r["ptimer_alarm"])
+    writes[regs.PTIMER_ALARM_0] = ("virtual", setter("ptimer_alarm", True))
+    reads[regs.PTIMER_INTR_EN_0] = ("virtual", lambda: r["ptimer_intr_en"])
+    writes[regs.PTIMER_INTR_EN_0] = ("virtual", setter("ptimer_intr_en", True))
+    reads[regs.PTIMER_INTR_0] = ("virtual", lambda: r["ptimer_intr"])
+    writes[regs.PTIMER_INTR_0] = ("virtual", lambda value: r.__setitem__(
+        "ptimer_intr", r["ptimer_intr"] & ~value))
+    for off, name in ((regs.PTIMER_NUMERATOR, "ptimer_num"), (regs.PTIMER_DENOMINATOR,
+                                                             "ptimer_den")):
+        reads[off] = ("virtual", lambda n=name: r[n])
+        writes[off] = ("virtual", setter(name, False))

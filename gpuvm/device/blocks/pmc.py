@@ -35,6 +35,8 @@ class Pmc(RegisterBlock):
         # pending with 0x2140 bit 31 clear until a fence waiter wants it)
         if self.gpu.pfifo.intr_status() & self.gpu.pfifo.intr_en:
             value |= regs.PMC_INTR_PFIFO
+        if self.gpu.ptimer.pending():
+            value |= regs.PMC_INTR_PTIMER
         if self.gpu.pgraph.intr:
             value |= regs.PMC_INTR_PGRAPH
         return value
