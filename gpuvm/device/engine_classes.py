@@ -228,6 +228,12 @@ class M2mfClass(EngineClass):
 
 
 class ComputeClass(EngineClass):
+    """Compute 0x90c0 the way Gdev's nvc0_init and nvc0_launch drive it: the code
+    address names a kernel object (standing in for SASS), the constant buffer carries the
+    parameters, LAUNCH runs the library kernel; the setup methods for SASS (local and
+    shared memory, registers, g[] windows, flushes) are accepted and kept.  A NOP with a
+    notifier armed writes it and raises PGRAPH's NOTIFY interrupt for the channel."""
+
     cls = regs.CLASS_COMPUTE
     engines = (regs.ENGINE_PGRAPH,)
     methods = frozenset({regs.COMPUTE_GRID_XY, regs.COMPUTE_GRID_Z, regs.COMPUTE_LAUNCH,
@@ -236,7 +242,8 @@ class ComputeClass(EngineClass):
                          regs.COMPUTE_CB_BIND, regs.COMPUTE_QUERY_ADDR_HI,
                          regs.COMPUTE_QUERY_ADDR_LO, regs.COMPUTE_QUERY_SEQUENCE,
                          regs.COMPUTE_QUERY_GET, regs.COMPUTE_CB_SIZE, regs.COMPUTE_CB_ADDR_HI,
-                         regs.COMPUTE_CB_ADDR_LO, regs.COMPUTE_CB_POS, regs.COMPUTE_CB_DATA})
+                         regs.COMPUTE_CB_ADDR_LO, regs.COMPUTE_CB_POS, regs.COMPUTE_CB_DATA,
+                         regs.COMPUTE_NOP, *regs.COMPUTE_SETUP_METHODS})
 
     def on_method(self, ch, obj, mem, method, value, now):
         s = obj.state
@@ -253,6 +260,16 @@ class ComputeClass(EngineClass):
             va = _addr(s, regs.COMPUTE_QUERY_ADDR_HI, regs.COMPUTE_QUERY_ADDR_LO)
             _release(mem, va, s.get(regs.COMPUTE_QUERY_SEQUENCE, 0),
                      not value & regs.QUERY_GET_SHORT, now)
+            if value & regs.QUERY_GET_INTR:
+                mem.gpu.pgraph.notify(ch)
+        elif method == regs.COMPUTE_NOP and \
+                s.get(regs.COMPUTE_NOTIFY_TYPE) == regs.COMPUTE_NOTIFY_WRITTEN_AND_AWAKEN:
+            # the notifier Gdev's nvc0_notify_intr arms: written when the NOP gets here
+            # (everything before it is done: the channel runs in order), then the interrupt
+            s[regs.COMPUTE_NOTIFY_TYPE] = 0
+            mem.write(_addr(s, regs.COMPUTE_NOTIFY_ADDR_HI, regs.COMPUTE_NOTIFY_ADDR_LO),
+                      np.array([now & 0xFFFFFFFF, now >> 32, 0, 0], dtype=np.uint32))
+            mem.gpu.pgraph.notify(ch)
         elif method == regs.COMPUTE_LAUNCH:
             return self._launch(ch, s, mem)
         return None

@@ -109,6 +109,11 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     reads[regs.PBDMA_CHAN] = ("virtual", lambda: pbdma_word(-1))  # the VM's channel id
     virtual(regs.PBDMA_INTR_EN, "pbdma_intr_en")
 
+    def pgraph_intr() -> int:
+        pgraph = v.med.gpu.pgraph
+        return regs.PGRAPH_INTR_NOTIFY if any(
+            c.bound and c.pchid in pgraph.notify_chids for c in ch.by_vchid.values()) else 0
+
     def pfifo_intr() -> int:
         # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
         # handler, which acks 0x259c and never 0x2100 bit 28, sees it go
@@ -123,7 +128,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     _timer(v, reads, writes)
     reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() &
                                                  r["pfifo_intr_en"] else 0) |
-                            (regs.PMC_INTR_PGRAPH if r["pgraph_intr"] else 0) |
+                            (regs.PMC_INTR_PGRAPH if pgraph_intr() else 0) |
                             (regs.PMC_INTR_PTIMER if r["ptimer_intr"] & r["ptimer_intr_en"]
                              else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
@@ -194,10 +199,16 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
         virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
-    # PGRAPH's interrupt word and busy status would tell one VM about another's work
-    virtual(regs.PGRAPH_INTR, "pgraph_intr")
-    writes[regs.PGRAPH_INTR] = ("virtual", lambda value: r.__setitem__(
-        "pgraph_intr", r["pgraph_intr"] & ~value))
+    # PGRAPH's interrupt word and busy status would tell one VM about another's work:
+    # each VM sees (and acks) the NOTIFY its own channels raised
+    reads[regs.PGRAPH_INTR] = ("virtual", pgraph_intr)
+
+    def pgraph_ack(value: int) -> None:
+        if value & regs.PGRAPH_INTR_NOTIFY:
+            for c in ch.by_vchid.values():
+                v.med.gpu.pgraph.notify_chids.discard(c.pchid)
+
+    writes[regs.PGRAPH_INTR] = ("channel", pgraph_ack)
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
 
