@@ -148,3 +148,30 @@ def test_stopped_channel_like_gf100_fifo_intr_pbdma(target):  # noqa: F811
     log = gf100_fifo_intr(drv)
     assert [e[:4] for e in log if e[0] == "pbdma"] == [("pbdma", 0, 0x00008000, 0)]
     assert _quiet(drv)
+
+
+def test_init_like_gf100_fifo_oneinit_and_init(target):  # noqa: F811
+    """gf100_fifo_oneinit counts the PBDMAs by writing 0x2204 = ~0 and reading back (one
+    here); gf100_fifo_init enables them, sets each up, enables PFIFO and the USERD area,
+    acks and enables interrupts.  Every register it touches exists, and nothing is left
+    pending."""
+    drv = target.drv
+    unimplemented = target.gpu.counters().get("mmio.unimplemented", 0)
+    drv.wr(0x002204, 0xFFFFFFFF)
+    pbdma_nr = bin(drv.rd(0x002204)).count("1")
+    assert pbdma_nr == 1
+    drv.wr(0x000204, (1 << pbdma_nr) - 1)
+    drv.wr(0x002204, (1 << pbdma_nr) - 1)
+    for i in range(pbdma_nr):
+        drv.wr(0x04013C + i * 0x2000, drv.rd(0x04013C + i * 0x2000) & ~0x10000100)
+        drv.wr(0x040108 + i * 0x2000, 0xFFFFFFFF)
+        drv.wr(0x04010C + i * 0x2000, 0xFFFFFEFF)
+    drv.wr(0x002200, drv.rd(0x002200) | 0x00000001)
+    drv.wr(0x002254, 0x10000000 | drv.poll_va >> 12)
+    drv.wr(0x002100, 0xFFFFFFFF)
+    drv.wr(0x002140, 0x7FFFFFFF)
+    drv.wr(0x002628, 0x00000001)
+    assert target.gpu.counters().get("mmio.unimplemented", 0) == unimplemented
+    assert drv.rd(0x04010C) == 0xFFFFFEFF and drv.rd(0x000204) == 1
+    assert gf100_fifo_intr(drv) == [] and _quiet(drv)
+    assert target.run([]), target.faults()  # the channel still runs

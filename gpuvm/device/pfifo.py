@@ -101,6 +101,12 @@ class Pfifo(RegisterBlock):
         self.reg(regs.PBDMA_CHAN, read=lambda: next(iter(self.pbdma_traps), 0))
         self.reg(regs.PBDMA_INTR_EN, read=lambda: self.pbdma_intr_en,
                  write=self._set_pbdma_intr_en, plain=True)
+        self.pbdma_enable = 0
+        self.pbdma_config = 0
+        self.reg(regs.PFIFO_PBDMA_ENABLE, read=lambda: self.pbdma_enable,
+                 write=self._set_pbdma_enable, plain=True)
+        self.reg(regs.PBDMA_CONFIG, read=lambda: self.pbdma_config,
+                 write=self._set_pbdma_config, plain=True)
         for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
             self.reg(regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE,
                      read=lambda e=engn: self.engine_intr(e),
@@ -153,6 +159,12 @@ class Pfifo(RegisterBlock):
 
     def _set_pbdma_intr_en(self, value: int) -> None:
         self.pbdma_intr_en = value
+
+    def _set_pbdma_enable(self, value: int) -> None:
+        self.pbdma_enable = value & ((1 << regs.PBDMA_COUNT) - 1)  # the PBDMAs there are
+
+    def _set_pbdma_config(self, value: int) -> None:
+        self.pbdma_config = value
 
     def pbdma_trap(self, ch: Channel, reason: int, subc: int = 0, method: int = 0,
                    data: int = 0) -> None:

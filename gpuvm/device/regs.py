@@ -156,6 +156,10 @@ FIFO_ENGINE_PGRAPH = 0  # the FIFO engine a channel's host NOTIFY_INTR is report
 # (PFIFO_INTR bit 29 is its level); INTR holds the reasons (write 1s to ack); METHOD0 /
 # DATA0 the trapped method (subchannel << 16 | method) and its data; CHAN the channel.
 PFIFO_PBDMA_INTR_SOURCE = 0x0025A0
+PFIFO_PBDMA_ENABLE = 0x002204  # a bit per PBDMA; nvkm counts the bits that stick: one
+PMC_PBDMA_ENABLE = 0x000204  # nvkm's gf100_fifo_init writes (1 << PBDMAs) - 1
+PBDMA_COUNT = 1
+PBDMA_CONFIG = 0x04013C  # nvkm masks bits 8 and 28 off at init; stored
 PBDMA_INTR = 0x040108  # + 0x2000 * unit
 PBDMA_INTR_EN = 0x04010C
 PBDMA_METHOD0 = 0x0400C0

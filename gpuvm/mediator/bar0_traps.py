@@ -108,6 +108,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     reads[regs.PBDMA_DATA0] = ("virtual", lambda: pbdma_word(2))
     reads[regs.PBDMA_CHAN] = ("virtual", lambda: pbdma_word(-1))  # the VM's channel id
     virtual(regs.PBDMA_INTR_EN, "pbdma_intr_en")
+    virtual(regs.PBDMA_CONFIG, "pbdma_config")
+    for off, name in ((regs.PFIFO_PBDMA_ENABLE, "pbdma_enable"),
+                      (regs.PMC_PBDMA_ENABLE, "pmc_pbdma_enable")):
+        reads[off] = ("virtual", lambda n=name: r[n])
+        writes[off] = ("virtual", lambda value, n=name: r.__setitem__(
+            n, value & ((1 << regs.PBDMA_COUNT) - 1)))
 
     def pgraph_intr() -> int:
         pgraph = v.med.gpu.pgraph

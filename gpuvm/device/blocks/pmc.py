@@ -27,6 +27,9 @@ class Pmc(RegisterBlock):
         self.reg(regs.PMC_INTR_EN, read=lambda: self.intr_en, write=self._set_intr_en,
                  plain=True)
         self.reg(regs.PMC_ENABLE, read=lambda: self.enable, write=self._set_enable)
+        self.pbdma_enable = 0
+        self.reg(regs.PMC_PBDMA_ENABLE, read=lambda: self.pbdma_enable,
+                 write=self._set_pbdma_enable, plain=True)
 
     def pending(self) -> int:
         """Which units have an interrupt pending (the summary a driver reads first)."""
@@ -47,6 +50,9 @@ class Pmc(RegisterBlock):
     def _set_enable(self, value: int) -> None:
         self.enable = value
         self.gpu.kick_engines()
+
+    def _set_pbdma_enable(self, value: int) -> None:
+        self.pbdma_enable = value & ((1 << regs.PBDMA_COUNT) - 1)
 
     def engine_enabled(self, bit: int) -> bool:
         return bool(self.enable & bit)
