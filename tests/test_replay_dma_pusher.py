@@ -104,3 +104,28 @@ def test_forms_without_a_command_stop_only_that_channel(target):  # noqa: F811
     if target.other is not None:
         assert target.other.vgpu.faults() == []
         assert target.other.copy(target.other.rig.va(0), target.other.rig.sys_va(0), 4)
+
+
+def test_random_words_fault_only_their_channel(target):  # noqa: F811
+    """Whatever a pushbuffer holds, the device answers as hardware would -- a method run,
+    skipped with a PBDMA record, or the channel stopped with a reason -- never with an
+    internal error, and another VM's channel, faults and interrupt registers stay its
+    own."""
+    rng = np.random.default_rng(74)
+    drv = target.drv
+    for round_ in range(4):
+        words = rng.integers(0, 1 << 32, 48, dtype=np.uint64).astype(np.uint32).tolist()
+        for i in range(0, 48, 6):  # some headers of each form, among the noise
+            words[i] = (int(rng.integers(0, 8)) << 29) | (int(rng.integers(0, 8)) << 16) | \
+                (int(rng.integers(0, 8)) << 13) | int(rng.integers(0, 0x800))
+        target.run(words, timeout=0.5)  # the fence may be eaten as data, or wait
+        assert not any("internal error" in f.reason for f in target.faults()), target.faults()
+        drv.wr(regs.PFIFO_CHAN_TABLE, 0)  # a fresh channel each round, as a driver would
+        target.rig.ch = drv.create_channel(0, target.rig.space, target.rig.ch.gpfifo_va)
+        drv.submit_runlist([0])
+    if target.other is not None:
+        other = target.other
+        assert other.vgpu.faults() == []
+        assert other.drv.rd(0x0025A0) == 0 and other.drv.rd(0x0025A8) == 0
+        assert other.drv.rd(regs.PGRAPH_INTR) == 0
+        assert other.copy(other.rig.va(0), other.rig.sys_va(0), 4)
