@@ -17,6 +17,7 @@ enumerates the device's BAR0 map against this table).
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
@@ -227,23 +228,28 @@ def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
     r = v.vregs
     gpu = v.med.gpu
     ptimer = gpu.ptimer
+    vgpu = weakref.ref(v)  # an alarm left armed must not keep a removed vGPU alive
+    key = ("vgpu-ptimer", id(v))
 
     def counter() -> int:
         return (gpu.clock.now_ns() + r["ptimer_offset"]) % (1 << 64)
 
     def fired() -> None:  # device lock held, on the engine thread
+        owner = vgpu()
+        if owner is None:
+            return
         r["ptimer_intr"] |= regs.PTIMER_INTR_ALARM
-        v.count("ptimer.alarms", 1)
-        v.interrupt()
+        owner.count("ptimer.alarms", 1)
+        owner.interrupt()
         arm(again=True)  # the low word comes round again in 2^32 ns
 
     def arm(again: bool = False) -> None:
         if r["ptimer_intr_en"] & regs.PTIMER_INTR_ALARM:
             now = gpu.clock.now_ns()
             when = alarm_time(now + r["ptimer_offset"], r["ptimer_alarm"])
-            ptimer.call_at(v, now + (when or (1 << 32) if again else when), fired)
+            ptimer.call_at(key, now + (when or (1 << 32) if again else when), fired)
         else:
-            ptimer.call_at(v, None)
+            ptimer.call_at(key, None)
 
     def setter(name: str, rearm: bool) -> Writer:
         def write(value: int) -> None:
