@@ -326,8 +326,12 @@ class ChannelExecutor:
         engine = self.gpu.engines.by_id(obj.engine_id)
         if not self.gpu.pmc.engine_enabled(engine.enable_bit):
             return False
+        klass = self.gpu.classes[obj.cls]
+        if call.method not in klass.methods and obj.engine_id == regs.ENGINE_PGRAPH:
+            self.gpu.pgraph.illegal_method(ch, call.subc, call.method, call.value)
+            return True  # PGRAPH's ILLEGAL_MTHD: recorded, interrupted, skipped
         mem.unit = engine.fault_unit
-        launch = self.gpu.classes[obj.cls].method(ch, obj, mem, call.method, call.value, now)
+        launch = klass.method(ch, obj, mem, call.method, call.value, now)
         if launch is not None:
             duration, done = launch
             ch.resume_at = engine.occupy(now, duration, ch.inst)

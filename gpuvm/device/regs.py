@@ -343,6 +343,11 @@ PCOPY_CHAN_VALID = 1 << 30
 # --------------------------------------------------------------------------------------
 PGRAPH_INTR = 0x400100
 PGRAPH_INTR_NOTIFY = 1 << 0  # a notifier written (nvkm gf100_gr_intr acks it here)
+PGRAPH_INTR_ILLEGAL_MTHD = 1 << 4  # a method the bound graph-engine class lacks: skipped
+PGRAPH_TRAP_ADDR = 0x400704  # the illegal method: subchannel << 16 | method
+PGRAPH_TRAP_DATA = 0x400708  # its data
+PGRAPH_TRAP_SUBC_SHIFT = 16
+PGRAPH_FIFO_ACCESS = 0x400500  # nvkm writes 0x00010001 after handling: accepted
 PGRAPH_STATUS = 0x400700  # non-zero while busy
 
 # --------------------------------------------------------------------------------------

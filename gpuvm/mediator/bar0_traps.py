@@ -116,10 +116,23 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         writes[off] = ("virtual", lambda value, n=name: r.__setitem__(
             n, value & ((1 << regs.PBDMA_COUNT) - 1)))
 
+    def pgraph_trap() -> tuple[int, list[int]] | None:
+        """The oldest PGRAPH illegal-method record of this VM's channels."""
+        mine = {c.pchid for c in ch.by_vchid.values() if c.bound}
+        for pchid, record in list(v.med.gpu.pgraph.traps.items()):
+            if pchid in mine:
+                return pchid, record
+        return None
+
     def pgraph_intr() -> int:
         pgraph = v.med.gpu.pgraph
-        return regs.PGRAPH_INTR_NOTIFY if any(
-            c.bound and c.pchid in pgraph.notify_chids for c in ch.by_vchid.values()) else 0
+        notify = any(c.bound and c.pchid in pgraph.notify_chids for c in ch.by_vchid.values())
+        return (regs.PGRAPH_INTR_NOTIFY if notify else 0) | \
+            (regs.PGRAPH_INTR_ILLEGAL_MTHD if pgraph_trap() else 0)
+
+    for off, word in ((regs.PGRAPH_TRAP_ADDR, 0), (regs.PGRAPH_TRAP_DATA, 1)):
+        reads[off] = ("virtual", lambda w=word: (pgraph_trap() or (0, [0, 0]))[1][w])
+    virtual(regs.PGRAPH_FIFO_ACCESS, "pgraph_fifo_access")
 
     def pfifo_intr() -> int:
         # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
@@ -214,6 +227,11 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         if value & regs.PGRAPH_INTR_NOTIFY:
             for c in ch.by_vchid.values():
                 v.med.gpu.pgraph.notify_chids.discard(c.pchid)
+        if value & regs.PGRAPH_INTR_ILLEGAL_MTHD:
+            found = pgraph_trap()
+            if found is not None:
+                with v.med.gpu.lock:
+                    v.med.gpu.pgraph.ack_trap(found[0])
 
     writes[regs.PGRAPH_INTR] = ("channel", pgraph_ack)
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
