@@ -55,10 +55,6 @@ class Pfifo(RegisterBlock):
         # channels whose NOTIFY_INTR (the non-stall interrupt) is not acknowledged yet;
         # the register view is one bit, the set lets a mediator show each VM its own
         self.notify_chids: set[int] = set()
-        # PBDMA interrupt records by channel, oldest first: [INTR, METHOD0, DATA0]; the
-        # registers show the oldest, the dict lets a mediator show each VM its own
-        self.pbdma_traps: dict[int, list[int]] = {}
-        self.pbdma_intr_en = 0
         # subchannel objects of unbound channels by instance (the engine contexts a
         # rebind of the same instance picks up): inst -> ((GP_PUT, GP_GET) saved, objects)
         self.saved_objects: dict[int, tuple[tuple[int, int], dict]] = {}
@@ -93,20 +89,11 @@ class Pfifo(RegisterBlock):
         self.reg(regs.PFIFO_FAULT_UNIT_MASK, read=lambda: self.fault_mask,
                  write=self._clear_fault_mask)
         self.reg(regs.PFIFO_ENGINE_INTR_SOURCE, read=self.engine_intr_source)
-        self.reg(regs.PFIFO_PBDMA_INTR_SOURCE, read=lambda: 1 if self.pbdma_traps else 0,
+        self.reg(regs.PFIFO_PBDMA_INTR_SOURCE, read=lambda: 1 if self.gpu.pbdma.traps else 0,
                  write=lambda v: None)  # a level: gone once PBDMA_INTR is acked
-        self.reg(regs.PBDMA_INTR, read=lambda: self._pbdma_view(0), write=self._ack_pbdma)
-        self.reg(regs.PBDMA_METHOD0, read=lambda: self._pbdma_view(1), write=lambda v: None)
-        self.reg(regs.PBDMA_DATA0, read=lambda: self._pbdma_view(2))
-        self.reg(regs.PBDMA_CHAN, read=lambda: next(iter(self.pbdma_traps), 0))
-        self.reg(regs.PBDMA_INTR_EN, read=lambda: self.pbdma_intr_en,
-                 write=self._set_pbdma_intr_en, plain=True)
         self.pbdma_enable = 0
-        self.pbdma_config = 0
         self.reg(regs.PFIFO_PBDMA_ENABLE, read=lambda: self.pbdma_enable,
                  write=self._set_pbdma_enable, plain=True)
-        self.reg(regs.PBDMA_CONFIG, read=lambda: self.pbdma_config,
-                 write=self._set_pbdma_config, plain=True)
         for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
             self.reg(regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE,
                      read=lambda e=engn: self.engine_intr(e),
@@ -134,48 +121,12 @@ class Pfifo(RegisterBlock):
         runlist event while 0x2a00 has anything set, ENGINE while 0x25a4 does.  nvkm acks
         those at their sources, never in 0x2100."""
         return self.intr | (regs.PFIFO_INTR_VM_FAULT if self.fault_mask else 0) | \
-            (regs.PFIFO_INTR_PBDMA if self.pbdma_traps else 0) | \
+            (regs.PFIFO_INTR_PBDMA if self.gpu.pbdma.traps else 0) | \
             (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0) | \
             (regs.PFIFO_INTR_ENGINE if self.engine_intr_source() else 0)
 
-    def _pbdma_view(self, word: int) -> int:
-        for record in self.pbdma_traps.values():
-            return record[word]
-        return 0
-
-    def _ack_pbdma(self, value: int) -> None:
-        for chid in self.pbdma_traps:
-            self.ack_pbdma(chid, value)
-            return
-
-    def ack_pbdma(self, chid: int, value: int) -> None:
-        """Write-1-to-clear one channel's PBDMA reasons (the register write acks the
-        oldest record; a mediator acks the one its VM sees)."""
-        record = self.pbdma_traps.get(chid)
-        if record is not None:
-            record[0] &= ~value
-            if not record[0]:
-                del self.pbdma_traps[chid]
-
-    def _set_pbdma_intr_en(self, value: int) -> None:
-        self.pbdma_intr_en = value
-
     def _set_pbdma_enable(self, value: int) -> None:
         self.pbdma_enable = value & ((1 << regs.PBDMA_COUNT) - 1)  # the PBDMAs there are
-
-    def _set_pbdma_config(self, value: int) -> None:
-        self.pbdma_config = value
-
-    def pbdma_trap(self, ch: Channel, reason: int, subc: int = 0, method: int = 0,
-                   data: int = 0) -> None:
-        """Record a PBDMA interrupt for this channel (PFIFO_INTR bit 29 follows it)."""
-        record = self.pbdma_traps.get(ch.chid)
-        if record is None:
-            self.pbdma_traps[ch.chid] = [reason, (subc << regs.PBDMA_METHOD0_SUBC_SHIFT) |
-                                         (method & 0x3FFC), data & 0xFFFFFFFF]
-        else:  # reasons accumulate; the first method trapped stays on show
-            record[0] |= reason
-        self.gpu.signal(ch.chid)
 
     def skip_method(self, ch: Channel, reason: int, subc: int, method: int, data: int) -> None:
         """A method the PBDMA will not pass on (ILLEGAL_MTHD, EMPTY_SUBC): recorded and
@@ -183,7 +134,7 @@ class Pfifo(RegisterBlock):
         handler writes PBDMA_METHOD0 = NOP; this model skips it at once, so a guest that
         never handles the interrupt is not stuck behind it.)"""
         self.gpu.counts.chan(ch.chid, "pfifo.skipped_methods")
-        self.pbdma_trap(ch, reason, subc, method, data)
+        self.gpu.pbdma.trap(ch.chid, reason, subc, method, data)
 
     def engine_intr(self, engn: int) -> int:
         """PFIFO_ENGINE_INTR of one FIFO engine: NOTIFY while a channel's non-stall
@@ -339,8 +290,9 @@ class Pfifo(RegisterBlock):
                                     unit, exc.reason, exc.write))
 
     def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None:
-        self.pbdma_trap(ch, _PBDMA_REASON.get(code, regs.PBDMA_INTR_CHANNEL_STOPPED_EXT),
-                        data=address)
+        self.gpu.pbdma.trap(ch.chid, _PBDMA_REASON.get(code,
+                                                       regs.PBDMA_INTR_CHANNEL_STOPPED_EXT),
+                            data=address)
         self._stop(ch, ChannelFault(ch.chid, text or CHAN_ERROR_NAMES[code], address, "PFIFO",
                                     code))
 

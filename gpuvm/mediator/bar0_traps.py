@@ -82,7 +82,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     def pbdma_record() -> tuple[int, list[int]] | None:
         """The oldest PBDMA record of this VM's channels (vchid, [INTR, METHOD0, DATA0])."""
         mine = {c.pchid: c.vchid for c in ch.by_vchid.values() if c.bound}
-        for pchid, record in list(pfifo.pbdma_traps.items()):
+        for pchid, record in list(v.med.gpu.pbdma.traps.items()):
             if pchid in mine:
                 return mine[pchid], record
         return None
@@ -97,7 +97,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         found = pbdma_record()
         if found is not None:
             with v.med.gpu.lock:
-                pfifo.ack_pbdma(ch.by_vchid[found[0]].pchid, value)
+                v.med.gpu.pbdma.ack(ch.by_vchid[found[0]].pchid, value)
         v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
 
     reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if pbdma_record() else 0)

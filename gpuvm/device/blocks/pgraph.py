@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 class Pgraph(RegisterBlock):
+    """PGRAPH's status and interrupts, with which channel raised each (see above)."""
+
     name, start, size = "pgraph", regs.BLOCK_PGRAPH, 0x10000
 
     def __init__(self, gpu: "Gpu") -> None:

@@ -27,6 +27,9 @@ def alarm_time(now_counter: int, alarm: int) -> int:
 
 
 class Ptimer(RegisterBlock):
+    """The timer a driver sets and arms; an offset on the device clock, so setting it
+    never moves device time (the engines' and every other VM's)."""
+
     name, start, size = "ptimer", regs.BLOCK_PTIMER, 0x1000
 
     def __init__(self, gpu: "Gpu") -> None:
