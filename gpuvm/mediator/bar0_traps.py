@@ -59,80 +59,9 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
     virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
     virtual(regs.PFFB_FLUSH_PD, "flush_pd")
-    pfifo = v.med.gpu.pfifo
-
-    def notify_pending() -> bool:
-        """Whether one of this VM's channels raised the non-stall interrupt (NOTIFY_INTR)
-        and the VM has not acknowledged it: each VM sees only its own."""
-        return any(c.bound and c.pchid in pfifo.notify_chids for c in ch.by_vchid.values())
-
-    def engine_intr(engn: int) -> int:
-        return regs.PFIFO_ENGINE_INTR_NOTIFY if engn == regs.FIFO_ENGINE_PGRAPH and \
-            notify_pending() else 0
-
-    def engine_intr_source() -> int:
-        return (1 << regs.FIFO_ENGINE_PGRAPH) if engine_intr(regs.FIFO_ENGINE_PGRAPH) & \
-            r["engine_intr_en"] else 0
-
-    def engine_intr_ack(engn: int, value: int) -> None:
-        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
-            for c in ch.by_vchid.values():
-                pfifo.notify_chids.discard(c.pchid)
-
-    def pbdma_record() -> tuple[int, list[int]] | None:
-        """The oldest PBDMA record of this VM's channels (vchid, [INTR, METHOD0, DATA0])."""
-        mine = {c.pchid: c.vchid for c in ch.by_vchid.values() if c.bound}
-        for pchid, record in list(v.med.gpu.pbdma.traps.items()):
-            if pchid in mine:
-                return mine[pchid], record
-        return None
-
-    def pbdma_word(word: int) -> int:
-        found = pbdma_record()
-        if found is None:
-            return 0
-        return found[0] if word < 0 else found[1][word]
-
-    def pbdma_ack(value: int) -> None:
-        found = pbdma_record()
-        if found is not None:
-            with v.med.gpu.lock:
-                v.med.gpu.pbdma.ack(ch.by_vchid[found[0]].pchid, value)
-        v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
-
-    reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if pbdma_record() else 0)
-    writes[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda value: None)  # a level
-    reads[regs.PBDMA_INTR] = ("virtual", lambda: pbdma_word(0))
-    writes[regs.PBDMA_INTR] = ("channel", pbdma_ack)
-    reads[regs.PBDMA_METHOD0] = ("virtual", lambda: pbdma_word(1))
-    writes[regs.PBDMA_METHOD0] = ("virtual", lambda value: None)  # the method is skipped
-    reads[regs.PBDMA_DATA0] = ("virtual", lambda: pbdma_word(2))
-    reads[regs.PBDMA_CHAN] = ("virtual", lambda: pbdma_word(-1))  # the VM's channel id
-    virtual(regs.PBDMA_INTR_EN, "pbdma_intr_en")
-    virtual(regs.PBDMA_CONFIG, "pbdma_config")
-    for off, name in ((regs.PFIFO_PBDMA_ENABLE, "pbdma_enable"),
-                      (regs.PMC_PBDMA_ENABLE, "pmc_pbdma_enable")):
-        reads[off] = ("virtual", lambda n=name: r[n])
-        writes[off] = ("virtual", lambda value, n=name: r.__setitem__(
-            n, value & ((1 << regs.PBDMA_COUNT) - 1)))
-
-    def pgraph_trap() -> tuple[int, list[int]] | None:
-        """The oldest PGRAPH illegal-method record of this VM's channels."""
-        mine = {c.pchid for c in ch.by_vchid.values() if c.bound}
-        for pchid, record in list(v.med.gpu.pgraph.traps.items()):
-            if pchid in mine:
-                return pchid, record
-        return None
-
-    def pgraph_intr() -> int:
-        pgraph = v.med.gpu.pgraph
-        notify = any(c.bound and c.pchid in pgraph.notify_chids for c in ch.by_vchid.values())
-        return (regs.PGRAPH_INTR_NOTIFY if notify else 0) | \
-            (regs.PGRAPH_INTR_ILLEGAL_MTHD if pgraph_trap() else 0)
-
-    for off, word in ((regs.PGRAPH_TRAP_ADDR, 0), (regs.PGRAPH_TRAP_DATA, 1)):
-        reads[off] = ("virtual", lambda w=word: (pgraph_trap() or (0, [0, 0]))[1][w])
-    virtual(regs.PGRAPH_FIFO_ACCESS, "pgraph_fifo_access")
+    engine_intr_source = _engine_notify(v, reads, writes)
+    pbdma_pending = _pbdma(v, reads, writes)
+    pgraph_intr = _pgraph(v, reads, writes)
 
     def pfifo_intr() -> int:
         # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
@@ -141,7 +70,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         # its channels, which have none: acked by the guest at 0x40108 or in 0x2100)
         value = v.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
         return value | (regs.PFIFO_INTR_VM_FAULT if v.fault_mask() else 0) | \
-            (regs.PFIFO_INTR_PBDMA if pbdma_record() else 0) | \
+            (regs.PFIFO_INTR_PBDMA if pbdma_pending() else 0) | \
             (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
             (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
 
@@ -154,12 +83,6 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
     reads[regs.PFIFO_INTR] = ("virtual", pfifo_intr)
-    reads[regs.PFIFO_ENGINE_INTR_SOURCE] = ("virtual", engine_intr_source)
-    for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
-        off = regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE
-        reads[off] = ("virtual", lambda e=engn: engine_intr(e))
-        writes[off] = ("channel", lambda value, e=engn: engine_intr_ack(e, value))
-    virtual(regs.PFIFO_ENGINE_INTR_EN, "engine_intr_en")
     writes[regs.PFIFO_INTR] = ("virtual",
                                lambda value: v.pfifo_intr_clear(value & ~regs.PFIFO_INTR_RUNLIST))
     reads[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda: r["runlist_intr"])
@@ -219,21 +142,6 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
         virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
-    # PGRAPH's interrupt word and busy status would tell one VM about another's work:
-    # each VM sees (and acks) the NOTIFY its own channels raised
-    reads[regs.PGRAPH_INTR] = ("virtual", pgraph_intr)
-
-    def pgraph_ack(value: int) -> None:
-        if value & regs.PGRAPH_INTR_NOTIFY:
-            for c in ch.by_vchid.values():
-                v.med.gpu.pgraph.notify_chids.discard(c.pchid)
-        if value & regs.PGRAPH_INTR_ILLEGAL_MTHD:
-            found = pgraph_trap()
-            if found is not None:
-                with v.med.gpu.lock:
-                    v.med.gpu.pgraph.ack_trap(found[0])
-
-    writes[regs.PGRAPH_INTR] = ("channel", pgraph_ack)
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
 
@@ -297,3 +205,123 @@ def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
                                                              "ptimer_den")):
         reads[off] = ("virtual", lambda n=name: r[n])
         writes[off] = ("virtual", setter(name, False))
+
+
+def _mine(v: "VGpu") -> dict[int, int]:
+    """This VM's bound channels: physical id -> its own id."""
+    return {c.pchid: c.vchid for c in v.channels.by_vchid.values() if c.bound}
+
+
+def _engine_notify(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+                   writes: dict[int, tuple[str, Writer]]) -> Reader:
+    """PFIFO's engine interrupts as this VM sees them: the non-stall interrupt
+    (NOTIFY_INTR) its own channels raised and it has not acknowledged.  Returns the
+    reader of ENGINE_INTR_SOURCE (PFIFO_INTR bit 31 is its level)."""
+    r, pfifo = v.vregs, v.med.gpu.pfifo
+
+    def engine_intr(engn: int) -> int:
+        pending = engn == regs.FIFO_ENGINE_PGRAPH and any(
+            pchid in pfifo.notify_chids for pchid in _mine(v))
+        return regs.PFIFO_ENGINE_INTR_NOTIFY if pending else 0
+
+    def source() -> int:
+        return (1 << regs.FIFO_ENGINE_PGRAPH) if engine_intr(regs.FIFO_ENGINE_PGRAPH) & \
+            r["engine_intr_en"] else 0
+
+    def ack(engn: int, value: int) -> None:
+        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
+            for c in v.channels.by_vchid.values():
+                pfifo.notify_chids.discard(c.pchid)
+
+    reads[regs.PFIFO_ENGINE_INTR_SOURCE] = ("virtual", source)
+    for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
+        off = regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE
+        reads[off] = ("virtual", lambda e=engn: engine_intr(e))
+        writes[off] = ("channel", lambda value, e=engn: ack(e, value))
+    reads[regs.PFIFO_ENGINE_INTR_EN] = ("virtual", partial(r.__getitem__, "engine_intr_en"))
+    writes[regs.PFIFO_ENGINE_INTR_EN] = ("virtual", partial(r.__setitem__, "engine_intr_en"))
+    return source
+
+
+def _pbdma(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+           writes: dict[int, tuple[str, Writer]]) -> Callable[[], bool]:
+    """The PBDMA as this VM sees it: the oldest record of its own channels, its channel id
+    its own, its acknowledgement clearing only that.  Returns whether one is pending."""
+    r, gpu = v.vregs, v.med.gpu
+
+    def record() -> tuple[int, list[int]] | None:
+        mine = _mine(v)
+        for pchid, words in list(gpu.pbdma.traps.items()):
+            if pchid in mine:
+                return pchid, words
+        return None
+
+    def word(i: int) -> int:
+        found = record()
+        if found is None:
+            return 0
+        return _mine(v).get(found[0], 0) if i < 0 else found[1][i]
+
+    def ack(value: int) -> None:
+        found = record()
+        if found is not None:
+            with gpu.lock:
+                gpu.pbdma.ack(found[0], value)
+        v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
+
+    reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if record() else 0)
+    writes[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda value: None)  # a level
+    reads[regs.PBDMA_INTR] = ("virtual", lambda: word(0))
+    writes[regs.PBDMA_INTR] = ("channel", ack)
+    reads[regs.PBDMA_METHOD0] = ("virtual", lambda: word(1))
+    writes[regs.PBDMA_METHOD0] = ("virtual", lambda value: None)  # the method is skipped
+    reads[regs.PBDMA_DATA0] = ("virtual", lambda: word(2))
+    reads[regs.PBDMA_CHAN] = ("virtual", lambda: word(-1))
+    for off, name, mask in ((regs.PBDMA_INTR_EN, "pbdma_intr_en", 0xFFFFFFFF),
+                            (regs.PBDMA_CONFIG, "pbdma_config", 0xFFFFFFFF),
+                            (regs.PFIFO_PBDMA_ENABLE, "pbdma_enable",
+                             (1 << regs.PBDMA_COUNT) - 1),
+                            (regs.PMC_PBDMA_ENABLE, "pmc_pbdma_enable",
+                             (1 << regs.PBDMA_COUNT) - 1)):
+        reads[off] = ("virtual", lambda n=name: r[n])
+        writes[off] = ("virtual", lambda value, n=name, m=mask: r.__setitem__(n, value & m))
+    return lambda: record() is not None
+
+
+def _pgraph(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+            writes: dict[int, tuple[str, Writer]]) -> Reader:
+    """PGRAPH's interrupt word as this VM sees it -- the NOTIFY and ILLEGAL_MTHD its own
+    channels raised (another VM's would tell it about that VM's work) -- with the trapped
+    method of its own oldest record.  Returns the PGRAPH_INTR reader."""
+    r, gpu = v.vregs, v.med.gpu
+
+    def trap() -> tuple[int, list[int]] | None:
+        mine = _mine(v)
+        for pchid, words in list(gpu.pgraph.traps.items()):
+            if pchid in mine:
+                return pchid, words
+        return None
+
+    def intr() -> int:
+        notify = any(pchid in gpu.pgraph.notify_chids for pchid in _mine(v))
+        return (regs.PGRAPH_INTR_NOTIFY if notify else 0) | \
+            (regs.PGRAPH_INTR_ILLEGAL_MTHD if trap() else 0)
+
+    def ack(value: int) -> None:
+        if value & regs.PGRAPH_INTR_NOTIFY:
+            for c in v.channels.by_vchid.values():
+                gpu.pgraph.notify_chids.discard(c.pchid)
+        if value & regs.PGRAPH_INTR_ILLEGAL_MTHD:
+            found = trap()
+            if found is not None:
+                with gpu.lock:
+                    gpu.pgraph.ack_trap(found[0])
+
+    reads[regs.PGRAPH_INTR] = ("virtual", intr)
+    writes[regs.PGRAPH_INTR] = ("channel", ack)
+    for off, i in ((regs.PGRAPH_TRAP_ADDR, 0), (regs.PGRAPH_TRAP_DATA, 1)):
+        reads[off] = ("virtual", lambda i=i: (trap() or (0, [0, 0]))[1][i])
+    reads[regs.PGRAPH_FIFO_ACCESS] = ("virtual", partial(r.__getitem__, "pgraph_fifo_access"))
+    writes[regs.PGRAPH_FIFO_ACCESS] = ("virtual",
+                                       partial(r.__setitem__, "pgraph_fifo_access"))
+    return intr
