@@ -180,9 +180,10 @@ def test_stale_translation_then_flush(gpu, sysram, drv):
 
 
 @pytest.mark.parametrize("garbage, reason", [
-    ([0x00000000], "bad method header"),
+    ([0xC0000000], "bad method header"),  # type 6: no such command (a zero word is a no-op)
     (method(1, regs.HOST_OBJECT, 0x1234), "unknown class"),
-    (method(2, 0x400, 1), "no object bound"),
+    (HostDriver.bind(2, regs.CLASS_COPY, regs.ENGINE_PCOPY0) + method(2, 0x400, 1),
+     "unknown method"),  # (an empty subchannel is skipped, as the PBDMA's EMPTY_SUBC)
 ])
 def test_garbage_pushbuffer_stops_only_its_channel(gpu, sysram, drv, garbage, reason):
     good = Rig(gpu, sysram, drv, 0, sys_base=4 * regs.MiB)

@@ -1,11 +1,13 @@
 """The real C guest driver (native mode, in-process) programs the device the way nouveau
 does: its BAR0 trace around every runlist submission is gf100_fifo_runlist_commit's wait
-on the runlist event, and its copies are nvc0_bo_move_copy's launches, the last one
-fenced the way Gdev fences a copy."""
+on the runlist event, its copies are nvc0_bo_move_copy's launches, the last one fenced
+the way Gdev fences a copy, its channels start as nouveau_channel_init starts them and
+its fences are nvc0_fence_emit32's."""
 
 from __future__ import annotations
 
 from gpuvm.device import regs
+from gpuvm.device.pushbuffer import PushDecoder
 from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.run.native import NativeMachine
 from gpuvm.vfio.passthrough import PassthroughGpu
@@ -104,3 +106,26 @@ def test_guest_copies_like_nvc0_bo_move_copy_and_gdev_memcpy_pcopy0():
     assert (4096, 4096, 4096, 24, regs.COPY_LAUNCH_NOUVEAU) in shapes
     assert (100000 - 24 * 4096,) * 3 + (1, regs.COPY_LAUNCH_GDEV) in shapes
     assert len(fences) == 2 and fences[0] < fences[1]  # HtoD and DtoH, each fenced once
+
+
+def test_guest_channel_like_nouveau_channel_init_and_nvc0_fence_emit32(monkeypatch):
+    """The guest's first push on a channel starts with NOUVEAU_DMA_SKIPS (32) zero words,
+    as nouveau_channel_init pads it, and every fence is nvc0_fence_emit32's: SEMAPHOREA-D
+    with a 16-byte release (0x2) and NON_STALL_INTERRUPT -- each one a non-stall
+    interrupt on the device."""
+    segments: list[list[int]] = []
+    decode = PushDecoder.decode
+
+    def recording(self, words):
+        segments.append(words.tolist())
+        return decode(self, words)
+
+    monkeypatch.setattr(PushDecoder, "decode", recording)
+    machine = run_native("madd", [16])
+    assert segments[0][:32] == [0] * 32 and segments[0][32] != 0
+    emit32 = 0x20000000 | 5 << 16 | 0x10 >> 2
+    fences = [s[s.index(emit32):] for s in segments if emit32 in s]
+    assert fences and all(f[4:6] == [0x2, 0] for f in fences)
+    counters = machine.recorder.gpu.counters()
+    assert counters["pfifo.notify_intrs"] == len(fences)
+    assert counters.get("pfifo.skipped_methods", 0) == 0 and not machine.recorder.gpu.faults()

@@ -19,7 +19,7 @@ from gpuvm.device import regs
 from gpuvm.device.engine_classes import BoundObject, Completion
 from gpuvm.device.faults import ChannelError
 from gpuvm.device.mmu import CONTEXT, DmaFault, Space, VmFault
-from gpuvm.device.pushbuffer import MethodCall, decode
+from gpuvm.device.pushbuffer import MethodCall, PushDecoder
 
 if TYPE_CHECKING:
     from gpuvm.device.gpu import Gpu
@@ -47,9 +47,12 @@ class Channel:
     table: int = 0  # PFIFO_CHAN_TABLE word
     state: int = 0  # PFIFO_CHAN_STATE word
     gp_get: int = 0
+    gp_put: int = 0  # the GP_PUT the device last read from USERD
+    restore: bool = False  # just bound: take progress from RAMFC when the context loads
     error: int = 0  # CHAN_ERR_*_EXT; non-zero = stopped
     ctx: ChannelContext | None = None
     pending: deque = field(default_factory=deque)  # MethodCall | ChannelError
+    decoder: PushDecoder = field(default_factory=PushDecoder)  # carries across entries
     objects: dict[int, BoundObject] = field(default_factory=dict)
     resume_at: int = 0  # blocked on an engine until this device time
     on_resume: Completion | None = None
@@ -83,10 +86,11 @@ class Channel:
 
     def reset(self) -> None:
         """A (re)bound channel starts from a clean PFIFO context."""
-        self.gp_get = 0
+        self.gp_get = self.gp_put = 0
         self.error = 0
         self.ctx = None
         self.pending.clear()
+        self.decoder.reset()
         self.objects.clear()
         self.resume_at = 0
         self.on_resume = None
@@ -169,7 +173,41 @@ class ChannelExecutor:
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"USERD {ctx.userd:#x} is outside memory", ctx.userd) from None
+        if ch.restore:
+            ch.restore = False
+            self._restore(ch, ctx, w)
         return ctx
+
+    def _restore(self, ch: Channel, ctx: ChannelContext, w: list[int]) -> None:
+        """A channel bound again picks up where it was unbound: GP_GET and the semaphore
+        state from RAMFC, its subchannel objects (engine context) if the RAMFC is still the
+        one the device saved -- a driver that zeroed it made a new channel."""
+        put, get = w[regs.RAMFC_GP_PUT // 4], w[regs.RAMFC_GP_GET // 4]
+        ch.gp_get = get % ctx.gpfifo_entries
+        ch.sem_addr = ((w[regs.RAMFC_SEMAPHOREA // 4] & 0xFF) << 32) | \
+            w[regs.RAMFC_SEMAPHOREB // 4]
+        ch.sem_seq = w[regs.RAMFC_SEMAPHOREC // 4]
+        saved = self.gpu.pfifo.saved_objects.pop(ch.inst, None)
+        if saved is not None and saved[0] == (put, get) and (put or get):
+            ch.objects.update(saved[1])
+            ch.count("pfifo.context_restores")
+
+    def save(self, ch: Channel) -> None:
+        """Unbinding: write the channel's progress to its RAMFC (GP_PUT, GP_GET, the
+        semaphore registers) and keep its subchannel objects for the same instance."""
+        words = {regs.RAMFC_GP_PUT: ch.gp_put, regs.RAMFC_GP_GET: ch.gp_get,
+                 regs.RAMFC_SEMAPHOREA: ch.sem_addr >> 32,
+                 regs.RAMFC_SEMAPHOREB: ch.sem_addr & 0xFFFFFFFF,
+                 regs.RAMFC_SEMAPHOREC: ch.sem_seq}
+        self.gpu.mmu.actor = ch.actor
+        try:
+            for off, value in words.items():
+                self.gpu.mmu.phys_write(ch.inst_target, ch.inst + off,
+                                        (value & 0xFFFFFFFF).to_bytes(4, "little"), CONTEXT)
+        except DmaFault:
+            return
+        if ch.objects:
+            self.gpu.pfifo.saved_objects[ch.inst] = ((ch.gp_put, ch.gp_get), dict(ch.objects))
 
     def _userd_write(self, ctx: ChannelContext, offset: int, value: int) -> None:
         self.gpu.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
@@ -186,6 +224,7 @@ class ChannelExecutor:
         if gp_put >= ctx.gpfifo_entries:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
                                f"GP_PUT {gp_put} beyond a ring of {ctx.gpfifo_entries}", gp_put)
+        ch.gp_put = gp_put
         if gp_put == ch.gp_get:
             ch.poll = False
             return False
@@ -200,13 +239,30 @@ class ChannelExecutor:
         if not words:  # the DMA pusher's IB_EMPTY (envytools docs/hw/fifo/dma-pusher.rst)
             raise ChannelError(regs.CHAN_ERR_IB_EMPTY_EXT, f"GPFIFO entry {ch.gp_get}", va)
         ch.count("pfifo.gpfifo_entries")
-        calls, error = decode(mem.read(va, 4 * words).view(np.uint32))
+        calls, error = ch.decoder.decode(mem.read(va, 4 * words).view(np.uint32))
         ch.pending.extend(calls)
         if error is not None:
             ch.pending.append(error)
         ch.gp_get = (ch.gp_get + 1) % ctx.gpfifo_entries
         self._userd_write(ctx, regs.USERD_GP_GET, ch.gp_get)
+        self._dma_pointers(ctx, va + 4 * words, not entry[1] & regs.GPFIFO_NOT_MAIN)
         return True
+
+    def _dma_pointers(self, ctx: ChannelContext, end: int, main: bool) -> None:
+        """The pusher has read the segment up to `end` (its words are queued): DMA_PUT and
+        DMA_GET both stand there, and DMA_MGET too for a main-pushbuffer segment."""
+        lo, hi = end & 0xFFFFFFFF, end >> 32
+        write = self.gpu.mmu.phys_write
+        write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT,
+              lo.to_bytes(4, "little") * 2, CONTEXT)  # DMA_PUT, DMA_GET
+        write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT_HIGH, hi.to_bytes(4, "little"),
+              CONTEXT)
+        if main:  # DMA_MGET, DMA_MGET_HIGH, DMA_GET_HIGH
+            write(ctx.userd_target, ctx.userd + regs.USERD_DMA_MGET,
+                  np.array([lo, hi | regs.USERD_DMA_MGET_VALID, hi], dtype="<u4").tobytes(),
+                  CONTEXT)
+        else:
+            self._userd_write(ctx, regs.USERD_DMA_GET_HIGH, hi)
 
     # ------------------------------------------------------------------ methods
     def _host_method(self, ch: Channel, mem: ChannelMemory, call: MethodCall, now: int) -> None:
@@ -220,8 +276,10 @@ class ChannelExecutor:
                 raise ChannelError(regs.CHAN_ERR_UNKNOWN_CLASS_EXT,
                                    f"class {cls:#x} on engine {engine_id}", v)
             ch.objects[call.subc] = BoundObject(cls, engine_id)
-        elif m == regs.HOST_NOP:
-            pass
+        elif m in (regs.HOST_NOP, regs.HOST_WRCACHE_FLUSH, regs.HOST_YIELD):
+            pass  # writes reach memory at once; channels switch at every turn anyway
+        elif m == regs.HOST_NOTIFY_INTR:
+            self.gpu.pfifo.notify(ch)
         elif m == regs.HOST_SEMAPHORE_ADDR_HI:
             ch.sem_addr = ((v & 0xFF) << 32) | (ch.sem_addr & 0xFFFFFFFF)
         elif m == regs.HOST_SEMAPHORE_ADDR_LO:
@@ -244,8 +302,8 @@ class ChannelExecutor:
         elif m == regs.HOST_REF_CNT:
             self._userd_write(ch.ctx, regs.USERD_REF, v)
             self.gpu.signal(ch.chid)
-        else:
-            raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT, f"host method {m:#x}", m)
+        else:  # the PBDMA's ILLEGAL_MTHD: recorded, interrupted, skipped
+            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_ILLEGAL_MTHD, call.subc, m, v)
 
     def _acquired(self, ch: Channel, mem: ChannelMemory) -> bool:
         va, value, op = ch.acquire
@@ -261,15 +319,19 @@ class ChannelExecutor:
                        now: int) -> bool:
         """Run one engine method; False if its engine is disabled (the channel stalls)."""
         obj = ch.objects.get(call.subc)
-        if obj is None:
-            raise ChannelError(regs.CHAN_ERR_NO_OBJECT_EXT,
-                               f"method {call.method:#x} on empty subchannel {call.subc}",
-                               call.method)
+        if obj is None:  # the PBDMA's EMPTY_SUBC: recorded, interrupted, skipped
+            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_EMPTY_SUBC, call.subc, call.method,
+                                       call.value)
+            return True
         engine = self.gpu.engines.by_id(obj.engine_id)
         if not self.gpu.pmc.engine_enabled(engine.enable_bit):
             return False
+        klass = self.gpu.classes[obj.cls]
+        if call.method not in klass.methods and obj.engine_id == regs.ENGINE_PGRAPH:
+            self.gpu.pgraph.illegal_method(ch, call.subc, call.method, call.value)
+            return True  # PGRAPH's ILLEGAL_MTHD: recorded, interrupted, skipped
         mem.unit = engine.fault_unit
-        launch = self.gpu.classes[obj.cls].method(ch, obj, mem, call.method, call.value, now)
+        launch = klass.method(ch, obj, mem, call.method, call.value, now)
         if launch is not None:
             duration, done = launch
             ch.resume_at = engine.occupy(now, duration, ch.inst)

@@ -1,4 +1,5 @@
-"""The engine classes a channel can bind: copy (0x90b5), compute (0x90c0), M2MF (0x9039).
+"""The engine classes a channel can bind: copy (0x90b5 on engine 0, 0x90b8 on engine 1),
+compute (0x90c0), M2MF (0x9039).
 
 A class object keeps its method state per bound object and turns a launch method into
 (duration, completion) -- the channel then occupies the engine for that long and runs the
@@ -98,7 +99,7 @@ class CopyClass(EngineClass):
     """
 
     cls = regs.CLASS_COPY
-    engines = (regs.ENGINE_PCOPY0, regs.ENGINE_PCOPY1)
+    engines = (regs.ENGINE_PCOPY0,)
     widths = {regs.COPY_SRC_HI: 0xFF, regs.COPY_SRC_LO: 0xFFFFFFFF, regs.COPY_DST_HI: 0xFF,
               regs.COPY_DST_LO: 0xFFFFFFFF, regs.COPY_PITCH_IN: regs.COPY_PITCH_MASK,
               regs.COPY_PITCH_OUT: regs.COPY_PITCH_MASK, regs.COPY_LINE_BYTES: regs.COPY_XCNT_MASK,
@@ -140,6 +141,15 @@ class CopyClass(EngineClass):
             long_form = not value & regs.COPY_LAUNCH_QUERY_SHORT
             done = lambda t: _release(mem, va, seq, long_form, t)  # noqa: E731
         return _copy_cost(self.profile, total, sysram), done
+
+
+class Copy1Class(CopyClass):
+    """Copy engine 1's class, 0x90b8: the same firmware and methods as 0x90b5 (nouveau's
+    nouveau_bo_move_init binds it as "COPY1" on engine 5 and moves buffers with
+    nvc0_bo_move_copy either way).  Each GF100 copy engine serves only its own class."""
+
+    cls = regs.CLASS_COPY1
+    engines = (regs.ENGINE_PCOPY1,)
 
 
 def _remap_copy(mem: "ChannelMemory", s: dict[int, int], src: int, dst: int, xcnt: int,
@@ -218,6 +228,12 @@ class M2mfClass(EngineClass):
 
 
 class ComputeClass(EngineClass):
+    """Compute 0x90c0 the way Gdev's nvc0_init and nvc0_launch drive it: the code
+    address names a kernel object (standing in for SASS), the constant buffer carries the
+    parameters, LAUNCH runs the library kernel; the setup methods for SASS (local and
+    shared memory, registers, g[] windows, flushes) are accepted and kept.  A NOP with a
+    notifier armed writes it and raises PGRAPH's NOTIFY interrupt for the channel."""
+
     cls = regs.CLASS_COMPUTE
     engines = (regs.ENGINE_PGRAPH,)
     methods = frozenset({regs.COMPUTE_GRID_XY, regs.COMPUTE_GRID_Z, regs.COMPUTE_LAUNCH,
@@ -226,7 +242,8 @@ class ComputeClass(EngineClass):
                          regs.COMPUTE_CB_BIND, regs.COMPUTE_QUERY_ADDR_HI,
                          regs.COMPUTE_QUERY_ADDR_LO, regs.COMPUTE_QUERY_SEQUENCE,
                          regs.COMPUTE_QUERY_GET, regs.COMPUTE_CB_SIZE, regs.COMPUTE_CB_ADDR_HI,
-                         regs.COMPUTE_CB_ADDR_LO, regs.COMPUTE_CB_POS, regs.COMPUTE_CB_DATA})
+                         regs.COMPUTE_CB_ADDR_LO, regs.COMPUTE_CB_POS, regs.COMPUTE_CB_DATA,
+                         regs.COMPUTE_NOP, *regs.COMPUTE_SETUP_METHODS})
 
     def on_method(self, ch, obj, mem, method, value, now):
         s = obj.state
@@ -243,6 +260,16 @@ class ComputeClass(EngineClass):
             va = _addr(s, regs.COMPUTE_QUERY_ADDR_HI, regs.COMPUTE_QUERY_ADDR_LO)
             _release(mem, va, s.get(regs.COMPUTE_QUERY_SEQUENCE, 0),
                      not value & regs.QUERY_GET_SHORT, now)
+            if value & regs.QUERY_GET_INTR:
+                mem.gpu.pgraph.notify(ch)
+        elif method == regs.COMPUTE_NOP and \
+                s.get(regs.COMPUTE_NOTIFY_TYPE) == regs.COMPUTE_NOTIFY_WRITTEN_AND_AWAKEN:
+            # the notifier Gdev's nvc0_notify_intr arms: written when the NOP gets here
+            # (everything before it is done: the channel runs in order), then the interrupt
+            s[regs.COMPUTE_NOTIFY_TYPE] = 0
+            mem.write(_addr(s, regs.COMPUTE_NOTIFY_ADDR_HI, regs.COMPUTE_NOTIFY_ADDR_LO),
+                      np.array([now & 0xFFFFFFFF, now >> 32, 0, 0], dtype=np.uint32))
+            mem.gpu.pgraph.notify(ch)
         elif method == regs.COMPUTE_LAUNCH:
             return self._launch(ch, s, mem)
         return None
@@ -265,4 +292,4 @@ class ComputeClass(EngineClass):
 
 
 def engine_classes(profile: "DeviceProfile") -> dict[int, EngineClass]:
-    return {c.cls: c(profile) for c in (CopyClass, ComputeClass, M2mfClass)}
+    return {c.cls: c(profile) for c in (CopyClass, Copy1Class, ComputeClass, M2mfClass)}

@@ -16,6 +16,7 @@ from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.bar_aperture import BarAperture
+from gpuvm.device.blocks.pbdma import Pbdma
 from gpuvm.device.blocks.pbus import Pbus
 from gpuvm.device.blocks.pcopy import Pcopy
 from gpuvm.device.blocks.pfb import Pfb, PfbPartitions, PfbPartitionSizes, Pffb, Pflush
@@ -63,12 +64,14 @@ class Gpu:
         self.bar3 = BarAperture(self, regs.BAR3, profile.bar3_size, regs.FAULT_UNIT_BAR3)
         self.mmio_bus = MmioBus(self.counts)
         self.pfifo = Pfifo(self)
+        self.pbdma = Pbdma(self)
         self.pgraph = Pgraph(self)
         self.pmc = Pmc(self)
         self.pbus = Pbus(self)
         self.pffb = Pffb(self)
         self.pramin = Pramin(self)
-        for block in (self.pmc, self.pbus, self.pfifo, Ptimer(self), PfbPartitions(self),
+        self.ptimer = Ptimer(self)
+        for block in (self.pmc, self.pbus, self.pfifo, self.pbdma, self.ptimer, PfbPartitions(self),
                       Pflush(self), Pfb(), self.pffb, Pcopy(0, self.engines.copy0),
                       Pcopy(1, self.engines.copy1), PfbPartitionSizes(self), self.pgraph,
                       self.pramin):
@@ -273,6 +276,9 @@ class Gpu:
                 else:
                     now = self.clock.now_ns()
                 wake = self.pfifo.service(now)
+                alarm = self.ptimer.fire(now)
+                if alarm is not None and (wake is None or alarm < wake):
+                    wake = alarm
                 if self._signalled_chids is None or self._signalled_chids:
                     chids = None if self._signalled_chids is None \
                         else frozenset(self._signalled_chids)

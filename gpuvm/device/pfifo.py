@@ -25,6 +25,16 @@ UNIT_NAMES = {regs.FAULT_UNIT_PGRAPH: "PGRAPH", regs.FAULT_UNIT_BAR1: "BAR1",
               regs.FAULT_UNIT_PCOPY0: "PCOPY0", regs.FAULT_UNIT_PCOPY1: "PCOPY1"}
 
 
+# the PBDMA reason a stopping channel error shows (nvkm names only a few; the rest are
+# the engines' errors, which this model reports through CHAN_ERROR_EXT)
+_PBDMA_REASON = {
+    regs.CHAN_ERR_IB_EMPTY_EXT: regs.PBDMA_INTR_GPENTRY,
+    regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT: regs.PBDMA_INTR_GPENTRY,
+    regs.CHAN_ERR_BAD_METHOD_HEADER_EXT: regs.PBDMA_INTR_PBENTRY,
+    regs.CHAN_ERR_DMA_TARGET_EXT: regs.PBDMA_INTR_MEMREQ,
+}
+
+
 class Pfifo(RegisterBlock):
     name, start, size = "pfifo", regs.BLOCK_PFIFO, 0x2000
 
@@ -42,6 +52,13 @@ class Pfifo(RegisterBlock):
         self.runlist: list[int] = []
         self.kick = 0
         self.fault_mask = 0
+        # channels whose NOTIFY_INTR (the non-stall interrupt) is not acknowledged yet;
+        # the register view is one bit, the set lets a mediator show each VM its own
+        self.notify_chids: set[int] = set()
+        # subchannel objects of unbound channels by instance (the engine contexts a
+        # rebind of the same instance picks up): inst -> ((GP_PUT, GP_GET) saved, objects)
+        self.saved_objects: dict[int, tuple[tuple[int, int], dict]] = {}
+        self.engine_intr_en = 0
         self.fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.channels = [Channel(c) for c in range(regs.NUM_CHANNELS)]
         self.faults: list[ChannelFault] = []
@@ -71,6 +88,18 @@ class Pfifo(RegisterBlock):
         self.reg(regs.PFIFO_KICK, read=lambda: self.kick, write=self._kick)
         self.reg(regs.PFIFO_FAULT_UNIT_MASK, read=lambda: self.fault_mask,
                  write=self._clear_fault_mask)
+        self.reg(regs.PFIFO_ENGINE_INTR_SOURCE, read=self.engine_intr_source)
+        self.reg(regs.PFIFO_PBDMA_INTR_SOURCE, read=lambda: 1 if self.gpu.pbdma.traps else 0,
+                 write=lambda v: None)  # a level: gone once PBDMA_INTR is acked
+        self.pbdma_enable = 0
+        self.reg(regs.PFIFO_PBDMA_ENABLE, read=lambda: self.pbdma_enable,
+                 write=self._set_pbdma_enable, plain=True)
+        for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
+            self.reg(regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE,
+                     read=lambda e=engn: self.engine_intr(e),
+                     write=lambda v, e=engn: self._ack_engine_intr(e, v))
+        self.reg(regs.PFIFO_ENGINE_INTR_EN, read=lambda: self.engine_intr_en,
+                 write=self._set_engine_intr_en, plain=True)
         for unit in range(regs.PFIFO_FAULT_UNITS):
             base = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
             for i in range(4):
@@ -87,9 +116,51 @@ class Pfifo(RegisterBlock):
 
     # ------------------------------------------------------------------ registers
     def intr_status(self) -> int:
-        """PFIFO_INTR: the latched bits, and the runlist event bit while its status
-        register (0x2a00) has anything set -- a level, as envytools notes."""
-        return self.intr | (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0)
+        """PFIFO_INTR: the latched bits (CHAN_TABLE, SCHED), and the levels rnndb marks as
+        such: VM_FAULT while a fault unit is pending, PBDMA while a PBDMA record is, the
+        runlist event while 0x2a00 has anything set, ENGINE while 0x25a4 does.  nvkm acks
+        those at their sources, never in 0x2100."""
+        return self.intr | (regs.PFIFO_INTR_VM_FAULT if self.fault_mask else 0) | \
+            (regs.PFIFO_INTR_PBDMA if self.gpu.pbdma.traps else 0) | \
+            (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0) | \
+            (regs.PFIFO_INTR_ENGINE if self.engine_intr_source() else 0)
+
+    def _set_pbdma_enable(self, value: int) -> None:
+        self.pbdma_enable = value & ((1 << regs.PBDMA_COUNT) - 1)  # the PBDMAs there are
+
+    def skip_method(self, ch: Channel, reason: int, subc: int, method: int, data: int) -> None:
+        """A method the PBDMA will not pass on (ILLEGAL_MTHD, EMPTY_SUBC): recorded and
+        interrupted; the channel goes on past it.  (Hardware holds the channel until the
+        handler writes PBDMA_METHOD0 = NOP; this model skips it at once, so a guest that
+        never handles the interrupt is not stuck behind it.)"""
+        self.gpu.counts.chan(ch.chid, "pfifo.skipped_methods")
+        self.gpu.pbdma.trap(ch.chid, reason, subc, method, data)
+
+    def engine_intr(self, engn: int) -> int:
+        """PFIFO_ENGINE_INTR of one FIFO engine: NOTIFY while a channel's non-stall
+        interrupt is unacknowledged (reported on the PGRAPH FIFO engine)."""
+        if engn == regs.FIFO_ENGINE_PGRAPH and self.notify_chids:
+            return regs.PFIFO_ENGINE_INTR_NOTIFY
+        return 0
+
+    def engine_intr_source(self) -> int:
+        """PFIFO_ENGINE_INTR_SOURCE: a bit per FIFO engine with an enabled interrupt."""
+        return (1 << regs.FIFO_ENGINE_PGRAPH) if \
+            self.engine_intr(regs.FIFO_ENGINE_PGRAPH) & self.engine_intr_en else 0
+
+    def _ack_engine_intr(self, engn: int, value: int) -> None:
+        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
+            self.notify_chids.clear()
+
+    def _set_engine_intr_en(self, value: int) -> None:
+        self.engine_intr_en = value
+
+    def notify(self, ch: Channel) -> None:
+        """The host NOTIFY_INTR method: raise the non-stall interrupt for this channel
+        (its owner's MSI; nouveau's fence waiters wake on it)."""
+        self.notify_chids.add(ch.chid)
+        self.gpu.counts.chan(ch.chid, "pfifo.notify_intrs")
+        self.gpu.signal(ch.chid)
 
     def _clear_intr(self, value: int) -> None:
         self.intr &= ~(value & ~regs.PFIFO_INTR_RUNLIST)
@@ -170,8 +241,13 @@ class Pfifo(RegisterBlock):
         if value != old:
             if old_inst is not None and (ch.on_resume is not None or ch.busy_since is not None):
                 self._preempt(old_inst)
+            if old_inst is not None:  # the context save of an unbind (RAMFC)
+                ch.table = old
+                self.executor.save(ch)
+                ch.table = value
             since = ch.busy_since
             ch.reset()
+            ch.restore = ch.valid
             if since is not None:  # whoever waits for this channel to go idle: it has
                 now = self.gpu.clock.now_ns()
                 for listener in self.idle_listeners:
@@ -202,8 +278,7 @@ class Pfifo(RegisterBlock):
     def record_fault(self, unit: int, inst: int, va: int, write: bool, reason: int) -> None:
         self.fault_records[unit] = [inst >> 12, va & 0xFFFFFFFF, va >> 32,
                                     fault_flags(unit, reason, write)]
-        self.fault_mask |= 1 << unit
-        self.intr |= regs.PFIFO_INTR_VM_FAULT
+        self.fault_mask |= 1 << unit  # PFIFO_INTR_VM_FAULT follows it
         self.gpu.counts.inc("vm.faults")
         self.gpu.signal()
 
@@ -215,7 +290,9 @@ class Pfifo(RegisterBlock):
                                     unit, exc.reason, exc.write))
 
     def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None:
-        self.intr |= regs.PFIFO_INTR_PBDMA
+        self.gpu.pbdma.trap(ch.chid, _PBDMA_REASON.get(code,
+                                                       regs.PBDMA_INTR_CHANNEL_STOPPED_EXT),
+                            data=address)
         self._stop(ch, ChannelFault(ch.chid, text or CHAN_ERROR_NAMES[code], address, "PFIFO",
                                     code))
 

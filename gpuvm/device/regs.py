@@ -137,6 +137,43 @@ PFIFO_INTR_SCHED = 1 << 8  # envytools: PLAYLIST (a runlist the device cannot us
 PFIFO_INTR_VM_FAULT = 1 << 28
 PFIFO_INTR_PBDMA = 1 << 29
 PFIFO_INTR_RUNLIST = 1 << 30  # level: PFIFO_INTR_RUNLIST_STATUS != 0
+PFIFO_INTR_ENGINE = 1 << 31  # level: PFIFO_ENGINE_INTR_SOURCE != 0 (the non-stall interrupt)
+
+# FIFO engine interrupts (rnndb gf100_pfifo.xml ENGINE_INTR*; nvkm gf100_fifo_intr_engine):
+# a bit per FIFO engine in SOURCE, a word per engine whose nibbles carry NOTIFY in bit 0
+# (the host NOTIFY_INTR / NON_STALL_INTERRUPT method), written back to acknowledge;
+# ENGINE_INTR_EN gates which bits count (nvkm's gf100_fifo_init writes 1).
+PFIFO_ENGINE_INTR_SOURCE = 0x0025A4
+PFIFO_ENGINE_INTR = 0x0025A8  # + 4 * FIFO engine
+PFIFO_ENGINE_INTR_STRIDE = 4
+PFIFO_ENGINE_INTR_COUNT = 16
+PFIFO_ENGINE_INTR_NOTIFY = 1 << 0
+PFIFO_ENGINE_INTR_EN = 0x002628
+FIFO_ENGINE_PGRAPH = 0  # the FIFO engine a channel's host NOTIFY_INTR is reported on
+
+# PBDMA (the GF100 pusher/puller unit; envytools calls it PSUBFIFO), unit 0: what nvkm's
+# gf100_fifo_intr_pbdma reads.  SOURCE has a bit per unit with a pending interrupt
+# (PFIFO_INTR bit 29 is its level); INTR holds the reasons (write 1s to ack); METHOD0 /
+# DATA0 the trapped method (subchannel << 16 | method) and its data; CHAN the channel.
+PFIFO_PBDMA_INTR_SOURCE = 0x0025A0
+PFIFO_PBDMA_ENABLE = 0x002204  # a bit per PBDMA; nvkm counts the bits that stick: one
+PMC_PBDMA_ENABLE = 0x000204  # nvkm's gf100_fifo_init writes (1 << PBDMAs) - 1
+PBDMA_COUNT = 1
+PBDMA_CONFIG = 0x04013C  # nvkm masks bits 8 and 28 off at init; stored
+PBDMA_INTR = 0x040108  # + 0x2000 * unit
+PBDMA_INTR_EN = 0x04010C
+PBDMA_METHOD0 = 0x0400C0
+PBDMA_DATA0 = 0x0400C4
+PBDMA_CHAN = 0x040120  # bits 0-6: channel id
+PBDMA_STRIDE = 0x2000
+PBDMA_METHOD0_SUBC_SHIFT = 16
+PBDMA_METHOD0_NOP = 0x80600008  # what nvkm writes to METHOD0 to let the channel go on
+PBDMA_INTR_MEMREQ = 1 << 0  # a pushbuffer/IB read the device could not make
+PBDMA_INTR_GPENTRY = 1 << 15  # a bad GPFIFO entry ("seen with null ib push", nvkm)
+PBDMA_INTR_PBENTRY = 1 << 18  # a pushbuffer word that is no command
+PBDMA_INTR_ILLEGAL_MTHD = 1 << 21  # a host method that does not exist: skipped
+PBDMA_INTR_EMPTY_SUBC = 1 << 23  # a method on a subchannel with no object: skipped
+PBDMA_INTR_CHANNEL_STOPPED_EXT = 1 << 28  # emulator: the channel stopped (CHAN_ERROR_EXT)
 
 PFIFO_CTRL = 0x002200
 PFIFO_CTRL_ENABLE = 1 << 0
@@ -258,9 +295,15 @@ CHAN_ERR_TIMEOUT_EXT = 13  # killed by the hypervisor's watchdog (held the GPU t
 # --------------------------------------------------------------------------------------
 # PTIMER
 # --------------------------------------------------------------------------------------
-PTIMER_TIME_0 = 0x009400  # low 32 bits, ns; bits 0-4 read as zero
+PTIMER_TIME_0 = 0x009400  # low 32 bits, ns; bits 0-4 read as zero; writing sets the time
 PTIMER_TIME_0_MASK = 0xFFFFFFE0
-PTIMER_TIME_1 = 0x009410  # high 32 bits
+PTIMER_TIME_1 = 0x009410  # high 32 bits (nvkm writes it first, then TIME_0)
+PTIMER_INTR_0 = 0x009100  # bit 0 ALARM; write 1s to clear
+PTIMER_INTR_EN_0 = 0x009140
+PTIMER_INTR_ALARM = 1 << 0
+PTIMER_NUMERATOR = 0x009200  # stored: the model's timer always counts nanoseconds
+PTIMER_DENOMINATOR = 0x009210
+PTIMER_ALARM_0 = 0x009420  # the alarm fires when TIME's low 32 bits reach it
 
 # --------------------------------------------------------------------------------------
 # PFLUSH
@@ -299,6 +342,12 @@ PCOPY_CHAN_VALID = 1 << 30
 # PGRAPH
 # --------------------------------------------------------------------------------------
 PGRAPH_INTR = 0x400100
+PGRAPH_INTR_NOTIFY = 1 << 0  # a notifier written (nvkm gf100_gr_intr acks it here)
+PGRAPH_INTR_ILLEGAL_MTHD = 1 << 4  # a method the bound graph-engine class lacks: skipped
+PGRAPH_TRAP_ADDR = 0x400704  # the illegal method: subchannel << 16 | method
+PGRAPH_TRAP_DATA = 0x400708  # its data
+PGRAPH_TRAP_SUBC_SHIFT = 16
+PGRAPH_FIFO_ACCESS = 0x400500  # nvkm writes 0x00010001 after handling: accepted
 PGRAPH_STATUS = 0x400700  # non-zero while busy
 
 # --------------------------------------------------------------------------------------
@@ -320,6 +369,17 @@ RAMIN_LIMIT_HI = 0x20C
 RAMIN_GRCTX_LO = 0x210
 RAMIN_GRCTX_HI = 0x214
 RAMFC_END = 0x200  # offsets below this are RAMFC (saved FIFO state)
+# Where the device saves a channel's progress when it is unbound and loads it when it is
+# bound again (NVIDIA's RAMFC layout, whose USERD 0x08, signature 0x10, ACQUIRE 0x30 and
+# GP_BASE 0x48/0x4c are the words nvkm's gf100_fifo_gpfifo_new writes).  A driver that
+# zeroes a new instance block starts its channel at entry 0.
+RAMFC_GP_PUT = 0x000
+RAMFC_GP_GET = 0x014
+RAMFC_SEMAPHOREA = 0x038  # semaphore address bits 32-39
+RAMFC_SEMAPHOREB = 0x03C  # address bits 0-31
+RAMFC_SEMAPHOREC = 0x040  # sequence
+RAMFC_PROGRESS_WORDS = (RAMFC_GP_PUT, RAMFC_GP_GET, RAMFC_SEMAPHOREA, RAMFC_SEMAPHOREB,
+                        RAMFC_SEMAPHOREC)
 RAMIN_ADDR_TARGET_MASK = 0x3
 RAMIN_ADDR_MASK = 0xFFFFF000
 
@@ -378,9 +438,18 @@ CHANNEL_VA_BASE = 128 * MiB  # nouveau allocates channel VAs from here
 # --------------------------------------------------------------------------------------
 # Command submission: USERD, GPFIFO, method headers
 # --------------------------------------------------------------------------------------
+# The channel control area (envytools dma-pusher.rst): in IB mode the device keeps the
+# pushbuffer pointers here -- PUT/GET are the current segment's end and how far it has
+# read (low 32 bits; the high 8 in *_HIGH), MGET the same for "main" segments -- which
+# nouveau's READ_GET polls (0x44 / 0x60) to reuse pushbuffer space.
 USERD_DMA_PUT = 0x40
 USERD_DMA_GET = 0x44
 USERD_REF = 0x48
+USERD_DMA_PUT_HIGH = 0x4C
+USERD_DMA_MGET = 0x58
+USERD_DMA_MGET_HIGH = 0x5C  # bits 0-7 high address, bit 31 MGET valid
+USERD_DMA_MGET_VALID = 1 << 31
+USERD_DMA_GET_HIGH = 0x60
 USERD_GP_GET = 0x88
 USERD_GP_PUT = 0x8C
 
@@ -388,10 +457,17 @@ GPFIFO_ENTRY_SIZE = 8
 GPFIFO_LEN_SHIFT = 10  # word1 bits 10-30: length in 32-bit words
 GPFIFO_LEN_MASK = 0x1FFFFF
 GPFIFO_VA_HI_MASK = 0xFF
+GPFIFO_NOT_MAIN = 1 << 9  # word1: not the main pushbuffer (DMA_MGET is left alone)
 GPFIFO_MAX_LOG2 = 16  # largest ring the device accepts (64 Ki entries)
 
+# GF100 method headers (envytools docs/hw/fifo/dma-pusher.rst, "GF100 commands"):
+# bits 29-31 type; the new forms carry count (or immediate data) in bits 16-28,
+# subchannel 13-15, method >> 2 in 0-11.  Types 0 and 2 keep the pre-GF100 forms, told
+# apart by bits 16-17 ("tert"): count in bits 18-28, the method's byte address in 2-12.
 MTHD_TYPE_SHIFT = 29
+MTHD_TYPE_GRP0 = 0  # tert 0: increasing methods (old form); 1-3: SLI commands
 MTHD_TYPE_INC = 1
+MTHD_TYPE_GRP2 = 2  # tert 0: non-increasing methods (old form); 1-3: no such command
 MTHD_TYPE_NONINC = 3
 MTHD_TYPE_IMMD = 4
 MTHD_TYPE_INC_ONCE = 5
@@ -400,6 +476,15 @@ MTHD_COUNT_MASK = 0x1FFF
 MTHD_SUBC_SHIFT = 13
 MTHD_SUBC_MASK = 0x7
 MTHD_ADDR_MASK = 0xFFF  # method >> 2
+MTHD_TERT_SHIFT = 16
+MTHD_TERT_MASK = 0x3
+MTHD_TERT_OLD_METHODS = 0
+MTHD_TERT_SLI_CONDITIONAL = 1
+MTHD_TERT_SLI_MASK_STORE = 2
+MTHD_TERT_SLI_CONDITIONAL_MASK = 3
+MTHD_OLD_COUNT_SHIFT = 18
+MTHD_OLD_COUNT_MASK = 0x7FF
+MTHD_OLD_ADDR_MASK = 0x1FFC  # the method's byte address
 
 # Host (PFIFO) methods, valid on any subchannel
 HOST_OBJECT = 0x00  # class bits 0-15, engine bits 16-20
@@ -410,7 +495,10 @@ HOST_SEMAPHORE_ADDR_HI = 0x10
 HOST_SEMAPHORE_ADDR_LO = 0x14
 HOST_SEMAPHORE_SEQUENCE = 0x18
 HOST_SEMAPHORE_TRIGGER = 0x1C
+HOST_NOTIFY_INTR = 0x20  # the non-stall interrupt (cl906f NON_STALL_INTERRUPT)
+HOST_WRCACHE_FLUSH = 0x24
 HOST_REF_CNT = 0x50
+HOST_YIELD = 0x80
 HOST_METHODS_END = 0x100  # methods below this are host methods
 
 SEM_ACQUIRE_EQUAL = 1
@@ -430,7 +518,8 @@ ENGINE_PCOPY1 = 5
 # --------------------------------------------------------------------------------------
 CLASS_M2MF = 0x9039
 CLASS_COMPUTE = 0x90C0
-CLASS_COPY = 0x90B5
+CLASS_COPY = 0x90B5  # GF100 copy engine 0 (PCOPY0)
+CLASS_COPY1 = 0x90B8  # GF100 copy engine 1 (PCOPY1): nouveau's "COPY1", same methods
 
 # Compute 0x90c0 (Gdev order)
 COMPUTE_GRID_XY = 0x0238  # y << 16 | x
@@ -452,6 +541,55 @@ COMPUTE_CB_ADDR_LO = 0x2388
 COMPUTE_CB_POS = 0x238C
 COMPUTE_CB_DATA = 0x2390
 QUERY_GET_SHORT = 1 << 28  # query writes the 32-bit sequence only
+QUERY_GET_INTR = 1 << 20  # Gdev's "intr = 1 will cause an interrupt too": PGRAPH NOTIFY
+# Methods Gdev's nvc0_init / nvc0_launch / nvc0_membar / nvc0_notify_intr also send,
+# named as Gdev names them.  They set up what real SASS needs (local and shared memory,
+# register and barrier counts, cache split, the g[] windows); the library kernels that
+# stand in for SASS need none of it, so the values are kept and otherwise unused.
+COMPUTE_NOP = 0x0100  # GRAPH_NOP; with a notify armed, writes it (see COMPUTE_NOTIFY_*)
+COMPUTE_NOTIFY_ADDR_HI = 0x0104
+COMPUTE_NOTIFY_ADDR_LO = 0x0108
+COMPUTE_NOTIFY_TYPE = 0x010C  # 1 = WRITTEN_AND_AWAKEN: write the notifier, interrupt
+COMPUTE_NOTIFY_WRITTEN_AND_AWAKEN = 1
+NOTIFY_BYTES = 16  # {time lo, time hi, info32 0, info16 0 | status 0 (done) << 16}
+COMPUTE_SERIALIZE = 0x0110
+COMPUTE_LOCAL_POS_ALLOC = 0x0204
+COMPUTE_LOCAL_NEG_ALLOC = 0x0208
+COMPUTE_WARP_CSTACK_SIZE = 0x020C
+COMPUTE_SHARED_BASE = 0x0214
+COMPUTE_MEM_BARRIER = 0x021C
+COMPUTE_SHARED_SIZE = 0x024C
+COMPUTE_TH_ALLOC = 0x0250
+COMPUTE_BARRIER_ALLOC = 0x0254
+COMPUTE_BEGIN = 0x029C
+COMPUTE_UNK2A0 = 0x02A0
+COMPUTE_CP_GPR_ALLOC = 0x02C0
+COMPUTE_GLOBAL_BASE_ENABLE = 0x02C4  # Gdev's UNK2C4
+COMPUTE_GLOBAL_BASE = 0x02C8
+COMPUTE_CACHE_SPLIT = 0x0308
+COMPUTE_UNK360 = 0x0360
+COMPUTE_UNK36C = 0x036C
+COMPUTE_MP_LIMIT = 0x0758
+COMPUTE_LOCAL_BASE = 0x077C
+COMPUTE_GRIDID = 0x0780
+COMPUTE_TEMP_ADDR_HI = 0x0790
+COMPUTE_TEMP_ADDR_LO = 0x0794
+COMPUTE_TEMP_SIZE_HI = 0x0798
+COMPUTE_TEMP_SIZE_LO = 0x079C
+COMPUTE_WARP_TEMP_ALLOC = 0x07A0
+COMPUTE_END = 0x0A04
+COMPUTE_UNKA08 = 0x0A08
+COMPUTE_CALL_LIMIT_LOG = 0x0D64
+COMPUTE_FLUSH = 0x1698  # FLUSH_CODE 0x1, FLUSH_GLOBAL 0x10, FLUSH_CB 0x1000: writes are
+COMPUTE_SETUP_METHODS = (  # never cached here, so a flush has nothing to do
+    COMPUTE_SERIALIZE, COMPUTE_LOCAL_POS_ALLOC, COMPUTE_LOCAL_NEG_ALLOC,
+    COMPUTE_WARP_CSTACK_SIZE, COMPUTE_SHARED_BASE, COMPUTE_MEM_BARRIER, COMPUTE_SHARED_SIZE,
+    COMPUTE_TH_ALLOC, COMPUTE_BARRIER_ALLOC, COMPUTE_BEGIN, COMPUTE_UNK2A0,
+    COMPUTE_CP_GPR_ALLOC, COMPUTE_GLOBAL_BASE_ENABLE, COMPUTE_GLOBAL_BASE, COMPUTE_CACHE_SPLIT,
+    COMPUTE_UNK360, COMPUTE_UNK36C, COMPUTE_MP_LIMIT, COMPUTE_LOCAL_BASE, COMPUTE_GRIDID,
+    COMPUTE_TEMP_ADDR_HI, COMPUTE_TEMP_ADDR_LO, COMPUTE_TEMP_SIZE_HI, COMPUTE_TEMP_SIZE_LO,
+    COMPUTE_WARP_TEMP_ALLOC, COMPUTE_END, COMPUTE_UNKA08, COMPUTE_CALL_LIMIT_LOG,
+    COMPUTE_FLUSH, COMPUTE_NOTIFY_ADDR_HI, COMPUTE_NOTIFY_ADDR_LO, COMPUTE_NOTIFY_TYPE)
 CB_MAX_SIZE = 0x10000
 
 # Copy 0x90b5, as nouveau's copy firmware (nvkm/engine/ce/fuc/com.fuc) takes it

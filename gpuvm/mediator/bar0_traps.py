@@ -17,10 +17,12 @@ enumerates the device's BAR0 map against this table).
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
+from gpuvm.device.blocks.ptimer import alarm_time
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -31,8 +33,6 @@ Writer = Callable[[int], None]
 # (offset, "read"/"write") -> why sharing it between VMs is harmless
 PASSTHROUGH: dict[tuple[int, str], str] = {
     (regs.PMC_BOOT_0, "read"): "the chip's identity: a constant",
-    (regs.PTIMER_TIME_0, "read"): "the GPU clock: one time for everyone, read only",
-    (regs.PTIMER_TIME_1, "read"): "the GPU clock: one time for everyone, read only",
     (regs.PFLUSH_FLUSH, "read"): "write-back flush status: always done in this model",
     (regs.PFLUSH_FLUSH, "write"): "write-back flush: completes at once, changes no state",
     (regs.PFFB_VM_CFG, "read"): "flush slots/done and the large-page size: read only",
@@ -43,6 +43,7 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     reads: dict[int, tuple[str, Reader]] = {}
     writes: dict[int, tuple[str, Writer]] = {}
     r = v.vregs
+    ch = v.channels
 
     def virtual(offset: int, name: str, writable: bool = True) -> None:
         # partials of the dict's own methods: no Python frame on the trap path
@@ -58,12 +59,30 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     virtual(regs.PFIFO_RUNLIST_ADDR, "runlist_addr")
     virtual(regs.PFFB_FLUSH_PAGE, "flush_page")
     virtual(regs.PFFB_FLUSH_PD, "flush_pd")
-    reads[regs.PMC_INTR] = ("virtual", lambda: v.pmc_intr() | (
-        regs.PMC_INTR_PFIFO if r["runlist_intr"] else 0))
+    engine_intr_source = _engine_notify(v, reads, writes)
+    pbdma_pending = _pbdma(v, reads, writes)
+    pgraph_intr = _pgraph(v, reads, writes)
+
+    def pfifo_intr() -> int:
+        # VM_FAULT is a level of the fault unit mask (rnndb gf100_pfifo.xml), so nvkm's
+        # handler, which acks 0x259c and never 0x2100 bit 28, sees it go
+        # PBDMA likewise follows the VM's PBDMA records (and the mediator's own stops of
+        # its channels, which have none: acked by the guest at 0x40108 or in 0x2100)
+        value = v.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
+        return value | (regs.PFIFO_INTR_VM_FAULT if v.fault_mask() else 0) | \
+            (regs.PFIFO_INTR_PBDMA if pbdma_pending() else 0) | \
+            (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
+            (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
+
+    _timer(v, reads, writes)
+    reads[regs.PMC_INTR] = ("virtual", lambda: (regs.PMC_INTR_PFIFO if pfifo_intr() &
+                                                 r["pfifo_intr_en"] else 0) |
+                            (regs.PMC_INTR_PGRAPH if pgraph_intr() else 0) |
+                            (regs.PMC_INTR_PTIMER if r["ptimer_intr"] & r["ptimer_intr_en"]
+                             else 0))
     # The runlist event interrupt is the guest's own: its status (0x2a00) is set when the
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
-    reads[regs.PFIFO_INTR] = ("virtual", lambda: v.pfifo_intr() | (
-        regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0))
+    reads[regs.PFIFO_INTR] = ("virtual", pfifo_intr)
     writes[regs.PFIFO_INTR] = ("virtual",
                                lambda value: v.pfifo_intr_clear(value & ~regs.PFIFO_INTR_RUNLIST))
     reads[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda: r["runlist_intr"])
@@ -76,7 +95,6 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         for i in range(4):
             reads[base + 4 * i] = ("virtual", lambda u=unit, k=i: v.fault_record(u, k))
 
-    ch = v.channels
     reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
     writes[regs.PFIFO_USERD_POLL] = ("channel", v.set_userd_poll)  # changes what is remapped
     reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
@@ -124,9 +142,186 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
         virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
-    # PGRAPH's interrupt word and busy status would tell one VM about another's work
-    virtual(regs.PGRAPH_INTR, "pgraph_intr")
-    writes[regs.PGRAPH_INTR] = ("virtual", lambda value: r.__setitem__(
-        "pgraph_intr", r["pgraph_intr"] & ~value))
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
+
+
+def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+           writes: dict[int, tuple[str, Writer]]) -> None:
+    """Each VM's own PTIMER: the GPU clock plus the offset its TIME writes set, its own
+    alarm and interrupt.  A VM that sets the time or arms an alarm changes nothing for
+    another; its alarm raises its own MSI (the device calls back at the device time)."""
+    r = v.vregs
+    gpu = v.med.gpu
+    ptimer = gpu.ptimer
+    vgpu = weakref.ref(v)  # an alarm left armed must not keep a removed vGPU alive
+    key = ("vgpu-ptimer", id(v))
+
+    def counter() -> int:
+        return (gpu.clock.now_ns() + r["ptimer_offset"]) % (1 << 64)
+
+    def fired() -> None:  # device lock held, on the engine thread
+        owner = vgpu()
+        if owner is None:
+            return
+        r["ptimer_intr"] |= regs.PTIMER_INTR_ALARM
+        owner.count("ptimer.alarms", 1)
+        owner.interrupt()
+        arm(again=True)  # the low word comes round again in 2^32 ns
+
+    def arm(again: bool = False) -> None:
+        if r["ptimer_intr_en"] & regs.PTIMER_INTR_ALARM:
+            now = gpu.clock.now_ns()
+            when = alarm_time(now + r["ptimer_offset"], r["ptimer_alarm"])
+            ptimer.call_at(key, now + (when or (1 << 32) if again else when), fired)
+        else:
+            ptimer.call_at(key, None)
+
+    def setter(name: str, rearm: bool) -> Writer:
+        def write(value: int) -> None:
+            r[name] = value
+            if rearm:
+                with gpu.lock:
+                    arm()
+        return write
+
+    def time_0(value: int) -> None:
+        r["ptimer_offset"] = ((r["ptimer_time_1"] << 32) | value) - gpu.clock.now_ns()
+        with gpu.lock:
+            arm()
+
+    reads[regs.PTIMER_TIME_0] = ("virtual", lambda: counter() & regs.PTIMER_TIME_0_MASK)
+    reads[regs.PTIMER_TIME_1] = ("virtual", lambda: (counter() >> 32) & 0xFFFFFFFF)
+    writes[regs.PTIMER_TIME_0] = ("virtual", time_0)
+    writes[regs.PTIMER_TIME_1] = ("virtual", setter("ptimer_time_1", False))
+    reads[regs.PTIMER_ALARM_0] = ("virtual", lambda: r["ptimer_alarm"])
+    writes[regs.PTIMER_ALARM_0] = ("virtual", setter("ptimer_alarm", True))
+    reads[regs.PTIMER_INTR_EN_0] = ("virtual", lambda: r["ptimer_intr_en"])
+    writes[regs.PTIMER_INTR_EN_0] = ("virtual", setter("ptimer_intr_en", True))
+    reads[regs.PTIMER_INTR_0] = ("virtual", lambda: r["ptimer_intr"])
+    writes[regs.PTIMER_INTR_0] = ("virtual", lambda value: r.__setitem__(
+        "ptimer_intr", r["ptimer_intr"] & ~value))
+    for off, name in ((regs.PTIMER_NUMERATOR, "ptimer_num"), (regs.PTIMER_DENOMINATOR,
+                                                             "ptimer_den")):
+        reads[off] = ("virtual", lambda n=name: r[n])
+        writes[off] = ("virtual", setter(name, False))
+
+
+def _mine(v: "VGpu") -> dict[int, int]:
+    """This VM's bound channels: physical id -> its own id."""
+    return {c.pchid: c.vchid for c in v.channels.by_vchid.values() if c.bound}
+
+
+def _engine_notify(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+                   writes: dict[int, tuple[str, Writer]]) -> Reader:
+    """PFIFO's engine interrupts as this VM sees them: the non-stall interrupt
+    (NOTIFY_INTR) its own channels raised and it has not acknowledged.  Returns the
+    reader of ENGINE_INTR_SOURCE (PFIFO_INTR bit 31 is its level)."""
+    r, pfifo = v.vregs, v.med.gpu.pfifo
+
+    def engine_intr(engn: int) -> int:
+        pending = engn == regs.FIFO_ENGINE_PGRAPH and any(
+            pchid in pfifo.notify_chids for pchid in _mine(v))
+        return regs.PFIFO_ENGINE_INTR_NOTIFY if pending else 0
+
+    def source() -> int:
+        return (1 << regs.FIFO_ENGINE_PGRAPH) if engine_intr(regs.FIFO_ENGINE_PGRAPH) & \
+            r["engine_intr_en"] else 0
+
+    def ack(engn: int, value: int) -> None:
+        if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
+            for c in v.channels.by_vchid.values():
+                pfifo.notify_chids.discard(c.pchid)
+
+    reads[regs.PFIFO_ENGINE_INTR_SOURCE] = ("virtual", source)
+    for engn in range(regs.PFIFO_ENGINE_INTR_COUNT):
+        off = regs.PFIFO_ENGINE_INTR + engn * regs.PFIFO_ENGINE_INTR_STRIDE
+        reads[off] = ("virtual", lambda e=engn: engine_intr(e))
+        writes[off] = ("channel", lambda value, e=engn: ack(e, value))
+    reads[regs.PFIFO_ENGINE_INTR_EN] = ("virtual", partial(r.__getitem__, "engine_intr_en"))
+    writes[regs.PFIFO_ENGINE_INTR_EN] = ("virtual", partial(r.__setitem__, "engine_intr_en"))
+    return source
+
+
+def _pbdma(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+           writes: dict[int, tuple[str, Writer]]) -> Callable[[], bool]:
+    """The PBDMA as this VM sees it: the oldest record of its own channels, its channel id
+    its own, its acknowledgement clearing only that.  Returns whether one is pending."""
+    r, gpu = v.vregs, v.med.gpu
+
+    def record() -> tuple[int, list[int]] | None:
+        mine = _mine(v)
+        for pchid, words in list(gpu.pbdma.traps.items()):
+            if pchid in mine:
+                return pchid, words
+        return None
+
+    def word(i: int) -> int:
+        found = record()
+        if found is None:
+            return 0
+        return _mine(v).get(found[0], 0) if i < 0 else found[1][i]
+
+    def ack(value: int) -> None:
+        found = record()
+        if found is not None:
+            with gpu.lock:
+                gpu.pbdma.ack(found[0], value)
+        v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
+
+    reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if record() else 0)
+    writes[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda value: None)  # a level
+    reads[regs.PBDMA_INTR] = ("virtual", lambda: word(0))
+    writes[regs.PBDMA_INTR] = ("channel", ack)
+    reads[regs.PBDMA_METHOD0] = ("virtual", lambda: word(1))
+    writes[regs.PBDMA_METHOD0] = ("virtual", lambda value: None)  # the method is skipped
+    reads[regs.PBDMA_DATA0] = ("virtual", lambda: word(2))
+    reads[regs.PBDMA_CHAN] = ("virtual", lambda: word(-1))
+    for off, name, mask in ((regs.PBDMA_INTR_EN, "pbdma_intr_en", 0xFFFFFFFF),
+                            (regs.PBDMA_CONFIG, "pbdma_config", 0xFFFFFFFF),
+                            (regs.PFIFO_PBDMA_ENABLE, "pbdma_enable",
+                             (1 << regs.PBDMA_COUNT) - 1),
+                            (regs.PMC_PBDMA_ENABLE, "pmc_pbdma_enable",
+                             (1 << regs.PBDMA_COUNT) - 1)):
+        reads[off] = ("virtual", lambda n=name: r[n])
+        writes[off] = ("virtual", lambda value, n=name, m=mask: r.__setitem__(n, value & m))
+    return lambda: record() is not None
+
+
+def _pgraph(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+            writes: dict[int, tuple[str, Writer]]) -> Reader:
+    """PGRAPH's interrupt word as this VM sees it -- the NOTIFY and ILLEGAL_MTHD its own
+    channels raised (another VM's would tell it about that VM's work) -- with the trapped
+    method of its own oldest record.  Returns the PGRAPH_INTR reader."""
+    r, gpu = v.vregs, v.med.gpu
+
+    def trap() -> tuple[int, list[int]] | None:
+        mine = _mine(v)
+        for pchid, words in list(gpu.pgraph.traps.items()):
+            if pchid in mine:
+                return pchid, words
+        return None
+
+    def intr() -> int:
+        notify = any(pchid in gpu.pgraph.notify_chids for pchid in _mine(v))
+        return (regs.PGRAPH_INTR_NOTIFY if notify else 0) | \
+            (regs.PGRAPH_INTR_ILLEGAL_MTHD if trap() else 0)
+
+    def ack(value: int) -> None:
+        if value & regs.PGRAPH_INTR_NOTIFY:
+            for c in v.channels.by_vchid.values():
+                gpu.pgraph.notify_chids.discard(c.pchid)
+        if value & regs.PGRAPH_INTR_ILLEGAL_MTHD:
+            found = trap()
+            if found is not None:
+                with gpu.lock:
+                    gpu.pgraph.ack_trap(found[0])
+
+    reads[regs.PGRAPH_INTR] = ("virtual", intr)
+    writes[regs.PGRAPH_INTR] = ("channel", ack)
+    for off, i in ((regs.PGRAPH_TRAP_ADDR, 0), (regs.PGRAPH_TRAP_DATA, 1)):
+        reads[off] = ("virtual", lambda i=i: (trap() or (0, [0, 0]))[1][i])
+    reads[regs.PGRAPH_FIFO_ACCESS] = ("virtual", partial(r.__getitem__, "pgraph_fifo_access"))
+    writes[regs.PGRAPH_FIFO_ACCESS] = ("virtual",
+                                       partial(r.__setitem__, "pgraph_fifo_access"))
+    return intr

@@ -117,10 +117,22 @@ class Channels:
             ch.guest_inst = None
             v.count("trap.refused.channel_instance", 1)
             return
+        self._resume_userd(ch)
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
                  regs.PFIFO_CHAN_VALID | (ch.shadow_inst >> 12))
         self.host.channel_reset(ch.pchid)
         v.shadowing.refresh_remap()
+
+    def _resume_userd(self, ch: VChannel) -> None:
+        """A channel bound again with progress in its RAMFC (saved at its unbind, see
+        _unbind) finds its control area as it left it: the GP_PUT it had submitted and the
+        GP_GET the device had reached.  A fresh block (RAMFC zero) starts at zero."""
+        put = self.vram.read_bytes(ch.shadow_inst + regs.RAMFC_GP_PUT, 4)
+        get = self.vram.read_bytes(ch.shadow_inst + regs.RAMFC_GP_GET, 4)
+        if put or get:
+            self.vram.u32[(ch.shadow_userd + regs.USERD_GP_PUT) >> 2] = put
+            self.vram.u32[(ch.shadow_userd + regs.USERD_GP_GET) >> 2] = get
+            ch.put = put
 
     def _build_shadow(self, ch: VChannel) -> None:
         v = self.vgpu
@@ -139,6 +151,12 @@ class Channels:
             return
         v = self.vgpu
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE, 0)
+        # the device saved the channel's progress in the shadow RAMFC: the guest's RAMFC
+        # gets it, as the device would have written it there (a rebind resumes from it)
+        if v.policy.guest_vram_ok(ch.guest_inst, regs.RAMIN_SIZE):
+            guest = v.policy.host_vram(ch.guest_inst)
+            for off in regs.RAMFC_PROGRESS_WORDS:
+                self.vram.u32[(guest + off) >> 2] = self.vram.u32[(ch.shadow_inst + off) >> 2]
         self.host.set_poll_page(ch.pchid, None)
         ch.guest_inst = ch.guest_pd = None
         ch.put = 0

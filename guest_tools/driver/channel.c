@@ -72,6 +72,10 @@ int channel_create(struct channel *ch, struct gpu *g, unsigned id, uint64_t user
     g->runnable |= 1u << id;
     if ((err = gpu_runlist_update(g)))
         goto fail;
+    /* nouveau_channel_init: the first commands follow NOUVEAU_DMA_SKIPS zero words (they
+     * go with the first kick; the pushbuffer is guest RAM, so they cost no exit) */
+    for (unsigned i = 0; i < NOUVEAU_DMA_SKIPS; i++)
+        pb_word(ch, 0);
     return 0;
 fail:
     con_printf("channel %u: create failed (%s)", id, err_name(err));

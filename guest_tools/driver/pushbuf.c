@@ -27,11 +27,12 @@ void pb_mthd_ni(struct channel *ch, unsigned subc, uint32_t mthd, unsigned count
 
 void pb_fence(struct channel *ch, uint32_t seq)
 {
-    pb_mthd(ch, 0, HOST_SEMAPHORE_ADDR_HI, 4);
+    pb_mthd(ch, 0, HOST_SEMAPHORE_ADDR_HI, 5);
     pb_word(ch, (uint32_t)(ch->fence.va >> 32));
     pb_word(ch, (uint32_t)ch->fence.va);
     pb_word(ch, seq);
-    pb_word(ch, SEM_RELEASE | SEM_SHORT);
+    pb_word(ch, SEM_RELEASE);  /* RELEASE_WFI EN, RELEASE_SIZE 16BYTE */
+    pb_word(ch, 0);            /* HOST_NOTIFY_INTR: NON_STALL_INTERRUPT */
 }
 
 void pb_kick(struct channel *ch)
