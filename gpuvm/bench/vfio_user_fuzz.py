@@ -158,7 +158,8 @@ class HostileClient:
                            flags, 0) + payload
 
     def _send(self, data: bytes, fds: list[int] = ()) -> None:
-        assert self.sock is not None
+        if self.sock is None:  # closed after a failure earlier in this case
+            raise BrokenPipeError("the connection ended earlier in this case")
         if fds:
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                         array.array("i", fds))])
