@@ -50,7 +50,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from gpuvm.errors import UserError
 from gpuvm.mdevctl import MdevStore
@@ -92,11 +91,10 @@ class PeerClosed(Exception):
 class HostileClient:
     """One hostile VMM on `path`; `step(rng)` sends one message and checks its answer."""
 
-    def __init__(self, path: str, partition: Callable[[], tuple[int, int] | None],
-                 tally: Tally) -> None:
+    def __init__(self, path: str, daemon: "DaemonView", tally: Tally) -> None:
         self.path = path
-        self.partition = partition  # (st_dev, st_ino) of the connection's vGPU memfd
-        self.own_inode: tuple[int, int] | None = None
+        self.daemon = daemon
+        self.own_inode: tuple[int, int] | None = None  # the connection's vGPU memfd
         self.tally = tally
         self.sock: socket.socket | None = None
         self.msg_id = 0
@@ -106,28 +104,15 @@ class HostileClient:
 
     # ---------------------------------------------------------------- connection
     def connect(self, rng: random.Random) -> None:
-        """A new connection.  The daemon lets one VMM hold an mdev: until the last
-        connection's vGPU is removed it turns the next away (closes it at once), and
-        the client tries again."""
+        """A new connection.  The daemon lets one VMM hold an mdev and turns the next
+        away until the last connection's vGPU is removed: the client waits for that."""
         self.close()
-        deadline = time.monotonic() + 30
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self.path)
-                if not select.select([sock], [], [], 0.005)[0]:
-                    break  # not closed at once: accepted
-                if sock.recv(1, socket.MSG_PEEK):
-                    break
-            except OSError:
-                pass
-            sock.close()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.path}: the daemon turns every connection away")
-            time.sleep(0.005)
+        self.daemon.wait_idle()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
         self.sock, self.buf, self.negotiated, self.last = sock, b"", False, None
         self.tally.connections += 1
-        self.own_inode = self.partition()
+        self.own_inode = self.daemon.inode()
         if rng.random() < 0.01:  # a command before VERSION: refused, then closed
             self._expect_close("before VERSION", self._command(
                 p.DEVICE_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0)), error=True)
@@ -532,8 +517,8 @@ def fuzz(messages: int, seed: int, co_runner: bool = True) -> FuzzReport:
     try:
         tally = Tally()
         rng = random.Random(seed)
-        own = _OwnPartition(server, hostile.uuid)
-        client = HostileClient(str(socket_path(hostile.uuid)), own.inode, tally)
+        client = HostileClient(str(socket_path(hostile.uuid)),
+                               DaemonView(server, hostile.uuid), tally)
         start = time.perf_counter()
         while tally.messages < messages:
             client.step(rng)
@@ -562,12 +547,16 @@ def fuzz(messages: int, seed: int, co_runner: bool = True) -> FuzzReport:
                       runner.runs if runner else 0, runner.failures if runner else [], still)
 
 
-class _OwnPartition:
-    """The inode of the hostile connection's vGPU partition memfd, read on the server
-    side: the only fd the server may pass this client."""
+class DaemonView:
+    """What the hostile client learns from the daemon's side (it runs in this process):
+    when the mdev is free again, and the inode of its connection's vGPU partition memfd
+    -- the only fd the server may pass it."""
 
     def __init__(self, server: MdevServer, uuid: str) -> None:
         self.server, self.uuid = server, uuid
+
+    def wait_idle(self) -> None:
+        _wait_detached(self.server, self.uuid)
 
     def inode(self) -> tuple[int, int] | None:
         deadline = time.monotonic() + 10
