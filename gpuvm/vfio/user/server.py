@@ -16,9 +16,10 @@ DMA mapping unmapped.  What each command does is tabled in gpuvm/vfio/user/__ini
 Memory:
 - DMA_MAP carries the fd of the client's RAM; the server maps it (MAP_SHARED) and hands
   the view to `device.dma_map`, so the device reads and writes guest memory directly.
-- A mappable region's GET_REGION_INFO reply carries the fd of the memory behind it (the
-  memfd of the vGPU's own VRAM partition); `memory` translates the host addresses the device grants into offsets of
-  that fd for GPUVM_MAPPING_EVENT (see gpuvm/vfio/user/__init__.py).
+- A mappable region's GET_REGION_INFO reply to a client with the mapping extension
+  carries the fd of the memory behind it (the memfd of the vGPU's own VRAM partition);
+  `memory` translates the host addresses the device grants into offsets of that fd for
+  GPUVM_MAPPING_EVENT (see gpuvm/vfio/user/__init__.py).
 """
 
 from __future__ import annotations
