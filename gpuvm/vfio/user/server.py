@@ -587,9 +587,9 @@ class DeviceServer:
 
     def _access(self, msg: p.Message, write: bool) -> tuple[bytes, list[int]]:
         """Any count from 1 to max_data_xfer_size inside a region that allows the access:
-        the device takes it as the naturally aligned accesses of at most 4 bytes that
-        cover it, in address order (config space read in bulk is its registers read one
-        by one)."""
+        a register's size (1, 2, 4, 8) is one device access, as on the fast path; any
+        other count is the naturally aligned accesses of at most 4 bytes that cover it,
+        in address order (config space read in bulk is its registers read one by one)."""
         name = "REGION_WRITE" if write else "REGION_READ"
         payload = msg.payload
         if len(payload) < p.ACCESS.size:
@@ -614,13 +614,14 @@ class DeviceServer:
             raise _errno(VfioError(f"{where} runs past its {info.size:#x} bytes"),
                          errno.EINVAL)
         head = payload[:p.ACCESS.size]  # the reply echoes offset, region and count
+        pieces = [(offset, count)] if count in _VALUE else _pieces(offset, count)
         if write:
-            for at, n in _pieces(offset, count):
+            for at, n in pieces:
                 self.device.write(region, at, n, int.from_bytes(
                     data[at - offset:at - offset + n], "little"))
             return head, []
         out = bytearray()
-        for at, n in _pieces(offset, count):
+        for at, n in pieces:
             out += (self.device.read(region, at, n) & _VALUE_MASK[n]).to_bytes(n, "little")
         return head + bytes(out), []
 
