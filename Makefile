@@ -58,4 +58,4 @@ bench: guest
 	$(VPY) -m gpuvm bench device
 
 clean:
-	rm -rf $(VENV) guest_tools/build results .pytest_cache
+	rm -rf $(VENV) guest_tools/build build/libvfio-user results .pytest_cache
