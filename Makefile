@@ -8,7 +8,7 @@ VENV   ?= .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install guest run paper test bench clean
+.PHONY: install guest libvfio-user run paper test bench clean
 
 $(STAMP): pyproject.toml
 	@command -v gcc >/dev/null || (apt-get update -qq && apt-get install -y -qq gcc make)
@@ -38,13 +38,24 @@ run: guest
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 
+# Nutanix libvfio-user from ../shared/third_party, patched and built in build/libvfio-user
+# for the vfio-user interop tests (tests/libvfio_user.py; says so and does nothing where
+# the archive is absent)
+libvfio-user: install
+	@# it builds with meson and ninja against json-c; its meson setup asks for cmocka too
+	@(command -v meson >/dev/null && command -v ninja >/dev/null && command -v patch \
+	  >/dev/null && pkg-config --exists json-c && test -f /usr/include/cmocka.h) \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      meson ninja-build libjson-c-dev libcmocka-dev patch pkg-config)
+	$(VPY) tests/libvfio_user.py
+
 # Two workers (CI has two cores); whole files to each (--dist loadfile), so a module's
 # fixture -- a run of isolated VMs, a recorded bundle -- is built once, not per worker.
-test: guest
+test: guest libvfio-user
 	$(VPY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile tests
 
 bench: guest
 	$(VPY) -m gpuvm bench device
 
 clean:
-	rm -rf $(VENV) guest_tools/build results .pytest_cache
+	rm -rf $(VENV) guest_tools/build build/libvfio-user results .pytest_cache

@@ -9,6 +9,10 @@ scheduler share, in the mdev's mode), and when the VMM goes away -- it exits, is
 or breaks the protocol -- the vGPU is removed: its channels stopped, its partition given
 back; the daemon and every other VM keep running.  The log is
 $GPUVM_STATE_DIR/vfio-user/serve.log.  SIGTERM or SIGINT stops the daemon.
+
+`--no-extensions` offers none of gpuvm's extensions (gpuvm/vfio/user/__init__.py): a
+VMM then attaches with the spec's commands alone, as a standard client would -- every BAR
+traps, and the lab's device counters stay in the daemon.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from gpuvm.mediator.modes import MODES
 from gpuvm.run.isolated import device_memory
 from gpuvm.run.mediated import MediatedMachine
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
+from gpuvm.vfio.user import protocol
 from gpuvm.vfio.user.server import DeviceServer
 
 log = logging.getLogger("gpuvm.serve")
@@ -53,10 +58,12 @@ class MdevServer:
     """Serves every mdev of `definitions` on its own socket (see the module docstring)."""
 
     def __init__(self, definitions: list[MdevDefinition], root: Path | None = None,
-                 options: RunOptions | None = None) -> None:
+                 options: RunOptions | None = None,
+                 extensions: tuple[str, ...] = protocol.EXTENSIONS) -> None:
         if not definitions:
             raise UserError("no mdevs are defined (create one with `gpuvm mdev create`)")
         self.root = root
+        self.extensions = extensions  # the gpuvm extensions offered to every VMM
         self.specs = {d.uuid: mdev_spec(d) for d in definitions}
         options = options or RunOptions(mode=definitions[0].mode)
         gpus = 1 + max(spec.gpu or 0 for spec in self.specs.values())
@@ -112,7 +119,8 @@ class MdevServer:
                     conn.close()
                     continue
                 server = DeviceServer(conn, device, device, device_memory(device),
-                                      spec.name, on_disconnect=self._gone)
+                                      spec.name, on_disconnect=self._gone,
+                                      extensions=self.extensions)
                 self.active[uuid] = server
             log.info("mdev %s: VMM attached", uuid)
             server.start()
@@ -148,6 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve only these mdevs (default: every defined mdev)")
     parser.add_argument("--scheduler", default="", help="GPU scheduler policy "
                         "(fifo, credit, band; default fifo)")
+    parser.add_argument("--no-extensions", action="store_true",
+                        help="offer none of gpuvm's vfio-user extensions (BAR remap, "
+                        "lab counters): VMMs attach with the spec's commands alone")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -167,7 +178,8 @@ def main(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger("gpuvm").setLevel(logging.INFO)
-    server = MdevServer(defs, options=options).start()
+    server = MdevServer(defs, options=options,
+                        extensions=() if args.no_extensions else protocol.EXTENSIONS).start()
     print(f"gpuvm serve: {len(defs)} vGPU(s) on {directory} (log: {directory / 'serve.log'})",
           flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):

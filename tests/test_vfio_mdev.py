@@ -10,9 +10,11 @@ import sys
 import pytest
 
 from gpuvm.device import regs
+from gpuvm.device.profile import load_profile
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import HostDriver
 from gpuvm.mdevctl import MdevStore
+from gpuvm.mediator.mdev_types import profile_types
 from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
@@ -46,7 +48,14 @@ def test_types_list_like_mdevctl(state, gpuvm_cli):
     assert available(out) == {"gpuvm-Q6000-1Q": 1, "gpuvm-Q6000-2Q": 2,
                               "gpuvm-Q6000-4Q": 4, "gpuvm-Q6000-8Q": 8}
     assert "    Device API: vfio-pci" in out
-    assert "Description: framebuffer=512M, channels=16, bar1=15M, bar3=8M" in out
+    assert "Description: framebuffer=512M, channels=16, bar1=8M of 15M, bar3=8M" in out
+
+
+def test_every_type_has_power_of_two_bars():
+    """A PCI BAR is a power of two: libvfio-user refuses another size, QEMU asserts."""
+    for t in profile_types(load_profile()).values():
+        for size in (t.partition.bar1_size, t.partition.bar3_size):
+            assert size > 0 and size & (size - 1) == 0, t.description
 
 
 def test_create_list_remove_and_available_instances_follow(state, gpuvm_cli):

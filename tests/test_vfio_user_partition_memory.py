@@ -49,8 +49,9 @@ def two_served():
 
 
 def bar1_fd(sock) -> int:
-    """GET_REGION_INFO of BAR1 (a remap region): the fd that comes with the reply."""
-    version(sock)
+    """GET_REGION_INFO of BAR1 (a remap region): the fd that comes with the reply to a
+    client with the mapping extension."""
+    version(sock, {"gpuvm": ["mapping"]})
     send(sock, 2, CMD_GET_REGION_INFO, struct.pack("<IIIIQQ", 64, 0, regs.BAR1, 0, 0, 0))
     header, _payload, fds = recv(sock)
     assert header[4] == 0 and len(fds) == 1

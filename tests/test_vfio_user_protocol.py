@@ -94,7 +94,7 @@ def test_version_reply_layout(served):
 
 def test_each_reply_byte_exact(served):
     sock, vgpu, server, _ = served
-    version(sock)
+    version(sock, {"gpuvm": ["mapping"]})
     send(sock, 2, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
     assert recv(sock) == ((2, CMD_GET_INFO, 32, REPLY, 0),
                           struct.pack("<IIII", 16, 0b11, 9, 5), [])
@@ -104,13 +104,11 @@ def test_each_reply_byte_exact(served):
                           struct.pack("<IIIIQQ", 32, 0b11, 0, 0, regs.BAR0_SIZE, 0), [])
 
     # BAR1 in a remap mode: MMAP|CAPS, the chain does not fit in 32 bytes -> argsz says 64
+    # (and the fd comes with the whole answer only)
     bar1 = vgpu.bar_sizes[regs.BAR1]
     send(sock, 4, CMD_GET_REGION_INFO, struct.pack("<IIIIQQ", 32, 0, 1, 0, 0, 0))
-    header, payload, fds = recv(sock)
-    assert (header, payload) == ((4, CMD_GET_REGION_INFO, 48, REPLY, 0),
-                                 struct.pack("<IIIIQQ", 64, 0b1111, 1, 0, bar1, 0))
-    for fd in fds:
-        os.close(fd)
+    assert recv(sock) == ((4, CMD_GET_REGION_INFO, 48, REPLY, 0),
+                          struct.pack("<IIIIQQ", 64, 0b1111, 1, 0, bar1, 0), [])
     send(sock, 5, CMD_GET_REGION_INFO, struct.pack("<IIIIQQ", 64, 0, 1, 0, 0, 0))
     header, payload, fds = recv(sock)
     assert header == (5, CMD_GET_REGION_INFO, 16 + 64, REPLY, 0)
@@ -162,6 +160,17 @@ def test_each_reply_byte_exact(served):
     assert not server.closed.is_set()
 
 
+def test_sparse_areas_and_fd_only_for_the_mapping_extension(served):
+    """A standard client would mmap the fd at region offsets: the partition's VRAM is
+    not laid out so, so it gets a trapped BAR (no MMAP, no CAPS, no fd)."""
+    sock, vgpu, _, _ = served
+    version(sock)
+    send(sock, 2, CMD_GET_REGION_INFO, struct.pack("<IIIIQQ", 64, 0, 1, 0, 0, 0))
+    assert recv(sock) == ((2, CMD_GET_REGION_INFO, 48, REPLY, 0),
+                          struct.pack("<IIIIQQ", 32, 0b11, 1, 0,
+                                      vgpu.bar_sizes[regs.BAR1], 0), [])
+
+
 def test_refusal_keeps_the_connection(served):
     sock, _, server, _ = served
     version(sock)
@@ -171,21 +180,82 @@ def test_refusal_keeps_the_connection(served):
     assert recv(sock)[0][4] == 0 and not server.closed.is_set()
 
 
+ENOTSUP = 95
+
+
 @pytest.mark.parametrize("bad, error", [
-    (struct.pack(HEADER, 5, CMD_GET_INFO, 1 << 30, 0, 0), E2BIG),  # oversized
     (struct.pack(HEADER, 5, CMD_READ, 16 + 4, 0, 0) + b"\0" * 4, EINVAL),  # short payload
     (struct.pack(HEADER, 5, 0x7777, 16, 0, 0), ENOSYS),  # no such command
     (struct.pack(HEADER, 5, 0x8001, 20, 0, 0) + b"\1\0\0\0", ENOSYS),  # extension not agreed
+    (struct.pack(HEADER, 5, 16, 24, 0, 0) + struct.pack("<II", 8, 1 << 18 | 1), ENOTSUP),
+    (struct.pack(HEADER, 5, 6, 32, 0, 0) + struct.pack("<IIII", 16, 0, 0, 0), 0),  # io fds
+    (struct.pack(HEADER, 5, CMD_READ, 32, 0, 0) + struct.pack("<QII", 0, 0xDEADBEEF, 4),
+     EINVAL),  # no such region
+    (struct.pack(HEADER, 5, CMD_READ, 32, 0, 0) + struct.pack("<QII", 0xFF, 7, 2), EINVAL),
+    (struct.pack(HEADER, 5, 11, 32, 0, 0) + struct.pack("<QQ", 0, 4), EINVAL),  # DMA_READ
 ])
-def test_malformed_message_gets_error_and_only_that_connection_closes(served, bad, error):
+def test_every_command_is_answered_and_the_connection_kept(served, bad, error):
+    """The spec: each command gets a reply -- an error reply for a malformed, unknown,
+    unsupported or refused one -- and a refusal does not end the connection."""
     sock, vgpu, server, gone = served
     version(sock)
     sock.sendall(bad)
     header, payload, _ = recv(sock)
-    assert header == (5, struct.unpack_from("<H", bad, 2)[0], 16, REPLY | ERROR, error)
+    assert header[:2] == (5, struct.unpack_from("<H", bad, 2)[0])
+    assert header[3:] == ((REPLY | ERROR, error) if error else (REPLY, 0))
+    send(sock, 6, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
+    assert recv(sock)[0] == (6, CMD_GET_INFO, 32, REPLY, 0)
+    assert not server.closed.is_set() and not gone
+
+
+def test_a_header_that_cannot_be_framed_closes_only_that_connection(served):
+    sock, vgpu, server, gone = served
+    version(sock)
+    sock.sendall(struct.pack(HEADER, 5, CMD_GET_INFO, 1 << 30, 0, 0))  # oversized
+    header, payload, _ = recv(sock)
+    assert header == (5, CMD_GET_INFO, 16, REPLY | ERROR, E2BIG)
     assert sock.recv(1) == b""  # then the server hangs up
     assert server.closed.wait(5) and gone == [server]
     assert vgpu in vgpu.med.vgpus  # the device itself is untouched: on_disconnect decides
+
+
+def test_any_access_size_up_to_the_maximum(served):
+    """QEMU reads config space in bulk: 64 bytes come back as the registers read one by
+    one; a write of 3 bytes lands as a 2-byte and a 1-byte write."""
+    sock, vgpu, _, _ = served
+    version(sock)
+    send(sock, 2, CMD_READ, struct.pack("<QII", 0, 7, 64))
+    header, payload, _ = recv(sock)
+    assert header == (2, CMD_READ, 16 + 16 + 64, REPLY, 0)
+    assert payload[16:] == b"".join(vgpu.config.read(o, 4).to_bytes(4, "little")
+                                    for o in range(0, 64, 4))
+    send(sock, 3, CMD_WRITE, struct.pack("<QII", regs.PCI_COMMAND, 7, 3) + b"\6\0\0")
+    assert recv(sock)[0][3:] == (REPLY, 0)
+    assert vgpu.config.read(regs.PCI_COMMAND, 2) == 6  # the 2-byte command register
+    send(sock, 4, CMD_READ, struct.pack("<QII", 0, 7, (1 << 20) + 1))
+    assert recv(sock)[0][3:] == (REPLY | ERROR, EINVAL)
+
+
+def test_unmap_all_unmaps_everything(served):
+    sock, vgpu, _, _ = served
+    version(sock)
+    ram = os.memfd_create("test-ram")
+    os.ftruncate(ram, 1 << 20)
+    for i, iova in enumerate((0, 1 << 20)):
+        send(sock, 2 + i, CMD_DMA_MAP, struct.pack("<IIQQQ", 32, 0b11, 0, iova, 1 << 20),
+             [ram])
+        assert recv(sock)[0][3:] == (REPLY, 0)
+    send(sock, 4, CMD_DMA_UNMAP, struct.pack("<IIQQ", 24, 0b10, 0, 0))
+    assert recv(sock) == ((4, CMD_DMA_UNMAP, 40, REPLY, 0),
+                          struct.pack("<IIQQ", 24, 0b10, 0, 0), [])
+    for iova in (0, 1 << 20):
+        with pytest.raises(Exception):
+            vgpu.guest_memory(iova, 4)
+    send(sock, 5, CMD_DMA_UNMAP, struct.pack("<IIQQ", 24, 0b10, 0, 4096))  # not 0, 0
+    assert recv(sock)[0][3:] == (REPLY | ERROR, EINVAL)
+    send(sock, 6, CMD_DMA_MAP, struct.pack("<IIQQQ", 32, 0b11, 0, 0, 2 << 20), [ram])
+    assert recv(sock)[0][3:] == (REPLY | ERROR, EINVAL)  # past the end of the memfd
+    os.close(ram)
 
 
 def test_command_before_version_is_refused(served):

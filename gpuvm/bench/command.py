@@ -1,4 +1,5 @@
-"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,fuzz,ram-alloc}`: each
+"""`gpuvm bench {device,exits,shadow,vms,isolation,sim,vfio-user,vfio-user-fuzz,fuzz,
+ram-alloc}`: each
 prints what it measures side by side in one run (ratios, or counts for fuzz).
 
 Each bench module defines its own options (`add_arguments`) and entry point.
@@ -22,6 +23,8 @@ BENCHES = {
     "sim": ("gpuvm.bench.sim", "main_sim", "the simpy model's events/s at 16 and 1,024 VMs"),
     "vfio-user": ("gpuvm.bench.vfio_user", "main_vfio_user", "a trapped access over a "
                   "vfio-user socket vs in-process, no KVM (--baseline: two checkouts)"),
+    "vfio-user-fuzz": ("gpuvm.bench.vfio_user_fuzz", "main_vfio_user_fuzz", "a hostile "
+                       "vfio-user client against gpuvm serve, beside a VM on another vGPU"),
     "fuzz": ("gpuvm.bench.fuzz", "main_fuzz", "hostile guest operations against two vGPUs, "
                                               "the reference monitor on"),
     "ram-alloc": ("gpuvm.bench.ram_alloc", "main_ram_alloc", "guest RAM allocated as the VM "

@@ -11,7 +11,12 @@ advertises smaller types: for the N-instance type, the framebuffer is the larges
 two MiB such that N of them fit together with their shadow reserves (1/16 of the
 framebuffer, at least 4 MiB) in the VRAM below the hypervisor's; BAR1 (less the USERD poll
 area), BAR3 and the channels are split N ways; the weight is 8/N, so a type twice as
-large gets twice the GPU time under CREDIT and BAND.
+large gets twice the GPU time under CREDIT and BAND.  A vGPU's BAR1 and BAR3 are PCI BARs,
+whose sizes are powers of two (a VMM sizes a BAR by the bits it can write, and
+libvfio-user refuses, QEMU asserts on, any other size), so each instance's share is the
+largest power of two in its Nth: the whole BAR is usable, and what the rounding leaves
+of the GPU's apertures is stated in the description (`bar1=8M of 15M`: 8 MiB usable, of
+a 15 MiB share).
 
 Oversubscribed types (`gpuvm-Q6000-75-OS`, `gpuvm-Q6000-150-OS`) give each instance a
 framebuffer of that percentage of the usable VRAM, so that two of the first already sum
@@ -53,14 +58,35 @@ class MdevType:
     weight: float
     device_api: str = DEVICE_API
 
+    share1: int = 0  # the Nth of the GPU's BAR1 / BAR3 each BAR was rounded down from
+    share3: int = 0
+
     @property
     def description(self) -> str:
         p = self.partition
         kind = "oversubscribed, " if p.oversubscribed else ""
         return (f"{kind}framebuffer={p.vram_size >> 20}M, channels={p.channels}, "
-                f"bar1={p.bar1_size >> 20}M, bar3={p.bar3_size >> 20}M, "
+                f"bar1={_bar(p.bar1_size, self.share1)}, "
+                f"bar3={_bar(p.bar3_size, self.share3)}, "
                 f"shadow={p.shadow_size >> 20}M, weight={self.weight:g}, "
                 f"max_instance={self.max_instances}")
+
+
+def _bar(size: int, share: int) -> str:
+    return f"{size >> 20}M" if share <= size else f"{size >> 20}M of {share >> 20}M"
+
+
+def _bar_shares(bar1_size: int, bar3_size: int, n: int) -> tuple[int, int, int, int]:
+    """(BAR1, BAR3, and the Nths they come from): each BAR the largest power of two in
+    its instance's Nth of the GPU's aperture (BAR1 less the USERD poll area), whole MiB,
+    at most a page directory's span."""
+    share1 = min(((bar1_size - POLL_AREA) // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+    share3 = min((bar3_size // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+    return _pow2_floor(share1), _pow2_floor(share3), share1, share3
+
+
+def _pow2_floor(size: int) -> int:
+    return 1 << (size.bit_length() - 1) if size > 0 else 0
 
 
 def _framebuffer(usable: int, n: int) -> int:
@@ -76,17 +102,16 @@ def mdev_types(short_name: str, vram_usable: int, bar1_size: int,
     out: dict[str, MdevType] = {}
     for n in INSTANCE_COUNTS:
         fb = _framebuffer(vram_usable, n)
-        bar1 = min(((bar1_size - POLL_AREA) // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
-        bar3 = min((bar3_size // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+        bar1, bar3, share1, share3 = _bar_shares(bar1_size, bar3_size, n)
         spec = PartitionSpec(vram_size=fb, channels=regs.NUM_CHANNELS // n, bar1_size=bar1,
                              bar3_size=bar3, shadow_size=max(fb // 16, MIN_SHADOW))
         name = f"{short_name}-{n}Q"
         out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
-                                        weight=DEFAULT_INSTANCES / n)
+                                        weight=DEFAULT_INSTANCES / n, share1=share1,
+                                        share3=share3)
     pool = residency_pool_size(vram_usable)
     n = OVERSUBSCRIBED_SHARE
-    bar1 = min(((bar1_size - POLL_AREA) // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
-    bar3 = min((bar3_size // n) & ~(regs.MiB - 1), regs.PDE_SPAN)
+    bar1, bar3, share1, share3 = _bar_shares(bar1_size, bar3_size, n)
     for percent in OVERSUBSCRIBED_PERCENT:
         fb = (pool * percent // 75) & ~(regs.MiB - 1)  # the pool is 75% of usable VRAM
         spec = PartitionSpec(vram_size=fb, channels=regs.NUM_CHANNELS // n, bar1_size=bar1,
@@ -95,7 +120,8 @@ def mdev_types(short_name: str, vram_usable: int, bar1_size: int,
                              oversubscribed=True)
         name = f"{short_name}-{percent}-OS"
         out[f"gpuvm-{name}"] = MdevType(f"gpuvm-{name}", name, n, spec,
-                                        weight=DEFAULT_INSTANCES / n)
+                                        weight=DEFAULT_INSTANCES / n, share1=share1,
+                                        share3=share3)
     return out
 
 

@@ -101,7 +101,9 @@ class VGpu:
         if mode.pv:
             bars[regs.BAR4] = (regs.BAR4_SIZE, True)
         self.config = PciConfig(med.gpu.profile.pci_device, bars)
-        self.irqs = IrqTriggers({vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
+        # INTx as every PCI function has it (a standard vfio-user client, libvfio-user's
+        # sample, sets it up first), and the MSI vector gpuvm's VMM uses
+        self.irqs = IrqTriggers({vfio.VFIO_PCI_INTX_IRQ_INDEX: 1, vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
         self.counts: defaultdict[str, int] = defaultdict(int)
         self.vregs: dict[str, int] = defaultdict(int)
         self._fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
@@ -285,8 +287,10 @@ class VGpu:
         self.irqs.set(index, start, eventfds)
 
     def interrupt(self) -> None:
-        """The GPU signalled completions or faults: raise this vGPU's MSI."""
+        """The GPU signalled completions or faults: raise this vGPU's MSI, and its INTx
+        (each only if the VMM gave it an eventfd: a VMM uses one or the other)."""
         self.irqs.fire(vfio.VFIO_PCI_MSI_IRQ_INDEX)
+        self.irqs.fire(vfio.VFIO_PCI_INTX_IRQ_INDEX)
 
     def reset(self) -> None:
         """Device reset: stop and drop the VM's channels and shadows, start afresh."""

@@ -2,10 +2,20 @@
 socket, so `gpuvm/vmm/vfio_attach.attach` attaches a device in another process unchanged.
 
 Each call is one command and its reply (a lock keeps a VM's vCPU thread and its run loop
-from interleaving).  While it waits for a reply the client applies any GPUVM_MAPPING_EVENT
-the server sent first: the device grants BAR pages while it handles the access that made
-them safe, so the grant reaches the VM's memslots before the access returns -- exactly
-when an in-process listener would have run.
+from interleaving).  While it waits for a reply the client answers the commands the
+server sends first: DMA_READ/DMA_WRITE of the memory it DMA-mapped (a server that does
+its DMA by message, as the spec allows, does it while it handles a command), and
+GPUVM_MAPPING_EVENT -- the device grants BAR pages while it handles the access that made
+them safe, so the grant reaches the VM's memslots before the access returns, exactly
+when an in-process listener would have run.  A server's command that comes while no
+call waits is answered by `serve_requests`.
+
+gpuvm's extensions (gpuvm/vfio/user/__init__.py) are asked for in VERSION and used only
+if the server's reply lists them too: against a standard server (libvfio-user's) no
+mapping listener is installed (its regions trap, or map by the spec's sparse areas), and
+the lab's counters are the client's own (no device counters, no channel faults, no
+device clock: `counters` holds the VMM's memslots alone, `faults` is empty and
+`device_time_ns` 0).
 
 DMA_MAP needs the fd behind the memory it maps: `share(address, size, fd)` names memory
 the client may hand over (the VMM shares its guest RAM memfd before attaching); mapping
@@ -19,6 +29,7 @@ import errno
 import json
 import mmap
 import os
+import select
 import socket
 import threading
 from typing import Any
@@ -32,12 +43,11 @@ from gpuvm.vfio.user import protocol as p
 from gpuvm.vfio.user.server import SharedMemory
 
 CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
-                       "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
-                       "gpuvm": ["mapping", "stats"]}
+                       "max_data_xfer_size": p.MAX_DATA_XFER_SIZE}
 
-# The only replies that bring fds (a mappable region's memory); others are read without
-# room for ancillary data (protocol.Channel._read)
-REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO})
+# The only replies that bring fds (a mappable region's memory, io fds); others are read
+# without room for ancillary data (protocol.Channel._read)
+REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO, p.DEVICE_GET_REGION_IO_FDS})
 
 # The per-access path's layouts and constants, bound here once: looking each up in
 # `protocol` on every access was a measurable part of a round trip
@@ -49,9 +59,11 @@ _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND,
 class VfioUserDevice:
     """A device served over `sock` (connected); see the module docstring."""
 
-    def __init__(self, sock: socket.socket, name: str = "vfio-user") -> None:
+    def __init__(self, sock: socket.socket, name: str = "vfio-user",
+                 extensions: tuple[str, ...] = p.EXTENSIONS) -> None:
         self.sock = sock
         self.name = name
+        self.asked = tuple(extensions)  # the gpuvm extensions this client offers
         self._lock = threading.RLock()
         self._channel = p.Channel(sock, spin_s=p.SPIN_S)
         self._msg_id = 0
@@ -60,11 +72,18 @@ class VfioUserDevice:
         self._grants: dict[tuple[int, int], tuple[int, int]] = {}  # (region, off) -> fd
         self._region_fds: dict[int, int] = {}  # region -> its mmap fd
         self._region_maps: dict[int, tuple[mmap.mmap, int]] = {}  # fd -> (map, address)
+        self._dma: dict[int, tuple[int, int, int]] = {}  # iova -> (address, size, flags)
         self._closed = False
+        self.served_requests = 0  # DMA_READ/WRITE the server asked of this client
         self.server_capabilities = self._negotiate()
+        offered = self.server_capabilities.get(p.EXTENSIONS_KEY, [])
+        # used only when both sides offered it
+        self.extensions = frozenset(e for e in self.asked
+                                    if isinstance(offered, list) and e in offered)
 
     @classmethod
-    def connect(cls, path: str, name: str = "") -> "VfioUserDevice":
+    def connect(cls, path: str, name: str = "",
+                extensions: tuple[str, ...] = p.EXTENSIONS) -> "VfioUserDevice":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
@@ -72,7 +91,7 @@ class VfioUserDevice:
             sock.close()
             raise VfioError(f"cannot connect to vfio-user socket {path}: "
                             f"{exc.strerror}") from None
-        return cls(sock, name or path)
+        return cls(sock, name or path, extensions)
 
     # ---------------------------------------------------------------- transport
     def _next_msg_id(self) -> int:
@@ -99,13 +118,13 @@ class VfioUserDevice:
             return self._accepted(msg, command)
 
     def _await_reply(self, msg_id: int, command: int, with_fds: bool) -> p.Message:
-        """The reply to `msg_id`, applying the mapping events that come ahead of it."""
+        """The reply to `msg_id`, answering the server's commands that come ahead of it."""
         while True:
             msg = self._channel.receive(with_fds)
-            if msg.command == p.GPUVM_MAPPING_EVENT and not msg.is_reply:
-                self._mapping_event(msg)
+            if not msg.is_reply:
+                self._server_command(msg)
                 continue
-            if not msg.is_reply or msg.header.msg_id != msg_id or msg.command != command:
+            if msg.header.msg_id != msg_id or msg.command != command:
                 raise p.ProtocolError(
                     f"{self.name}: expected the reply to {msg_id} "
                     f"({p.COMMAND_NAMES.get(command)}), got message "
@@ -149,15 +168,113 @@ class VfioUserDevice:
             raise VfioError(f"{self.name}: vfio-user socket: {exc}") from None
         return self._accepted(msg, command)
 
+    # ---------------------------------------------------------------- server's commands
+    def _server_command(self, msg: p.Message) -> None:
+        """A command from the server (the lock is held): DMA_READ/DMA_WRITE answered
+        from the DMA-mapped memory, a mapping event applied; anything else refused with
+        an error reply (unless it wants none).  The connection goes on either way."""
+        for fd in msg.fds:
+            os.close(fd)
+        h = msg.header
+        if h.command == p.GPUVM_MAPPING_EVENT and "mapping" in self.extensions:
+            self._mapping_event(msg)  # a grant it cannot apply: ProtocolError, raised
+            return
+        try:
+            if h.command == p.DMA_READ:
+                reply = self._dma_read(msg.payload)
+            elif h.command == p.DMA_WRITE:
+                reply = self._dma_write(msg.payload)
+            else:
+                raise _errno(VfioError(f"{self.name}: the server sent command "
+                                       f"{p.COMMAND_NAMES.get(h.command, h.command)}, "
+                                       f"which a client does not take"), errno.ENOSYS)
+        except VfioError as exc:
+            if not h.flags & p.FLAG_NO_REPLY:
+                p.send(self.sock, p.encode(h.msg_id, h.command, b"",
+                                           p.TYPE_REPLY | p.FLAG_ERROR,
+                                           getattr(exc, "errno", None) or errno.EINVAL))
+            return
+        self.served_requests += 1
+        if not h.flags & p.FLAG_NO_REPLY:
+            p.send(self.sock, p.encode(h.msg_id, h.command, reply, p.TYPE_REPLY))
+
+    def _dma_window(self, address: int, count: int, flag: int, what: str) -> int:
+        """The host address of [address, address + count) of bus memory, which one
+        DMA-mapped window must hold whole with `flag` (READ or WRITE) allowed."""
+        for iova, (host, size, flags) in self._dma.items():
+            if iova <= address and address + count <= iova + size:
+                if not flags & flag:
+                    raise _errno(VfioError(f"{self.name}: {what} of [{address:#x}, "
+                                           f"+{count:#x}): the mapping forbids it"),
+                                 errno.EPERM)
+                return host + address - iova
+        raise _errno(VfioError(f"{self.name}: {what} of [{address:#x}, +{count:#x}) is "
+                               f"outside every DMA mapping"), errno.EFAULT)
+
+    def _dma_read(self, payload: bytes) -> bytes:
+        req = p.unpack(p.DmaAccess, payload, "DMA_READ")
+        if len(payload) != ctypes.sizeof(p.DmaAccess) or not \
+                0 < req.count <= p.MAX_DATA_XFER_SIZE:
+            raise _errno(VfioError(f"{self.name}: DMA_READ of {req.count} bytes in a "
+                                   f"{len(payload)}-byte request"), errno.EINVAL)
+        host = self._dma_window(req.address, req.count, p.DMA_FLAG_READ, "DMA_READ")
+        return bytes(req) + ctypes.string_at(host, req.count)
+
+    def _dma_write(self, payload: bytes) -> bytes:
+        req = p.unpack(p.DmaAccess, payload, "DMA_WRITE")
+        data = payload[ctypes.sizeof(p.DmaAccess):]
+        if len(data) != req.count or not 0 < req.count <= p.MAX_DATA_XFER_SIZE:
+            raise _errno(VfioError(f"{self.name}: DMA_WRITE of {req.count} bytes with "
+                                   f"{len(data)} data bytes"), errno.EINVAL)
+        host = self._dma_window(req.address, req.count, p.DMA_FLAG_WRITE, "DMA_WRITE")
+        ctypes.memmove(host, data, req.count)
+        return bytes(req)
+
+    def serve_requests(self, timeout: float) -> int:
+        """Answer the commands the server sends while no call waits for a reply (a
+        server's DMA when its own timer or engine fires), until none has come for
+        `timeout` seconds; how many were answered."""
+        served = 0
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise self._closed_error()
+                msg = self._channel.buffered()
+                if msg is None:
+                    readable, _, _ = select.select([self.sock], [], [], timeout)
+                    if not readable:
+                        return served
+                    try:
+                        msg = self._channel.receive()
+                    except EOFError:
+                        raise VfioError(f"{self.name}: the vfio-user server hung up") \
+                            from None
+                if msg.is_reply:
+                    raise p.ProtocolError(f"{self.name}: a reply to message "
+                                          f"{msg.header.msg_id}, which nothing awaits")
+                self._server_command(msg)
+                served += 1
+
     def _negotiate(self) -> dict[str, Any]:
-        body = json.dumps({"capabilities": CLIENT_CAPABILITIES}).encode() + b"\0"
+        caps_ = dict(CLIENT_CAPABILITIES)
+        if self.asked:
+            caps_[p.EXTENSIONS_KEY] = list(self.asked)
+        body = json.dumps({"capabilities": caps_}).encode() + b"\0"
         reply = self._call(p.VERSION, bytes(p.VersionPayload(p.VERSION_MAJOR,
                                                             p.VERSION_MINOR)) + body)
         v = p.unpack(p.VersionPayload, reply.payload, "VERSION reply")
         if v.major != p.VERSION_MAJOR or v.minor > p.VERSION_MINOR:
             raise p.ProtocolError(f"{self.name}: server speaks {v.major}.{v.minor}")
         text = reply.payload[4:].split(b"\0", 1)[0]
-        return json.loads(text.decode()).get("capabilities", {}) if text else {}
+        try:
+            body = json.loads(text.decode()) if text else {}
+        except (UnicodeDecodeError, ValueError):
+            raise p.ProtocolError(f"{self.name}: the server's VERSION data is not JSON") \
+                from None
+        found = body.get("capabilities", {}) if isinstance(body, dict) else None
+        if not isinstance(found, dict):
+            raise p.ProtocolError(f"{self.name}: the server's capabilities are not an object")
+        return found
 
     # ---------------------------------------------------------------- VfioDevice
     def get_info(self) -> DeviceInfo:
@@ -168,14 +285,16 @@ class VfioUserDevice:
 
     def get_region_info(self, index: int) -> RegionInfo:
         argsz = caps.REGION_INFO_SIZE
-        for _ in range(2):  # ask again when the chain did not fit
+        for _ in range(2):  # ask again when the reply needs more than was asked for
             reply = self._call(p.DEVICE_GET_REGION_INFO,
                                bytes(p.RegionInfo(argsz=argsz, index=index)))
             fixed = p.unpack(p.RegionInfo, reply.payload, "DEVICE_GET_REGION_INFO reply")
-            if fixed.flags & abi.VFIO_REGION_INFO_FLAG_CAPS and fixed.argsz > argsz:
+            if fixed.argsz > argsz:  # with or without the CAPS flag (the spec's argsz)
                 argsz = fixed.argsz
                 for fd in reply.fds:
                     os.close(fd)
+                if argsz > p.MAX_DATA_XFER_SIZE:
+                    break
                 continue
             info = caps.decode_region_info(reply.payload)
             for fd in reply.fds[1:]:
@@ -186,7 +305,8 @@ class VfioUserDevice:
                     self._drop_region_fd(old)
                 self._region_fds[index] = reply.fds[0]
             return info
-        raise p.ProtocolError(f"{self.name}: region {index} info keeps growing")
+        raise p.ProtocolError(f"{self.name}: region {index} info keeps growing "
+                              f"(argsz {argsz})")
 
     def read(self, region: int, offset: int, size: int) -> int:
         value_layout = _VALUE.get(size)
@@ -230,8 +350,12 @@ class VfioUserDevice:
                 _WHOLE, msg_id, _WRITE)
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
+        """Grants come only from a server with the mapping extension; without it the
+        listener is kept and hears nothing (the regions trap)."""
         with self._lock:
-            if listener is None and self._listener is not None:
+            if "mapping" not in self.extensions:
+                self._listener = listener
+            elif listener is None and self._listener is not None:
                 self._call(p.GPUVM_MAPPING_LISTEN, bytes(p.MappingListen(0)))
                 self._listener = None
             elif listener is not None:
@@ -253,12 +377,25 @@ class VfioUserDevice:
                             f"fd to pass (share() it first)")
         wire = (p.DMA_FLAG_READ if flags & abi.VFIO_DMA_MAP_FLAG_READ else 0) | \
             (p.DMA_FLAG_WRITE if flags & abi.VFIO_DMA_MAP_FLAG_WRITE else 0)
-        self._call(p.DMA_MAP, bytes(p.DmaMap(ctypes.sizeof(p.DmaMap), wire, offset, iova,
-                                             size)), [shared.fd])
+        with self._lock:
+            self._call(p.DMA_MAP, bytes(p.DmaMap(ctypes.sizeof(p.DmaMap), wire, offset,
+                                                 iova, size)), [shared.fd])
+            self._dma[iova] = (address, size, wire)
 
     def dma_unmap(self, iova: int, size: int) -> None:
-        self._call(p.DMA_UNMAP, bytes(p.DmaUnmap(ctypes.sizeof(p.DmaUnmap), 0, iova,
-                                                 min(size, (1 << 64) - 1))))
+        with self._lock:
+            self._call(p.DMA_UNMAP, bytes(p.DmaUnmap(ctypes.sizeof(p.DmaUnmap), 0, iova,
+                                                     min(size, (1 << 64) - 1))))
+            for start in [s for s, (_, n, _) in self._dma.items()
+                          if iova <= s and s + n <= iova + size]:
+                del self._dma[start]
+
+    def dma_unmap_all(self) -> None:
+        """DMA_UNMAP with the unmap-all flag: every mapping goes."""
+        with self._lock:
+            self._call(p.DMA_UNMAP, bytes(p.DmaUnmap(ctypes.sizeof(p.DmaUnmap),
+                                                     p.DMA_UNMAP_FLAG_ALL, 0, 0)))
+            self._dma.clear()
 
     def get_irq_info(self, index: int) -> IrqInfo:
         reply = self._call(p.DEVICE_GET_IRQ_INFO,
@@ -293,6 +430,11 @@ class VfioUserDevice:
 
     # ---------------------------------------------------------------- DeviceStats
     def _stats(self, what: int) -> dict[str, Any]:
+        """The server's answer, or what a server without the stats extension leaves:
+        no device counters, no faults, no device clock, no server time."""
+        if "stats" not in self.extensions:
+            return {"counters": {}, "faults": [], "device_time_ns": 0,
+                    "server_access_ns": 0, "server_engine_ns": 0}
         reply = self._call(p.GPUVM_DEVICE_STATS, bytes(p.DeviceStatsRequest(what)))
         return json.loads(reply.payload.decode())
 
@@ -362,3 +504,8 @@ class VfioUserDevice:
             self._grants.pop((ev.region, ev.offset), None)
             if self._listener is not None:
                 self._listener.unmap(ev.region, ev.offset, ev.size)
+
+
+def _errno(exc: VfioError, number: int) -> VfioError:
+    exc.errno = number  # type: ignore[attr-defined]
+    return exc

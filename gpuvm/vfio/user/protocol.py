@@ -43,6 +43,10 @@ REGION_WRITE = 10
 DMA_READ = 11
 DMA_WRITE = 12
 DEVICE_RESET = 13
+REGION_WRITE_MULTI = 15
+DEVICE_FEATURE = 16
+MIG_DATA_READ = 17
+MIG_DATA_WRITE = 18
 
 # gpuvm extensions (not in the spec; see the package docstring)
 GPUVM_MAPPING_LISTEN = 0x8001  # client -> server: {u32 enable}; grants follow as below
@@ -56,7 +60,10 @@ COMMAND_NAMES = {VERSION: "VERSION", DMA_MAP: "DMA_MAP", DMA_UNMAP: "DMA_UNMAP",
                  DEVICE_GET_IRQ_INFO: "DEVICE_GET_IRQ_INFO",
                  DEVICE_SET_IRQS: "DEVICE_SET_IRQS", REGION_READ: "REGION_READ",
                  REGION_WRITE: "REGION_WRITE", DMA_READ: "DMA_READ", DMA_WRITE: "DMA_WRITE",
-                 DEVICE_RESET: "DEVICE_RESET", GPUVM_MAPPING_LISTEN: "GPUVM_MAPPING_LISTEN",
+                 DEVICE_RESET: "DEVICE_RESET", REGION_WRITE_MULTI: "REGION_WRITE_MULTI",
+                 DEVICE_FEATURE: "DEVICE_FEATURE", MIG_DATA_READ: "MIG_DATA_READ",
+                 MIG_DATA_WRITE: "MIG_DATA_WRITE",
+                 GPUVM_MAPPING_LISTEN: "GPUVM_MAPPING_LISTEN",
                  GPUVM_MAPPING_EVENT: "GPUVM_MAPPING_EVENT",
                  GPUVM_DEVICE_STATS: "GPUVM_DEVICE_STATS"}
 
@@ -72,6 +79,10 @@ VERSION_MAJOR = 0
 VERSION_MINOR = 1
 MAX_DATA_XFER_SIZE = 1 << 20  # the spec's default max_data_xfer_size
 MAX_MSG_FDS = 8
+DEFAULT_PEER_MSG_FDS = 1  # what a peer that did not say takes (the spec)
+MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
+EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
+EXTENSIONS = ("mapping", "stats")
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
@@ -109,6 +120,8 @@ SPIN_S = _spin_from_env(DEFAULT_SPIN_S)
 
 DMA_FLAG_READ = 1 << 0
 DMA_FLAG_WRITE = 1 << 1
+DMA_UNMAP_FLAG_GET_DIRTY_BITMAP = 1 << 0  # linux/vfio.h, as libvfio-user uses them
+DMA_UNMAP_FLAG_ALL = 1 << 1
 
 _u16, _u32, _u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
@@ -134,6 +147,20 @@ class DmaMap(ctypes.LittleEndianStructure):
 class DmaUnmap(ctypes.LittleEndianStructure):
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("address", _u64), ("size", _u64)]
+
+
+class DmaAccess(ctypes.LittleEndianStructure):
+    """DMA_READ/DMA_WRITE (server -> client): a request, then `count` data bytes (a write
+    request, a read reply).  The spec gives the DMA_WRITE reply a 4-byte count; the u64
+    sent here, as libvfio-user sends and expects it, reads the same in its low half."""
+    _pack_ = 1
+    _fields_ = [("address", _u64), ("count", _u64)]
+
+
+class RegionIoFds(ctypes.LittleEndianStructure):
+    """DEVICE_GET_REGION_IO_FDS request and reply head (then `count` sub-regions)."""
+    _pack_ = 1
+    _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
 
 class DeviceInfo(ctypes.LittleEndianStructure):
@@ -448,7 +475,6 @@ class Channel:
 
 
 def _close(fd: int) -> None:
-    import os
     try:
         os.close(fd)
     except OSError:

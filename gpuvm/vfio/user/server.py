@@ -2,48 +2,55 @@
 
 One `DeviceServer` per connection, handled by one thread: it answers each command in
 order (the spec lets a client pipeline; the device sees the accesses in that order).
-Refusals the device makes (VfioError) become error replies and the connection goes on;
-a message the server cannot parse -- wrong sizes, a header that declares more than
-MAX_MESSAGE_SIZE, a command before VERSION, an unknown command -- gets an error reply
-and the connection is closed (only this one).  When the client goes away, cleanly or
-killed, `on_disconnect` runs after the device has been told: interrupts cleared, the
-mapping listener dropped, every DMA mapping unmapped and its fd closed.
+Every command is answered, as QEMU's docs/interop/vfio-user.rst asks: a refusal -- by
+the device, by the checks here (region and IRQ indices, access sizes and bounds, argsz,
+flags), a malformed payload, a command of the spec gpuvm does not offer, an unknown one,
+an extension that was not negotiated -- is an error reply with an errno, and the
+connection goes on.  It is closed (only this one) where the stream cannot go on: a
+header whose size is below 16 bytes or above MAX_MESSAGE_SIZE (nothing after it can be
+framed), a command before VERSION, a major version the server does not speak.  When the
+client goes away, cleanly or killed, `on_disconnect` runs after the device has been
+told: interrupts cleared and their eventfds closed, the mapping listener dropped, every
+DMA mapping unmapped.  What each command does is tabled in gpuvm/vfio/user/__init__.py.
 
 Memory:
 - DMA_MAP carries the fd of the client's RAM; the server maps it (MAP_SHARED) and hands
   the view to `device.dma_map`, so the device reads and writes guest memory directly.
-- A mappable region's GET_REGION_INFO reply carries the fd of the memory behind it (the
-  memfd of the vGPU's own VRAM partition); `memory` translates the host addresses the device grants into offsets of
-  that fd for GPUVM_MAPPING_EVENT (see gpuvm/vfio/user/__init__.py).
+- A mappable region's GET_REGION_INFO reply to a client with the mapping extension
+  carries the fd of the memory behind it (the memfd of the vGPU's own VRAM partition);
+  `memory` translates the host addresses the device grants into offsets of that fd for
+  GPUVM_MAPPING_EVENT (see gpuvm/vfio/user/__init__.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import mmap
 import os
 import selectors
 import socket
+import stat
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from gpuvm.vfio import abi, caps
-from gpuvm.vfio.device import VfioError
+from gpuvm.vfio.device import RegionInfo, VfioError
 from gpuvm.vfio.user import protocol as p
 
 log = logging.getLogger(__name__)
 
 SERVER_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "max_data_xfer_size": p.MAX_DATA_XFER_SIZE,
+                       "max_dma_maps": p.MAX_DMA_MAPS,
                        "pgsizes": mmap.PAGESIZE}
-GPUVM_EXTENSIONS = ["mapping", "stats"]
 
 # The per-access path's layouts and constants, bound here once: looking each up in
 # `protocol` on every message was a measurable part of a round trip
@@ -91,7 +98,8 @@ class DeviceServer:
 
     def __init__(self, sock: socket.socket, device: Any, stats: Any = None,
                  memory: SharedMemory | None = None, name: str = "vfio-user",
-                 on_disconnect: Callable[["DeviceServer"], None] | None = None) -> None:
+                 on_disconnect: Callable[["DeviceServer"], None] | None = None,
+                 extensions: tuple[str, ...] = p.EXTENSIONS) -> None:
         self.sock = sock
         self.device = device
         self.stats = stats if stats is not None else device
@@ -99,11 +107,19 @@ class DeviceServer:
         self.name = name
         self.on_disconnect = on_disconnect
         self.negotiated = False
-        self.extensions: set[str] = set()
+        self.offered = frozenset(extensions)  # gpuvm extensions this server offers
+        self.extensions: set[str] = set()  # ... and those the client asked for too
+        # what VERSION learnt of the device: its regions, and for the access path the
+        # size of each region that may be read / written (absent: it may not)
+        self._regions: dict[int, RegionInfo] = {}
+        self._read_limit: dict[int, int] = {}
+        self._write_limit: dict[int, int] = {}
+        self._num_irqs = 0
+        self.refusals = 0  # commands answered with an error (or dropped replies)
         self._send_lock = threading.Lock()
         self.channel = p.Channel(sock, spin_s=p.SPIN_S)  # serve(): poll, then sleep
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
-        self._irq_fds: list[int] = []
+        self._irq_fds: dict[tuple[int, int], int] = {}  # (index, vector) -> eventfd
         self._listening = False
         self._notify_id = 0
         self.thread: threading.Thread | None = None
@@ -220,10 +236,11 @@ class DeviceServer:
 
     def _release_device(self) -> None:
         """What the spec asks on client disconnect: its memory and eventfds let go."""
-        try:
-            self.device.set_irqs(abi.VFIO_PCI_MSI_IRQ_INDEX, 0, [])
-        except VfioError:
-            pass
+        for index in sorted({k[0] for k in self._irq_fds}):
+            try:
+                self.device.set_irqs(index, 0, [])
+            except VfioError:
+                pass
         self._listening = False
         try:
             self.device.set_mapping_listener(None)
@@ -231,7 +248,7 @@ class DeviceServer:
             pass
         for iova in list(self._dma):
             self._unmap_dma(iova, self._dma[iova][0])
-        for fd in self._irq_fds:
+        for fd in self._irq_fds.values():
             _close(fd)
         self._irq_fds.clear()
 
@@ -260,31 +277,35 @@ class DeviceServer:
     # ---------------------------------------------------------------- dispatch
     def _answer_access(self, chunk: bytes) -> bool:
         """Answer `chunk` when it is exactly one REGION_READ/WRITE of a register's size
-        (1, 2, 4 or 8 bytes) that needs no check beyond its sizes: the message every
-        trapped access sends, decoded with one unpack and answered with one pack.  False
-        (nothing done, nothing sent) for anything else -- another command, a no-reply
-        flag, more or less than one message, a count the sizes do not agree with --
-        which `_handle` then answers or refuses as the general path does."""
+        (1, 2, 4 or 8 bytes) inside a region that allows it: the message every trapped
+        access sends, decoded with one unpack, checked with one dict lookup and answered
+        with one pack.  False (nothing done, nothing sent) for anything else -- another
+        command, a no-reply flag, more or less than one message, a count the sizes do
+        not agree with, an access outside its region -- which `_handle` then answers or
+        refuses as the general path does."""
         if len(chunk) < _WHOLE or not self.negotiated:
             return False
         msg_id, command, size, flags, _, offset, region, count = \
             _ACCESS_MESSAGE.unpack_from(chunk)
         if size != len(chunk) or flags != _COMMAND:
             return False
-        self._answered_access = True
         try:
             if command == _WRITE:
                 value_layout = _VALUE.get(count)
-                if value_layout is None or size != _WHOLE + count:
+                if value_layout is None or size != _WHOLE + count or \
+                        offset + count > self._write_limit.get(region, 0):
                     return False
+                self._answered_access = True
                 self.device.write(region, offset, count,
                                   value_layout.unpack_from(chunk, _WHOLE)[0])
                 reply = _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region,
                                              count)
             elif command == _READ:
                 layout = _ACCESS_WITH_VALUE.get(count)
-                if layout is None or size != _WHOLE:
+                if layout is None or size != _WHOLE or \
+                        offset + count > self._read_limit.get(region, 0):
                     return False
+                self._answered_access = True
                 value = self.device.read(region, offset, count)
                 reply = layout.pack(msg_id, _READ, _WHOLE + count, _REPLY, 0, offset, region,
                                     count, value & _VALUE_MASK[count])
@@ -300,76 +321,113 @@ class DeviceServer:
         return True
 
     def _refused(self, h: p.MessageHeader, exc: VfioError) -> None:
-        """The device refused a command: an error reply (unless none is wanted), and the
-        connection goes on."""
+        """A command refused (by the device or by the checks here): an error reply
+        (unless none is wanted), and the connection goes on."""
+        self.refusals += 1
         log.info("%s: %s refused: %s", self.name, p.COMMAND_NAMES.get(h.command, h.command),
                  exc)
         if not h.flags & p.FLAG_NO_REPLY:
             self._error(h, getattr(exc, "errno", None) or errno.EINVAL)
 
     def _handle(self, msg: p.Message) -> bool:
-        """Answer one message; False when the connection must close."""
+        """Answer one message; False when the connection must close.  Every command gets
+        a reply (an error reply when it is refused, unsupported or unknown) and the
+        connection goes on; it closes only when the spec says so (a command before
+        VERSION, a major version the server does not speak).  Fds that came with a
+        message and were not kept by its command are closed here."""
         h = msg.header
         name = p.COMMAND_NAMES.get(h.command, str(h.command))
-        if msg.is_reply:
-            self._error(h, errno.EINVAL)
-            self.disconnect_reason = f"unexpected reply {name}"
-            return False
-        if not self.negotiated and h.command != p.VERSION:
-            self._error(h, errno.EINVAL)
-            self.disconnect_reason = f"{name} before VERSION"
-            return False
-        handler = self._HANDLERS.get(h.command)
-        if handler is None or (h.command >= 0x8000 and not self.extensions):
-            self._error(h, errno.ENOSYS)
-            self.disconnect_reason = f"unknown command {name}"
-            for fd in msg.fds:
-                _close(fd)
-            return False
-        if h.command in (p.REGION_READ, p.REGION_WRITE):
-            self._answered_access = True
         try:
-            payload, fds = handler(self, msg)
-        except p.ProtocolError as exc:
+            if msg.is_reply or h.flags & p.TYPE_MASK != p.TYPE_COMMAND:
+                # this server sends no command that awaits a reply: a stray reply (or a
+                # type the spec does not define) answers nothing and is dropped
+                self.refusals += 1
+                log.info("%s: dropped an unexpected %s message (flags %#x)", self.name,
+                         name, h.flags)
+                return True
+            if not self.negotiated and h.command != p.VERSION:
+                self._error(h, errno.EINVAL)
+                self.disconnect_reason = f"{name} before VERSION"
+                return False
+            handler = self._HANDLERS.get(h.command)
+            if h.command in (p.REGION_READ, p.REGION_WRITE):
+                self._answered_access = True
+            try:
+                if handler is None:
+                    raise _errno(VfioError(f"command {h.command} is not in the spec"),
+                                 errno.ENOSYS)
+                payload, fds = handler(self, msg)
+            except _HangUp as exc:
+                self._error(h, exc.errno)
+                self.disconnect_reason = f"{name}: {exc}"
+                log.warning("%s: %s; closing the connection", self.name, exc)
+                return False
+            except VfioError as exc:  # a ProtocolError too: the payload was malformed
+                self._refused(h, exc)
+                return True
+            if not h.flags & p.FLAG_NO_REPLY:
+                self._reply(h, payload, fds)
+            return True
+        finally:
             for fd in msg.fds:
                 _close(fd)
-            self._error(h, errno.EINVAL)
-            self.disconnect_reason = f"{name}: {exc}"
-            log.warning("%s: malformed %s (%s); closing the connection", self.name, name, exc)
-            return False
-        except VfioError as exc:
-            self._refused(h, exc)
-            return True
-        if not h.flags & p.FLAG_NO_REPLY:
-            self._reply(h, payload, fds)
-        return True
+
+    # ---------------------------------------------------------------- checks
+    def _region(self, index: int, what: str) -> RegionInfo:
+        info = self._regions.get(index)
+        if info is None:
+            raise _errno(VfioError(f"{what}: no region {index} (the device has "
+                                   f"{len(self._regions)})"), errno.EINVAL)
+        return info
+
+    def _argsz(self, argsz: int, need: int, what: str) -> None:
+        if argsz < need:
+            raise _errno(VfioError(f"{what}: argsz {argsz} is below the {need} bytes of "
+                                   f"the reply"), errno.EINVAL)
+
+    def _wire_region_info(self, info: RegionInfo) -> RegionInfo:
+        """The region as this client may see it: sparse areas (and the MMAP flag, and the
+        fd that comes with them) only for a client that negotiated the mapping
+        extension -- gpuvm's fd is a vGPU's VRAM partition, whose pages the device grants
+        one by one (GPUVM_MAPPING_EVENT), not the region's contents at region offsets as
+        a standard client would map them."""
+        if "mapping" in self.extensions or not (info.sparse or info.mappable):
+            return info
+        return replace(info, sparse=(), flags=info.flags & ~(
+            abi.VFIO_REGION_INFO_FLAG_MMAP | abi.VFIO_REGION_INFO_FLAG_CAPS))
 
     # ---------------------------------------------------------------- commands
     def _version(self, msg: p.Message) -> tuple[bytes, list[int]]:
         v = p.unpack(p.VersionPayload, msg.payload, "VERSION")
         if self.negotiated:
-            raise p.ProtocolError("VERSION sent twice")
+            raise VfioError("VERSION sent again after the negotiation")
         if v.major != p.VERSION_MAJOR:
-            raise p.ProtocolError(f"VERSION major {v.major} (server speaks "
-                                  f"{p.VERSION_MAJOR})")
-        proposed: dict = {}
-        data = msg.payload[4:]
-        if data:
-            text = data.split(b"\0", 1)[0]
+            raise _HangUp(f"VERSION major {v.major} (the server speaks {p.VERSION_MAJOR})",
+                          errno.ENOTSUP)
+        proposed: Any = {}
+        text = msg.payload[ctypes.sizeof(p.VersionPayload):].split(b"\0", 1)[0]
+        if text:
             try:
-                proposed = json.loads(text.decode()) if text else {}
+                proposed = json.loads(text.decode())
             except (UnicodeDecodeError, ValueError):
-                raise p.ProtocolError("VERSION data is not JSON") from None
+                raise VfioError("VERSION data is not UTF-8 JSON") from None
             if not isinstance(proposed, dict):
-                raise p.ProtocolError("VERSION data is not a JSON object")
-        client_caps = proposed.get("capabilities", {}) or {}
+                raise VfioError("VERSION data is not a JSON object")
+        client_caps = proposed.get("capabilities", {})
+        if not isinstance(client_caps, dict):
+            raise VfioError("VERSION capabilities is not a JSON object")
+        wanted = client_caps.get(p.EXTENSIONS_KEY, [])
+        if not isinstance(wanted, list):
+            raise VfioError(f"VERSION capability {p.EXTENSIONS_KEY!r} is not a list")
+        info = self.device.get_info()
+        self._regions = {i: self.device.get_region_info(i) for i in range(info.num_regions)}
+        self._num_irqs = info.num_irqs
+        self._read_limit = {i: r.size for i, r in self._regions.items() if r.readable}
+        self._write_limit = {i: r.size for i, r in self._regions.items() if r.writable}
+        self.extensions = {e for e in wanted if e in self.offered}
         reply_caps: dict[str, Any] = dict(SERVER_CAPABILITIES)
-        if isinstance(client_caps, dict):
-            wanted = client_caps.get("gpuvm")
-            if isinstance(wanted, list):
-                self.extensions = {e for e in wanted if e in GPUVM_EXTENSIONS}
-                if self.extensions:
-                    reply_caps["gpuvm"] = sorted(self.extensions)
+        if self.extensions:
+            reply_caps[p.EXTENSIONS_KEY] = sorted(self.extensions)
         self.negotiated = True
         body = json.dumps({"capabilities": reply_caps}, sort_keys=True).encode() + b"\0"
         return bytes(p.VersionPayload(p.VERSION_MAJOR,
@@ -377,25 +435,32 @@ class DeviceServer:
 
     def _dma_map(self, msg: p.Message) -> tuple[bytes, list[int]]:
         m = p.unpack(p.DmaMap, msg.payload, "DMA_MAP")
+        where = f"DMA_MAP [{m.address:#x}, +{m.size:#x})"
         if len(msg.fds) != 1:
-            for fd in msg.fds:
-                _close(fd)
-            raise VfioError(f"DMA_MAP of [{m.address:#x}, +{m.size:#x}) came with "
-                            f"{len(msg.fds)} fds; gpuvm maps only fd-backed memory")
-        fd = msg.fds[0]
-        try:
-            if m.address in self._dma:
-                raise _errno(VfioError(f"DMA_MAP at {m.address:#x} overlaps a mapping"),
+            raise _errno(VfioError(f"{where} came with {len(msg.fds)} fds; gpuvm maps only "
+                                   f"fd-backed memory (one fd)"), errno.EINVAL)
+        if m.flags & ~(p.DMA_FLAG_READ | p.DMA_FLAG_WRITE):
+            raise _errno(VfioError(f"{where}: unknown flags {m.flags:#x}"), errno.EINVAL)
+        if not m.size or m.size % mmap.PAGESIZE or m.offset % mmap.PAGESIZE or \
+                m.address % mmap.PAGESIZE or m.address + m.size > 1 << 64:
+            raise _errno(VfioError(f"{where} at fd offset {m.offset:#x} is empty, not "
+                                   f"page-aligned or wraps"), errno.EINVAL)
+        for start, (size, _) in self._dma.items():
+            if start < m.address + m.size and m.address < start + size:
+                raise _errno(VfioError(f"{where} overlaps the mapping at {start:#x}"),
                              errno.EEXIST)
-            if not m.size or m.size % mmap.PAGESIZE or m.offset % mmap.PAGESIZE:
-                raise VfioError(f"DMA_MAP size {m.size:#x} / offset {m.offset:#x} not "
-                                f"page-aligned")
+        if len(self._dma) >= p.MAX_DMA_MAPS:
+            raise _errno(VfioError(f"{where}: {p.MAX_DMA_MAPS} mappings are held already "
+                                   f"(max_dma_maps)"), errno.ENOSPC)
+        fd = msg.fds.pop()
+        try:
+            _check_backing(fd, m.offset + m.size, where)
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if m.flags & p.DMA_FLAG_WRITE else 0)
             try:
                 mapping = mmap.mmap(fd, m.size, flags=mmap.MAP_SHARED, prot=prot,
                                     offset=m.offset)
-            except (OSError, ValueError) as exc:
-                raise VfioError(f"DMA_MAP cannot map the client's fd: {exc}") from None
+            except (OSError, ValueError, OverflowError) as exc:
+                raise VfioError(f"{where}: cannot map the client's fd: {exc}") from None
         finally:
             _close(fd)
         flags = (abi.VFIO_DMA_MAP_FLAG_READ if m.flags & p.DMA_FLAG_READ else 0) | \
@@ -416,62 +481,115 @@ class DeviceServer:
             _close_map(self._dma.pop(start)[1])
 
     def _dma_unmap(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """The mappings inside [address, address + size) are let go (the spec: it must
+        match a mapping; gpuvm also takes a range that covers several whole ones, as
+        VFIO's type1 IOMMU does); with DMA_UNMAP_FLAG_ALL (address and size 0) every
+        mapping is.  The reply is the request's DMA entry."""
         u = p.unpack(p.DmaUnmap, msg.payload, "DMA_UNMAP")
-        self._unmap_dma(u.address, u.size)
-        return bytes(p.DmaUnmap(ctypes.sizeof(p.DmaUnmap), u.flags, u.address, u.size)), []
+        where = f"DMA_UNMAP [{u.address:#x}, +{u.size:#x})"
+        if u.flags == p.DMA_UNMAP_FLAG_ALL:
+            if u.address or u.size:
+                raise _errno(VfioError(f"{where}: unmap-all takes address and size 0"),
+                             errno.EINVAL)
+            for start in sorted(self._dma):
+                self._unmap_dma(start, self._dma[start][0])
+        elif u.flags & p.DMA_UNMAP_FLAG_GET_DIRTY_BITMAP:
+            raise _errno(VfioError(f"{where}: gpuvm keeps no dirty bitmap"), errno.ENOTSUP)
+        elif u.flags:
+            raise _errno(VfioError(f"{where}: unknown flags {u.flags:#x}"), errno.EINVAL)
+        else:
+            end = u.address + u.size
+            inside = [s for s, (n, _) in self._dma.items() if u.address <= s and s + n <= end]
+            cut = [s for s, (n, _) in self._dma.items()
+                   if s < end and u.address < s + n and s not in inside]
+            if not inside or cut:
+                raise _errno(VfioError(f"{where} matches no whole mapping"
+                                       if not cut else f"{where} cuts the mapping at "
+                                       f"{cut[0]:#x}"), errno.EINVAL)
+            for start in inside:
+                self._unmap_dma(start, self._dma[start][0])
+        return msg.payload[:ctypes.sizeof(p.DmaUnmap)], []
 
     def _get_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
-        p.unpack(p.DeviceInfo, msg.payload, "DEVICE_GET_INFO")
+        req = p.unpack(p.DeviceInfo, msg.payload, "DEVICE_GET_INFO")
+        self._argsz(req.argsz, ctypes.sizeof(p.DeviceInfo), "DEVICE_GET_INFO")
         info = self.device.get_info()
         return bytes(p.DeviceInfo(ctypes.sizeof(p.DeviceInfo), info.flags, info.num_regions,
                                   info.num_irqs)), []
 
     def _get_region_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """argsz in the reply is the size the whole answer needs; when the client's argsz
+        is smaller only the structure comes (the client asks again), and the region's
+        fd comes only with the whole answer."""
         req = p.unpack(p.RegionInfo, msg.payload, "DEVICE_GET_REGION_INFO")
-        info = self.device.get_region_info(req.index)
-        reply = caps.encode_region_info(info, max(req.argsz, caps.REGION_INFO_SIZE))
+        self._argsz(req.argsz, caps.REGION_INFO_SIZE, "DEVICE_GET_REGION_INFO")
+        self._region(req.index, "DEVICE_GET_REGION_INFO")
+        info = self._wire_region_info(self.device.get_region_info(req.index))
+        whole = caps.encode_region_info(info, 1 << 16)
+        if req.argsz < len(whole):
+            fixed = p.RegionInfo.from_buffer_copy(whole)
+            fixed.argsz, fixed.cap_offset = len(whole), 0
+            return bytes(fixed), []
+        fixed = p.RegionInfo.from_buffer_copy(whole)
+        fixed.argsz = len(whole)
         fds = [self.memory.fd] if info.mappable and self.memory is not None else []
-        # argsz in a reply is the size needed: the structure, plus the chain if it fits
-        fixed = p.RegionInfo.from_buffer_copy(reply)
-        if fixed.cap_offset:
-            fixed.argsz = len(reply)
-        elif not fixed.flags & abi.VFIO_REGION_INFO_FLAG_CAPS:
-            fixed.argsz = caps.REGION_INFO_SIZE
-        return bytes(fixed) + reply[caps.REGION_INFO_SIZE:], fds
+        return bytes(fixed) + whole[caps.REGION_INFO_SIZE:], fds
+
+    def _get_region_io_fds(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """gpuvm offers no ioeventfd or ioregionfd: the answer names no sub-region."""
+        req = p.unpack(p.RegionIoFds, msg.payload, "DEVICE_GET_REGION_IO_FDS")
+        self._argsz(req.argsz, ctypes.sizeof(p.RegionIoFds), "DEVICE_GET_REGION_IO_FDS")
+        self._region(req.index, "DEVICE_GET_REGION_IO_FDS")
+        return bytes(p.RegionIoFds(ctypes.sizeof(p.RegionIoFds), 0, req.index, 0)), []
 
     def _get_irq_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
         req = p.unpack(p.IrqInfo, msg.payload, "DEVICE_GET_IRQ_INFO")
+        self._argsz(req.argsz, ctypes.sizeof(p.IrqInfo), "DEVICE_GET_IRQ_INFO")
+        if req.index >= self._num_irqs:
+            raise _errno(VfioError(f"DEVICE_GET_IRQ_INFO: no IRQ index {req.index} (the "
+                                   f"device has {self._num_irqs})"), errno.EINVAL)
         info = self.device.get_irq_info(req.index)
         return bytes(p.IrqInfo(ctypes.sizeof(p.IrqInfo), info.flags, info.index,
                                info.count)), []
 
     def _set_irqs(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """Eventfds to signal (DATA_EVENTFD | ACTION_TRIGGER, one fd a vector), or the
+        index's eventfds taken away (the same without fds, or DATA_NONE with count 0).
+        gpuvm's interrupts are not maskable and a client cannot trigger them: MASK,
+        UNMASK, DATA_BOOL and a DATA_NONE trigger are refused (ENOTSUP).  A vector's
+        eventfd that is replaced or taken away is closed here."""
         s = p.unpack(p.IrqSet, msg.payload, "DEVICE_SET_IRQS")
-        fds = list(msg.fds)
+        if s.index >= self._num_irqs:
+            raise _errno(VfioError(f"DEVICE_SET_IRQS: no IRQ index {s.index}"), errno.EINVAL)
         trigger_eventfd = abi.VFIO_IRQ_SET_DATA_EVENTFD | abi.VFIO_IRQ_SET_ACTION_TRIGGER
-        if s.flags == trigger_eventfd and fds:
-            if len(fds) != s.count:
-                for fd in fds:
-                    _close(fd)
-                raise p.ProtocolError(f"SET_IRQS count {s.count} with {len(fds)} fds")
-            try:
-                self.device.set_irqs(s.index, s.start, fds)
-            except VfioError:
-                for fd in fds:
-                    _close(fd)
-                raise
-            self._irq_fds.extend(fds)
-            return b"", []
-        for fd in fds:
-            _close(fd)
-        if s.flags in (abi.VFIO_IRQ_SET_DATA_NONE | abi.VFIO_IRQ_SET_ACTION_TRIGGER,
-                       trigger_eventfd) and s.count == 0:
+        disable = s.flags == abi.VFIO_IRQ_SET_DATA_NONE | abi.VFIO_IRQ_SET_ACTION_TRIGGER \
+            and s.count == 0 or s.flags == trigger_eventfd and not msg.fds
+        if disable:
             self.device.set_irqs(s.index, 0, [])
+            for key in [k for k in self._irq_fds if k[0] == s.index]:
+                _close(self._irq_fds.pop(key))
             return b"", []
-        raise VfioError(f"SET_IRQS flags {s.flags:#x} are not supported (eventfd trigger "
-                        f"or disable only)")
+        if s.flags != trigger_eventfd:
+            raise _errno(VfioError(f"DEVICE_SET_IRQS flags {s.flags:#x}: gpuvm takes "
+                                   f"eventfd triggers and their removal only"), errno.ENOTSUP)
+        if len(msg.fds) != s.count:
+            raise _errno(VfioError(f"DEVICE_SET_IRQS count {s.count} with {len(msg.fds)} "
+                                   f"fds"), errno.EINVAL)
+        fds = list(msg.fds)
+        self.device.set_irqs(s.index, s.start, fds)
+        msg.fds.clear()  # the device holds them now
+        for vector, fd in enumerate(fds, s.start):
+            old = self._irq_fds.get((s.index, vector))
+            self._irq_fds[(s.index, vector)] = fd
+            if old is not None:
+                _close(old)
+        return b"", []
 
     def _access(self, msg: p.Message, write: bool) -> tuple[bytes, list[int]]:
+        """Any count from 1 to max_data_xfer_size inside a region that allows the access:
+        a register's size (1, 2, 4, 8) is one device access, as on the fast path; any
+        other count is the naturally aligned accesses of at most 4 bytes that cover it,
+        in address order (config space read in bulk is its registers read one by one)."""
         name = "REGION_WRITE" if write else "REGION_READ"
         payload = msg.payload
         if len(payload) < p.ACCESS.size:
@@ -479,20 +597,33 @@ class DeviceServer:
                                   f"{p.ACCESS.size}")
         offset, region, count = p.ACCESS.unpack_from(payload)
         data = payload[p.ACCESS.size:]
-        if count > p.MAX_DATA_XFER_SIZE:
-            raise p.ProtocolError(f"{name} count {count} exceeds max_data_xfer_size")
+        where = f"{name} of {count} bytes at {offset:#x} of region {region}"
+        if not 0 < count <= p.MAX_DATA_XFER_SIZE:
+            raise _errno(VfioError(f"{where}: count must be 1..{p.MAX_DATA_XFER_SIZE}"),
+                         errno.EINVAL)
         if write and len(data) != count:
-            raise p.ProtocolError(f"{name} count {count} with {len(data)} data bytes")
+            raise p.ProtocolError(f"{where} with {len(data)} data bytes")
         if not write and data:
-            raise p.ProtocolError(f"{name} request carries {len(data)} data bytes")
-        if count not in (1, 2, 4, 8):
-            raise VfioError(f"{name} of {count} bytes: gpuvm devices take 1, 2, 4 or 8")
+            raise p.ProtocolError(f"{where}: the request carries {len(data)} data bytes")
+        info = self._region(region, name)
+        limit = (self._write_limit if write else self._read_limit).get(region)
+        if limit is None:
+            raise _errno(VfioError(f"{where}: the region is not "
+                                   f"{'writable' if write else 'readable'}"), errno.EINVAL)
+        if offset + count > info.size:
+            raise _errno(VfioError(f"{where} runs past its {info.size:#x} bytes"),
+                         errno.EINVAL)
         head = payload[:p.ACCESS.size]  # the reply echoes offset, region and count
+        pieces = [(offset, count)] if count in _VALUE else _pieces(offset, count)
         if write:
-            self.device.write(region, offset, count, int.from_bytes(data, "little"))
+            for at, n in pieces:
+                self.device.write(region, at, n, int.from_bytes(
+                    data[at - offset:at - offset + n], "little"))
             return head, []
-        value = self.device.read(region, offset, count)
-        return head + (value & ((1 << (8 * count)) - 1)).to_bytes(count, "little"), []
+        out = bytearray()
+        for at, n in pieces:
+            out += (self.device.read(region, at, n) & _VALUE_MASK[n]).to_bytes(n, "little")
+        return head + bytes(out), []
 
     def _region_read(self, msg: p.Message) -> tuple[bytes, list[int]]:
         return self._access(msg, False)
@@ -506,9 +637,24 @@ class DeviceServer:
         self.device.reset()
         return b"", []
 
+    def _unsupported(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """A command of the spec that gpuvm does not offer (see the table in
+        gpuvm/vfio/user/__init__.py): refused with ENOTSUP, the connection kept."""
+        name = p.COMMAND_NAMES.get(msg.command, msg.command)
+        raise _errno(VfioError(f"{name} is not supported by gpuvm"), errno.ENOTSUP)
+
+    def _wrong_direction(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        name = p.COMMAND_NAMES.get(msg.command, msg.command)
+        raise _errno(VfioError(f"{name} goes from server to client"), errno.EINVAL)
+
+    def _extension(self, msg: p.Message, extension: str) -> None:
+        if extension not in self.extensions:
+            name = p.COMMAND_NAMES.get(msg.command, msg.command)
+            raise _errno(VfioError(f"{name}: the {extension!r} extension was not "
+                                   f"negotiated"), errno.ENOSYS)
+
     def _mapping_listen(self, msg: p.Message) -> tuple[bytes, list[int]]:
-        if "mapping" not in self.extensions:
-            raise p.ProtocolError("GPUVM_MAPPING_LISTEN without the mapping extension")
+        self._extension(msg, "mapping")
         req = p.unpack(p.MappingListen, msg.payload, "GPUVM_MAPPING_LISTEN")
         if req.enable:
             self._listening = True
@@ -519,8 +665,7 @@ class DeviceServer:
         return b"", []
 
     def _stats(self, msg: p.Message) -> tuple[bytes, list[int]]:
-        if "stats" not in self.extensions:
-            raise p.ProtocolError("GPUVM_DEVICE_STATS without the stats extension")
+        self._extension(msg, "stats")
         what = p.unpack(p.DeviceStatsRequest, msg.payload, "GPUVM_DEVICE_STATS").what \
             if msg.payload else p.STATS_ALL
         body: dict[str, Any] = {}
@@ -537,10 +682,54 @@ class DeviceServer:
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
         p.VERSION: _version, p.DMA_MAP: _dma_map, p.DMA_UNMAP: _dma_unmap,
         p.DEVICE_GET_INFO: _get_info, p.DEVICE_GET_REGION_INFO: _get_region_info,
+        p.DEVICE_GET_REGION_IO_FDS: _get_region_io_fds,
         p.DEVICE_GET_IRQ_INFO: _get_irq_info, p.DEVICE_SET_IRQS: _set_irqs,
         p.REGION_READ: _region_read, p.REGION_WRITE: _region_write,
-        p.DEVICE_RESET: _reset, p.GPUVM_MAPPING_LISTEN: _mapping_listen,
+        p.DMA_READ: _wrong_direction, p.DMA_WRITE: _wrong_direction,
+        p.DEVICE_RESET: _reset, p.REGION_WRITE_MULTI: _unsupported,
+        p.DEVICE_FEATURE: _unsupported, p.MIG_DATA_READ: _unsupported,
+        p.MIG_DATA_WRITE: _unsupported, p.GPUVM_MAPPING_LISTEN: _mapping_listen,
         p.GPUVM_DEVICE_STATS: _stats}
+
+
+class _HangUp(VfioError):
+    """A refusal after which the spec has the server close the connection."""
+
+    def __init__(self, message: str, number: int) -> None:
+        super().__init__(message)
+        self.errno = number
+
+
+def _pieces(offset: int, count: int) -> list[tuple[int, int]]:
+    """[offset, offset + count) as naturally aligned pieces of 4, 2 or 1 bytes."""
+    out = []
+    end = offset + count
+    while offset < end:
+        n = 4
+        while offset % n or offset + n > end:
+            n //= 2
+        out.append((offset, n))
+        offset += n
+    return out
+
+
+def _check_backing(fd: int, end: int, where: str) -> None:
+    """The client's fd must hold the bytes it maps: touching a page past the end of a
+    file is SIGBUS, which would take the whole server down.  A memfd is sealed against
+    shrinking here (where its owner allows seals), so it cannot be cut short later."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise VfioError(f"{where}: the fd cannot be examined: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _errno(VfioError(f"{where}: the fd is not a file or memfd"), errno.EINVAL)
+    if st.st_size < end:
+        raise _errno(VfioError(f"{where}: the fd holds {st.st_size:#x} bytes, the mapping "
+                               f"ends at {end:#x}"), errno.EINVAL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    except OSError:
+        pass  # not a memfd, or its seals are sealed: a file the client could still cut
 
 
 def _errno(exc: VfioError, number: int) -> VfioError:
