@@ -123,6 +123,7 @@ class Submissions:
         self._party = clock.timer("scheduler", self._nudge, ordered=True) \
             if clock is not None else None
         self._rank: dict[object, int] = {}  # VMs in the order they were added (ties)
+        self._ranks = 0
         self._ring = gpu.ring
         self._runnable = gpu.runnable
         self._kill = kill
@@ -164,7 +165,9 @@ class Submissions:
 
     def add_vm(self, vm: object, share: float) -> None:
         with self._lock:
-            self._rank.setdefault(vm, len(self._rank))
+            if vm not in self._rank:
+                self._rank[vm] = self._ranks
+                self._ranks += 1
             self.dispatcher.add_vm(vm, share, self._now())
         self._nudge()
 
@@ -200,6 +203,10 @@ class Submissions:
         self.dispatcher.remove_vm(vm, now)
         for c in pchids:
             self._last_put.pop(c, None)
+        # nothing of a removed VM is kept (a long-running daemon served thousands)
+        self._rank.pop(vm, None)
+        self._used.pop(vm, None)
+        self.dispatcher.metrics.pop(vm, None)
 
     def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None:
         self._events.put(("submit", vm, Doorbell(pchid, put, ledger), self._stamp()))
