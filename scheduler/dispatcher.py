@@ -95,8 +95,11 @@ class Dispatcher(Generic[T]):
             used = now - done.started_at
         self.policy.charge(done.vm, used, now)
         self._running = None
-        # the busy interval never reaches back before the start (intervals stay disjoint)
-        self.metrics[done.vm].record_completion(max(now - used, done.started_at), now)
+        # the busy interval never reaches back before the start (intervals stay disjoint);
+        # a VM removed while it ran has no record left to add it to
+        metrics = self.metrics.get(done.vm)
+        if metrics is not None:
+            metrics.record_completion(max(now - used, done.started_at), now)
         self._advance()
         return done
 
