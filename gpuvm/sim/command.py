@@ -82,6 +82,11 @@ def _progress(console: Console, traces: int, points: int
         yield trace, (lambda: bar.advance(p))
 
 
+def _ms(ns: int) -> str:
+    """ns as ms: two decimals while short, whole ms past 10 s (a column stays narrow)."""
+    return f"{ns / 1e6:,.2f}" if ns < 10_000_000_000 else f"{ns / 1e6:,.0f}"
+
+
 def _table(exp_name: str, rows: list[dict]) -> Table:
     """The rows, at most 80 columns wide: a profile that every row shares is said once
     in the title instead of a column of its own."""
@@ -90,16 +95,14 @@ def _table(exp_name: str, rows: list[dict]) -> Table:
     table = Table(title=f"{exp_name}: the model" + (f" (profile {profiles[0]})" if one else ""),
                   box=box.SIMPLE_HEAD)
     columns = ["scenario", "mode", "policy"] + ([] if one else ["profile"]) \
-        + ["VMs", "VM alone\nms", "makespan\nms", "x alone", "events"]
+        + ["VMs", "VM alone\nms", "makespan\nms", "x alone"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("scenario", "mode", "policy",
                                                         "profile") else "right")
     for r in rows:
         table.add_row(r["scenario"], r["mode"], r["policy"], *([] if one else [r["profile"]]),
-                      f"{r['vms']:,}", f"{r['alone_ns'] / 1e6:,.2f}",
-                      f"{r['makespan_ns'] / 1e6:,.2f}",
-                      f"{r['makespan_ns'] / r['alone_ns']:.2f}" if r["alone_ns"] else "-",
-                      f"{r['events']:,}")
+                      f"{r['vms']:,}", _ms(r["alone_ns"]), _ms(r["makespan_ns"]),
+                      f"{r['makespan_ns'] / r['alone_ns']:.2f}" if r["alone_ns"] else "-")
     return table
 
 
