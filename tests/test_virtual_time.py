@@ -173,3 +173,15 @@ def test_the_model_gives_the_emulators_isolation_shares_within_one_point(policy)
     for r in together:
         start = round(r.spec.start_delay * 1e9)
         assert model.end_ns[r.spec.name] - start == pytest.approx(_vm_ns(r), rel=0.01)
+
+
+def test_a_model_sweep_the_host_cannot_hold_is_refused_before_anything_runs(capsys, tmp_path,
+                                                                            monkeypatch):
+    from gpuvm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["model", "scaling", "--vms", "1,100000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuvm: error: --vms 100,000,000: the model holds about") \
+        and err.count("\n") == 1
+    assert not (tmp_path / "results").exists()  # nothing recorded, nothing written
