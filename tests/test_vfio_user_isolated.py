@@ -78,7 +78,14 @@ def test_isolated_kvm_counts_equal_in_process_kvm(bench, mode, kvm_counts):
     inproc, isolated = kvm_counts[(bench, mode, False)], kvm_counts[(bench, mode, True)]
     assert not isinstance(inproc, str), inproc
     assert not isinstance(isolated, str), isolated
-    assert isolated == inproc
+    assert _counted(isolated) == _counted(inproc)
+
+
+def _counted(counts: dict) -> dict:
+    """Every count but kvm.*: how KVM delivered the accesses (its coalesced ring drains
+    by timing), not what was counted -- each access is counted the same either way."""
+    return {phase: {k: v for k, v in c.items() if not k.startswith("kvm.")}
+            for phase, c in counts.items()}
 
 
 def test_killed_vmm_leaves_the_others_running_and_its_partition_reusable():
