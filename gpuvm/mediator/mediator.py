@@ -263,9 +263,12 @@ class Mediator:
                 self.residency = None
 
     def close(self) -> None:
+        # the scheduler first: a vGPU still here is one whose run was cut short, and its
+        # removal is no event of the run's virtual time to wait for (a stopped run's
+        # device time may never reach it)
+        self.submissions.close()
         for vgpu in list(self.vgpus):
             self.remove_vm(vgpu)
-        self.submissions.close()
         if self.submissions.on_idle in self.gpu.pfifo.idle_listeners:
             self.gpu.pfifo.idle_listeners.remove(self.submissions.on_idle)
         if self._interrupt in self.gpu.event_listeners:

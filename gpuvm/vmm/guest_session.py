@@ -78,6 +78,7 @@ class GuestSession:
         self.failure: str | None = None
         self.port_counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # the VMM stops the guest: its wait ends now
         self._phase_start: tuple[int, int, dict[str, int]] | None = None
         self._faults_reported = 0
         self._current: str | None = None
@@ -91,6 +92,12 @@ class GuestSession:
         signal of its GPU wakes the wait to look (another VM's completion too)."""
         self.clock, self.clock_party = clock, party
         party.waker = self.attached.look_again
+
+    def request_stop(self) -> None:
+        """The VMM is stopping this guest (any thread): a wait it sleeps in ends at once,
+        whatever the clock (a stopped run's device time may never reach its fence)."""
+        self._stopping.set()
+        self.attached.look_again()
 
     def tick(self) -> None:
         """One exit of this guest's vCPU (backends call it on every exit)."""
@@ -211,7 +218,8 @@ class GuestSession:
             return ((self.ram.read_u32(addr) - value) & 0xFFFFFFFF) < 0x80000000
 
         def done() -> bool:
-            return fence_reached() or len(self.stats.faults()) > reported
+            return fence_reached() or len(self.stats.faults()) > reported \
+                or self._stopping.is_set()
 
         party = self.clock_party
         if party is not None:
@@ -247,7 +255,8 @@ class GuestSession:
             rec.status = abi.WAIT_FAULT
             self._faults_reported = faults
         else:
-            rec.status = abi.WAIT_TIMEOUT if not ok else abi.WAIT_OK
+            rec.status = abi.WAIT_TIMEOUT if not ok or self._stopping.is_set() \
+                else abi.WAIT_OK
         del rec  # release the view on guest memory
 
     # ---------------------------------------------------------------- outcome

@@ -89,6 +89,7 @@ class InprocRunner(GuestThread):
 
     def stop(self, reason: str) -> None:
         """Make the guest stop at its next callback; `reason` becomes the failure."""
+        self.session.request_stop()
         self._fail(reason)
 
     def _not_returned(self) -> str:

@@ -158,6 +158,7 @@ class KvmRunner(GuestThread):
 
     def stop(self, reason: str) -> None:
         """Ask the vCPU to stop at once (from any thread); `reason` becomes the failure."""
+        self.session.request_stop()
         with self._lock:
             if self._stop is None:
                 self._stop = reason
