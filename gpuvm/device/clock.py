@@ -15,13 +15,15 @@ How virtual time passes (the choice, made explicit):
 - **GPU work** takes the device time the device profile gives it (kernels, copies):
   the engine asks to be woken at the end of its work, and the clock jumps there as soon
   as nothing else can happen earlier.
-- **A guest's own time** is the virtual time of its vCPU, counted from what the VMM
-  sees it do: every exit (a trapped MMIO access or a port access) costs `exit_ns` of
-  guest time (default 12 us: the cost profile's `trap_ns`, an HVM MMIO exit to the
-  mediator and back).  Guest computation between exits is not seen by the VMM and so
-  costs nothing; a guest waiting for the GPU (PORT_WAIT) is asleep and resumes at the
-  device time of the event that woke it.  So a guest's think time between two
-  submissions is (exits in between) x exit_ns -- the same on every host.
+- **A guest's own time** is the virtual time of its vCPU: every event it causes takes
+  its price (`EventPrices`, from the run's cost profile): each trapped access, each PTE
+  scanned, each sync, hypercall and entry, charged by the device that sees it
+  (`GuestParty.charge`) and added as the next exit starts (`tick`).  Guest computation
+  between exits is not seen by the VMM and so costs nothing; a guest waiting for the GPU
+  (PORT_WAIT) is asleep and resumes at the device time of the event that woke it.
+- **The mediator's lock** is held in virtual time (`VirtualLock`): an exit asks for it
+  at its start, asks are granted in virtual-time order (`VirtualClock.wait_turn`), and
+  it stays held for the priced work done under it, so other VMs wait in virtual time.
 - **Everything else that acts at a time** -- the scheduler's queue of doorbells and
   completions, its wake-ups (BAND's wait, credit periods), VM arrivals -- is a timer.
 
@@ -37,17 +39,16 @@ timer made before it (the engines) is done with T.  A VM that ends is removed at
 vCPU's last time, as an event of the scheduler.  So a run gives the same schedule, bit
 for bit, on every host.
 
-What stays on wall time: timeouts (a guest's wait, a run's limit) and the watchdog's
-last resort (gpuvm/mediator/submission.py): a hung guest is still caught in real
-seconds.  What this clock cannot see: a guest that computes for long without an exit
+What stays on wall time: a run's limit and the watchdog's last resort
+(gpuvm/mediator/submission.py): a hung guest is still caught in real seconds.  What this clock cannot see: a guest that computes for long without an exit
 holds device time back for everyone (in wall time) until its next exit.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
