@@ -205,6 +205,8 @@ def _leave_clock(r: _Running) -> object | None:
     ended is let go first, so none holds back the removal of another."""
     if r.party is None:
         return None
+    if r.session.leaving is not None:  # the guest's thread let go as it ended
+        return r.session.leaving
     leaving = r.party.clock.timer(f"{r.spec.name} leaving", ordered=True)
     leaving.set_alarm(r.party.v)
     r.party.leave()

@@ -85,6 +85,7 @@ class GuestSession:
         # the vCPU's party of a virtual device clock (gpuvm/device/clock.py), or None
         self.clock: Any = None
         self.clock_party: Any = None
+        self.leaving: Any = None  # its timer at its last time, once the guest ended
 
     def use_clock(self, clock: Any, party: Any) -> None:
         """Run on a virtual device clock: every exit the backends report through `tick`
@@ -149,12 +150,19 @@ class GuestSession:
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
 
     def finish(self) -> None:
-        if self.clock_party is not None:
-            self.clock_party.settle()
+        party = self.clock_party
+        if party is not None:
+            party.settle()
         self._cut_phase(None)
         self.hostmem.finish()
-        # a virtual clock's vCPU stays at its last time until the VMM has removed its
-        # vGPU at that time (gpuvm/run/execute.py), then leaves the clock
+        if party is not None:
+            # The vCPU leaves the clock as its guest ends, on its own thread: a timer
+            # holds device time at its last time until the VMM has removed its vGPU
+            # there (gpuvm/run/execute.py).  Left for the VMM to notice, an ended vCPU
+            # behind another VM's removal held that removal back until it timed out.
+            self.leaving = party.clock.timer(f"{self.name} leaving", ordered=True)
+            self.leaving.set_alarm(party.v)
+            party.leave()
 
     # ---------------------------------------------------------------- ports
     def _count(self, name: str) -> None:
