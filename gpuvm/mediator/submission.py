@@ -49,7 +49,7 @@ from scheduler.policy import Policy
 
 log = logging.getLogger(__name__)
 STALL_CHECK_S = 0.05
-REMOVE_WAIT_S = 10.0  # a virtual-clock removal the loop has not handled by then is forced
+REMOVE_WAIT_S = 5.0  # a virtual-clock removal the loop has not handled by then is forced
 
 
 @dataclass(frozen=True)
