@@ -229,7 +229,7 @@ class GuestParty:
         self.lock_wait_ns = 0
         self.thread: int | None = None
         self._open = False  # an exit is under way (tick opened it, settle closes it)
-        self.stream = EventStream(at)
+        self.stream = EventStream()
         self._flat = clock.exit_ns
         # makes the vCPU's thread look at what it waits for now, where a signal woke it
         # (set by the VMM; called with no clock lock held, must not block): the thread
@@ -330,6 +330,15 @@ class GuestParty:
             self.settle()
         self.clock._remove(self)
 
+    def retire(self) -> TimerParty:
+        """Leave the clock as the guest ends, and return an ordered timer holding device
+        time at this vCPU's last time: the VMM removes its device there, then lets the
+        timer go."""
+        leaving = self.clock.timer(f"{self.name} leaving", ordered=True)
+        leaving.set_alarm(self.v)
+        self.leave()
+        return leaving
+
 
 class EventStream:
     """What one vCPU did, priced, in order: the input of the simpy model's replay.
@@ -341,8 +350,7 @@ class EventStream:
     over `ns` later (alone, that is how long its GPU work took).  Plain lists: appending
     must cost the trap path next to nothing."""
 
-    def __init__(self, start: int) -> None:
-        self.start = start
+    def __init__(self) -> None:
         self.entries: list[list] = []
 
     def exit(self, ns: int, locked_ns: int) -> None:

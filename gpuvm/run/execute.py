@@ -207,10 +207,7 @@ def _leave_clock(r: _Running) -> object | None:
         return None
     if r.session.leaving is not None:  # the guest's thread let go as it ended
         return r.session.leaving
-    leaving = r.party.clock.timer(f"{r.spec.name} leaving", ordered=True)
-    leaving.set_alarm(r.party.v)
-    r.party.leave()
-    return leaving
+    return r.party.retire()
 
 
 def _detach_at_last_time(machine: Machine, r: _Running, leaving: object | None) -> None:

@@ -160,9 +160,7 @@ class GuestSession:
             # holds device time at its last time until the VMM has removed its vGPU
             # there (gpuvm/run/execute.py).  Left for the VMM to notice, an ended vCPU
             # behind another VM's removal held that removal back until it timed out.
-            self.leaving = party.clock.timer(f"{self.name} leaving", ordered=True)
-            self.leaving.set_alarm(party.v)
-            party.leave()
+            self.leaving = party.retire()
 
     # ---------------------------------------------------------------- ports
     def _count(self, name: str) -> None:
