@@ -18,8 +18,8 @@ PT_INDEX = (VA >> 12) & (regs.SMALL_PTES_PER_PT - 1)
 
 
 def sysram_pde(pt: int, target: int = regs.PDE_TARGET_SYSRAM) -> int:
-    """nouveau gf100_vmm_pgd_pde for a small PT in host memory: target << 32, VOL (bit
-    34) for coherent memory, address << 24."""
+    """A PDE as nouveau gf100_vmm_pgd_pde writes it for a small PT in host memory: its
+    target, and VOL for coherent memory."""
     return layout.pde_small(pt, target, volatile=target == regs.PDE_TARGET_SYSRAM)
 
 
