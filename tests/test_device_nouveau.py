@@ -340,7 +340,8 @@ def test_targeted_flush_with_sysram_bit_matches_both_sysram_targets(gpu, sysram,
     as well as a coherent one."""
     pd = 20 * regs.MiB  # the channel's directory, copied into sysram
     sysram.write(pd, gpu.vram.u8[rig.space.pd:rig.space.pd + regs.PD_BYTES])
-    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(pd, regs.TARGET_SYSRAM_NOSNOOP))
+    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO,
+                  layout.ramin_ptr_lo(pd, regs.TARGET_SYSRAM_NOSNOOP))
     drv.doorbell(rig.ch)  # the device reloads RAMIN on a doorbell
     gpu.vram.u32[rig.a >> 2] = 1
     gpu.vram.u32[rig.b >> 2] = 2
