@@ -76,6 +76,8 @@ def test_address_registers():
     assert (layout.chan_valid(0xA001_2345), layout.chan_inst(0xA001_2345),
             layout.chan_target(0xA001_2345)) == (True, PT, 2)
     assert layout.runlist_word(PT) == 0x12345
+    assert layout.runlist_entries([5, 9]).tolist() == [5, 4, 9, 4]  # {chid, 0x00000004}
+    assert layout.runlist_chids(np.array([5, 4, 9, 4], dtype=np.uint32)) == [5, 9]
     assert (layout.runlist_addr(0x3001_2345), layout.runlist_target(0x3001_2345)) == (PT, 3)
     assert layout.userd_poll_word(0x100000) == 0x1000_0100
     assert layout.userd_poll_base(0x0000_0100) is None
@@ -140,6 +142,7 @@ PATTERNS = {
     "the high word of a 40-bit pointer (& 0xFF) << 32": re.compile(r"0xFF\)\s*<<\s*32"),
     "a RAMIN pointer's address mask": re.compile(r"0xFFFFF000\)?\s*\|"),
     "a memory target OR'ed into a pointer word": re.compile(r"\|\s*regs\.TARGET_\w+"),
+    "a runlist entry's words": re.compile(r"\bRUNLIST_ENTRY_WORD1\b|\[[01]::2\]"),
 }
 EXEMPT = {
     "gpuvm/device/layout.py": "the layout module",

@@ -196,9 +196,8 @@ class HostDriver:
 
     def submit_runlist(self, chids: list[int]) -> None:
         rl = self.alloc(max(1, len(chids)) * regs.RUNLIST_ENTRY_SIZE)
-        for i, c in enumerate(chids):
-            self.vram_wr32(rl + 8 * i, c)
-            self.vram_wr32(rl + 8 * i + 4, regs.RUNLIST_ENTRY_WORD1)
+        for i, word in enumerate(layout.runlist_entries(chids).tolist()):
+            self.vram_wr32(rl + 4 * i, word)
         self.wr(regs.PFIFO_RUNLIST_ADDR, layout.runlist_word(rl))
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
         self.wait_runlist()

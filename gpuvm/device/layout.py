@@ -265,6 +265,19 @@ def runlist_target(reg: int) -> int:
     return (reg >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & _TARGET_FIELD
 
 
+def runlist_entries(chids: list[int]) -> np.ndarray:
+    """A runlist's words (uint32): one 8-byte entry {chid, RUNLIST_ENTRY_WORD1} a channel."""
+    words = np.empty(2 * len(chids), dtype=np.uint32)
+    words[0::2] = chids
+    words[1::2] = regs.RUNLIST_ENTRY_WORD1
+    return words
+
+
+def runlist_chids(words: np.ndarray) -> list[int]:
+    """The channel ids a runlist's words (uint32) name, in order."""
+    return words[0::2].tolist()
+
+
 def userd_poll_word(base: int) -> int:
     """A PFIFO_USERD_POLL value: polling on, the area at BAR1-VM address `base`."""
     return regs.PFIFO_USERD_POLL_ENABLE | (base >> _PAGE_SHIFT)

@@ -199,7 +199,7 @@ class Pfifo(RegisterBlock):
             self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
             return
-        chids = entries.view(np.uint32)[0::2].tolist() if count else []
+        chids = layout.runlist_chids(entries.view(np.uint32)) if count else []
         bad = [c for c in chids if c >= regs.NUM_CHANNELS]
         if bad:
             self.intr |= regs.PFIFO_INTR_SCHED

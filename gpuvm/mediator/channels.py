@@ -231,7 +231,7 @@ class Channels:
         else:
             host = v.policy.host_vram(addr)
             words = self.vram.u32[host >> 2:(host + nbytes) >> 2]
-            vchids = words[0::2].tolist()
+            vchids = layout.runlist_chids(words)
             self.runlist = [c for c in dict.fromkeys(vchids) if c < v.part.channels]
             if len(self.runlist) != len(vchids):
                 v.count("trap.refused.runlist_entries", len(vchids) - len(self.runlist))

@@ -125,9 +125,7 @@ class Mediator:
 
     def rebuild_runlist(self) -> None:
         chids = sorted(c for v in self.vgpus for c in v.runlist_pchids())
-        entries = np.zeros(2 * len(chids), dtype=np.uint32)
-        entries[0::2] = chids
-        entries[1::2] = regs.RUNLIST_ENTRY_WORD1
+        entries = layout.runlist_entries(chids)
         self.gpu.vram.u8[self.runlist:self.runlist + entries.nbytes] = entries.view(np.uint8)
         self.wr(regs.PFIFO_RUNLIST_ADDR, layout.runlist_word(self.runlist))
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
