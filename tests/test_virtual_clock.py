@@ -130,7 +130,7 @@ def test_a_guest_session_on_the_clock_has_its_waits_woken_by_the_clock():
     session = GuestSession("A", None, attached, hostmem=object())
     clock = VirtualClock()
     party = clock.guest("A")
-    session.use_clock(clock, party)
+    session.use_clock(party)
     assert party.waker == attached.look_again
 
 

@@ -217,8 +217,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device clock: virtual (the default) -- each event a guest "
                              "causes takes its price in the cost profile, GPU work the "
                              "device profile's time, so every result repeats on any host -- "
-                             "or wall (a live demo, and --isolated's default: results then "
-                             "depend on this host)")
+                             "or wall (a live demo: results then depend on this host)")
     parser.add_argument("--vram-mib", type=_positive_int,
                         help="VRAM of the emulated GPU in MiB (default: the device "
                              "profile's); the vGPU types are sized from it")

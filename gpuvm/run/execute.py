@@ -268,7 +268,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 if virtual:
                     party = clock.guest(spec.name, start_ns((spec, params, flags)),
                                         machine.clock_scope(spec))
-                    session.use_clock(clock, party)
+                    session.use_clock(party)
                     use_meter = getattr(machine, "use_meter", None)
                     if use_meter is not None:
                         use_meter(spec, party)

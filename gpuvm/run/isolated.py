@@ -13,6 +13,16 @@ not the same while for each: VMs due at one time are all built first, each in it
 process, and their guests then start together (vm_process's "ready" / "go"), so eight
 VMs of a scaling run overlap as eight threads of one process do -- measured on the
 16-core machine, a pv VM's whole run is shorter than the spread of eight process starts.
+
+On a virtual device clock (the default) the clock stays here, with the GPU: each VM's
+vCPU is a party of it in this process, driven by what its connection receives -- every
+region access is one exit, priced by the vGPU as in-process, and the VMM reports the rest
+(the guest's start, the ports it answers itself, its waits on the GPU, its end) as
+GPUVM_CLOCK ops (gpuvm/vfio/user/vcpu_clock.py).  A VM joins the clock when its start
+comes in device time (all VMs due then are built first, and join in the run's order), and
+its vGPU is removed at its vCPU's last time, as in-process; one whose VMM dies has its
+vCPU retired there and the others go on.  So an isolated run's rows are as deterministic
+as a threaded run's.
 """
 
 from __future__ import annotations
@@ -70,15 +80,27 @@ class VmProcess:
         self.reader.start()
 
 
+def _virtual_clock(machine: Machine) -> Any:
+    """The machine's clock if it is a virtual one, else None."""
+    clock = getattr(machine, "clock", None)
+    return clock if clock is not None and clock.virtual else None
+
+
+def _start_ns(spec: VmSpec) -> int:
+    return round(spec.start_delay * 1e9)
+
+
 def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
              program: Any, backend: str, options: RunOptions,
              loop: ServerLoop | None = None) -> VmProcess:
-    """Create the VM's device, serve it (on `loop`, else on a thread of its own), and
-    start the VMM process that attaches it."""
+    """Create the VM's device, serve it (on `loop`, else on a thread of its own -- always
+    on a virtual clock, where that thread is the VM's vCPU), and start the VMM process
+    that attaches it."""
+    virtual = _virtual_clock(machine) is not None
     device = machine.attach(spec)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = DeviceServer(ours, device, device, device_memory(device), spec.name)
-    if loop is not None:
+    if loop is not None and not virtual:
         loop.add(server)
     else:
         server.start()
@@ -89,7 +111,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,
            "wait_timeout": min(options.wait_slice, options.timeout),
-           "hold": True}
+           "hold": True, "clock": "virtual" if virtual else "wall"}
     process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                pass_fds=[theirs.fileno()], text=True)
@@ -100,10 +122,12 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
     return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30)
 
 
-def start_together(vms: list[VmProcess], options: RunOptions) -> None:
+def start_together(vms: list[VmProcess], options: RunOptions,
+                   on_ready: Callable[[VmProcess], None] | None = None) -> None:
     """Wait until each of `vms` is built (its "ready" line), then start every guest at
-    once.  One that exits first, or is not built within READY_S, is not started: it is
-    killed and collected as failed."""
+    once (`on_ready` sees each built one first, in the order of `vms`).  One that exits
+    first, or is not built within READY_S, is not started: it is killed and collected as
+    failed."""
     waiting = {vm.process.stdout.fileno(): vm for vm in vms if vm.process.stdout}
     ready: list[VmProcess] = []
     with selectors.DefaultSelector() as selector:
@@ -120,6 +144,10 @@ def start_together(vms: list[VmProcess], options: RunOptions) -> None:
                     ready.append(vm)
     for vm in waiting.values():
         vm.process.kill()
+    if on_ready is not None:
+        for vm in vms:
+            if vm in ready:
+                on_ready(vm)
     now = time.monotonic()
     for vm in vms:
         assert vm.process.stdin is not None
@@ -154,8 +182,26 @@ def collect_vm(machine: Machine, vm: VmProcess
         record = vm_process.failed_outcome(vm.spec.name, why)
     metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
     served = ServedTime(*vm.server.served_ns())
-    machine.detach(vm.spec)
+    _detach_at_last_time(machine, vm)
     return record, metrics, served
+
+
+def _detach_at_last_time(machine: Machine, vm: VmProcess) -> None:
+    """Give back the VM's device; on a virtual clock at its vCPU's last time, where the
+    timer its vCPU left behind (ServedVcpu.retire) holds device time until then."""
+    vcpu = vm.server.vcpu
+    if vcpu is None:
+        machine.detach(vm.spec)
+        return
+    clock = vcpu.party.clock
+    clock.bind_thread(vcpu.party)  # stamps the removal with its (last) time
+    try:
+        machine.detach(vm.spec)
+    finally:
+        clock.bind_thread(None)
+        if vcpu.leaving is not None:
+            vcpu.leaving.leave()
+        vcpu.party.leave()  # a server that never closed: its vCPU holds nothing back
 
 
 def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
@@ -168,19 +214,41 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
     results: dict[str, VmResult] = {}
-    loop = ServerLoop()  # one thread answers every VM's socket
+    clock = _virtual_clock(machine)
+    # one thread answers every VM's socket -- on a wall clock: on a virtual one each
+    # connection's thread is its VM's vCPU, and waits for its turn at the mediator's lock
+    loop = ServerLoop() if clock is None else None
+    woken = threading.Event()
+    # on a virtual clock a VM arrives when device time reaches its start_delay
+    arrivals = clock.timer("arrivals", woken.set, ordered=True) if clock else None
+    if arrivals is not None and pending:
+        arrivals.set_alarm(_start_ns(pending[0][0]))
+
+    def join_clock(vm: VmProcess) -> None:
+        """The built VM's vCPU joins the clock at its start, before its guest starts."""
+        party = clock.guest(vm.spec.name, _start_ns(vm.spec), machine.clock_scope(vm.spec))
+        use_meter = getattr(machine, "use_meter", None)
+        if use_meter is not None:
+            use_meter(vm.spec, party)
+        vm.server.use_clock(party)
+
     t0 = time.monotonic()
     try:
         while pending or running:
             now = time.monotonic()
             due: list[VmProcess] = []
-            while pending and now - t0 >= pending[0][0].start_delay:
+            arrived = arrivals.due_at() if arrivals is not None else None
+            while pending and (arrived is not None and arrived >= _start_ns(pending[0][0])
+                               if arrivals is not None
+                               else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 due.append(spawn_vm(machine, spec, params, flags, programs[spec.program],
                                     backend, options, loop))
                 running.append(due[-1])
             if due:
-                start_together(due, options)
+                start_together(due, options, join_clock if clock is not None else None)
+            if arrivals is not None:  # only now that the arrived vCPUs hold the clock
+                arrivals.set_alarm(_start_ns(pending[0][0]) if pending else None)
             for vm in due:
                 if on_spawn is not None:
                     on_spawn(vm)
@@ -190,15 +258,23 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     vm.process.kill()
                 record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
+                if vm.server.vcpu is not None:  # its priced event stream, for the rows
+                    outcome.session.clock_party = vm.server.vcpu.party
                 results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics, served)
                 running.remove(vm)
-            if pending or running:
+            if (pending or running) and arrivals is not None:
+                woken.wait(POLL_S)  # the arrivals' waker, or a look at the VMs
+                woken.clear()
+            elif pending or running:
                 time.sleep(POLL_S)
         return [results[spec.name] for spec, _, _ in boot]
     finally:
+        if arrivals is not None:
+            arrivals.leave()
         for vm in running:
             vm.process.kill()
             vm.process.wait()
             vm.server.closed.wait(10)
-        loop.close()
+        if loop is not None:
+            loop.close()
         machine.close()
