@@ -69,6 +69,9 @@ class VmProcess:
     # (a host-memory history, a long console) would block the VM's last write
     output: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    # charges its vCPU for its device's events from now (a virtual clock; called as the
+    # guest is told to go: the VMM's own set-up is no event of the guest's)
+    metered: Callable[[], None] | None = None
 
     def drain(self) -> None:
         """Read the process's outcome on a thread of its own, as it is written."""
@@ -94,13 +97,20 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
              program: Any, backend: str, options: RunOptions,
              loop: ServerLoop | None = None) -> VmProcess:
     """Create the VM's device, serve it (on `loop`, else on a thread of its own -- always
-    on a virtual clock, where that thread is the VM's vCPU), and start the VMM process
-    that attaches it."""
-    virtual = _virtual_clock(machine) is not None
+    on a virtual clock, where that thread is the VM's vCPU, which joins the clock now, at
+    the VM's start), and start the VMM process that attaches it."""
+    clock = _virtual_clock(machine)
     device = machine.attach(spec)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = DeviceServer(ours, device, device, device_memory(device), spec.name)
-    if loop is not None and not virtual:
+    metered: Callable[[], None] | None = None
+    if clock is not None:  # held at its start until its guest runs (built: wall time)
+        party = clock.guest(spec.name, _start_ns(spec), machine.clock_scope(spec))
+        server.use_clock(party)
+        use_meter = getattr(machine, "use_meter", None)
+        if use_meter is not None:
+            metered = lambda: use_meter(spec, party)  # noqa: E731
+    if loop is not None and clock is None:
         loop.add(server)
     else:
         server.start()
@@ -111,7 +121,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,
            "wait_timeout": min(options.wait_slice, options.timeout),
-           "hold": True, "clock": "virtual" if virtual else "wall"}
+           "hold": True, "clock": "wall" if clock is None else "virtual"}
     process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                pass_fds=[theirs.fileno()], text=True)
@@ -119,15 +129,14 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
     assert process.stdin is not None
     process.stdin.write(json.dumps(job) + "\n")
     process.stdin.flush()
-    return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30)
+    return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30,
+                     metered=metered)
 
 
-def start_together(vms: list[VmProcess], options: RunOptions,
-                   on_ready: Callable[[VmProcess], None] | None = None) -> None:
+def start_together(vms: list[VmProcess], options: RunOptions) -> None:
     """Wait until each of `vms` is built (its "ready" line), then start every guest at
-    once (`on_ready` sees each built one first, in the order of `vms`).  One that exits
-    first, or is not built within READY_S, is not started: it is killed and collected as
-    failed."""
+    once.  One that exits first, or is not built within READY_S, is not started: it is
+    killed and collected as failed."""
     waiting = {vm.process.stdout.fileno(): vm for vm in vms if vm.process.stdout}
     ready: list[VmProcess] = []
     with selectors.DefaultSelector() as selector:
@@ -144,15 +153,13 @@ def start_together(vms: list[VmProcess], options: RunOptions,
                     ready.append(vm)
     for vm in waiting.values():
         vm.process.kill()
-    if on_ready is not None:
-        for vm in vms:
-            if vm in ready:
-                on_ready(vm)
     now = time.monotonic()
     for vm in vms:
         assert vm.process.stdin is not None
         try:
             if vm in ready:
+                if vm.metered is not None:
+                    vm.metered()
                 vm.process.stdin.write(vm_process.GO)
             vm.process.stdin.close()
         except OSError:
@@ -224,14 +231,6 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     if arrivals is not None and pending:
         arrivals.set_alarm(_start_ns(pending[0][0]))
 
-    def join_clock(vm: VmProcess) -> None:
-        """The built VM's vCPU joins the clock at its start, before its guest starts."""
-        party = clock.guest(vm.spec.name, _start_ns(vm.spec), machine.clock_scope(vm.spec))
-        use_meter = getattr(machine, "use_meter", None)
-        if use_meter is not None:
-            use_meter(vm.spec, party)
-        vm.server.use_clock(party)
-
     t0 = time.monotonic()
     try:
         while pending or running:
@@ -246,7 +245,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                                     backend, options, loop))
                 running.append(due[-1])
             if due:
-                start_together(due, options, join_clock if clock is not None else None)
+                start_together(due, options)
             if arrivals is not None:  # only now that the arrived vCPUs hold the clock
                 arrivals.set_alarm(_start_ns(pending[0][0]) if pending else None)
             for vm in due:
