@@ -129,8 +129,8 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
     assert process.stdin is not None
     process.stdin.write(json.dumps(job) + "\n")
     process.stdin.flush()
-    return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30,
-                     metered=metered)
+    deadline = time.monotonic() + READY_S + options.timeout + 30
+    return VmProcess(spec, process, server, deadline, metered=metered)
 
 
 def start_together(vms: list[VmProcess], options: RunOptions) -> None:
