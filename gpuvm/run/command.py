@@ -237,7 +237,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 16384)")
     parser.add_argument("--isolated", action="store_true",
                         help="each VM in its own VMM process, its device attached over "
-                             "vfio-user (same counts as in-process)")
+                             "vfio-user (the same virtual times and counts as in-process)")
     parser.add_argument("--policy", default="fifo", choices=tuple(POLICIES),
                         help="the GPU scheduler of mediated modes (default fifo)")
     parser.add_argument("--detail", action="store_true",
