@@ -44,6 +44,10 @@ from gpuvm.vmm import vm_process
 
 POLL_S = 0.01
 READY_S = 120.0  # a VM process not built by then is killed (reported failed)
+# a VMM whose guest has ended (its vCPU left the clock) has this long to exit -- detach,
+# write its outcome -- before it is killed: on a virtual clock device time waits at its
+# last time until its vGPU is removed, so one that lingers would hold the others back
+EXIT_GRACE_S = 30.0
 
 
 def device_memory(device: Any) -> SharedMemory | None:
@@ -72,6 +76,7 @@ class VmProcess:
     # charges its vCPU for its device's events from now (a virtual clock; called as the
     # guest is told to go: the VMM's own set-up is no event of the guest's)
     metered: Callable[[], None] | None = None
+    exiting: bool = False  # its guest ended: its deadline is EXIT_GRACE_S from then
 
     def drain(self) -> None:
         """Read the process's outcome on a thread of its own, as it is written."""
@@ -211,6 +216,28 @@ def _detach_at_last_time(machine: Machine, vm: VmProcess) -> None:
         vcpu.party.leave()  # a server that never closed: its vCPU holds nothing back
 
 
+def _last_time(vm: VmProcess) -> int | None:
+    """The virtual time its vCPU left the clock at (None: on none, or not yet left)."""
+    vcpu = vm.server.vcpu
+    return vcpu.party.v if vcpu is not None and vcpu.ended else None
+
+
+def _removable(ended: list[VmProcess], running: list[VmProcess]) -> list[VmProcess]:
+    """Of the VMs whose processes `ended`, those whose vGPUs may be removed now, in the
+    order of their vCPUs' last times.  A removal waits (in wall time) for device time to
+    reach that VM's last time, which an earlier one's timer holds back until that VM is
+    removed: so a VM whose process is still exiting after its guest ended earlier is
+    removed first, and the ones after it wait for it (not for the 5 s the scheduler
+    gives a removal before it forces it)."""
+    for vm in ended:
+        vm.server.closed.wait(10)  # exited or killed: the hang-up retires its vCPU
+    exiting = [t for vm in running if vm not in ended
+               if (t := _last_time(vm)) is not None]
+    first = min(exiting, default=None)
+    order = sorted(ended, key=lambda vm: _last_time(vm) or 0)
+    return [vm for vm in order if first is None or (_last_time(vm) or 0) <= first]
+
+
 def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                  programs: dict, backend: str, options: RunOptions,
                  on_spawn: Callable[[VmProcess], None] | None = None) -> list:
@@ -251,10 +278,16 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             for vm in due:
                 if on_spawn is not None:
                     on_spawn(vm)
-            for vm in [v for v in running if v.process.poll() is not None
-                       or time.monotonic() >= v.deadline]:
+            for vm in running:
+                if not vm.exiting and _last_time(vm) is not None:
+                    vm.exiting = True
+                    vm.deadline = min(vm.deadline, time.monotonic() + EXIT_GRACE_S)
+            ended = [v for v in running if v.process.poll() is not None
+                     or time.monotonic() >= v.deadline]
+            for vm in ended:
                 if vm.process.poll() is None:
                     vm.process.kill()
+            for vm in _removable(ended, running):
                 record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
                 if vm.server.vcpu is not None:  # its priced event stream, for the rows
