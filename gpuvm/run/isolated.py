@@ -222,7 +222,7 @@ def _last_time(vm: VmProcess) -> int | None:
     return vcpu.party.v if vcpu is not None and vcpu.ended else None
 
 
-def _removable(ended: list[VmProcess], running: list[VmProcess]) -> list[VmProcess]:
+def removable(ended: list[VmProcess], running: list[VmProcess]) -> list[VmProcess]:
     """Of the VMs whose processes `ended`, those whose vGPUs may be removed now, in the
     order of their vCPUs' last times.  A removal waits (in wall time) for device time to
     reach that VM's last time, which an earlier one's timer holds back until that VM is
@@ -287,7 +287,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             for vm in ended:
                 if vm.process.poll() is None:
                     vm.process.kill()
-            for vm in _removable(ended, running):
+            for vm in removable(ended, running):
                 record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
                 if vm.server.vcpu is not None:  # its priced event stream, for the rows
