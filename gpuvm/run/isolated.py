@@ -18,11 +18,12 @@ On a virtual device clock (the default) the clock stays here, with the GPU: each
 vCPU is a party of it in this process, driven by what its connection receives -- every
 region access is one exit, priced by the vGPU as in-process, and the VMM reports the rest
 (the guest's start, the ports it answers itself, its waits on the GPU, its end) as
-GPUVM_CLOCK ops (gpuvm/vfio/user/vcpu_clock.py).  A VM joins the clock when its start
-comes in device time (all VMs due then are built first, and join in the run's order), and
-its vGPU is removed at its vCPU's last time, as in-process; one whose VMM dies has its
-vCPU retired there and the others go on.  So an isolated run's rows are as deterministic
-as a threaded run's.
+GPUVM_CLOCK ops (gpuvm/vfio/user/vcpu_clock.py).  A VM's vCPU joins the clock when its
+start comes in device time, as its process is spawned (in the run's order), holds device
+time there while the process is built, and is charged from the word "go"; its vGPU is
+removed at its vCPU's last time, in that order, as in-process.  One whose VMM dies has
+its vCPU retired there and the others go on.  So an isolated run's rows are the threaded
+run's, as deterministic.
 """
 
 from __future__ import annotations
