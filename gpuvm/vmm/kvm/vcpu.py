@@ -96,6 +96,10 @@ class ExitLoop:
         self.ring_first_at = (ring + api.RING_FIRST) // 4 if ring else 0
         self.ring_last_at = (ring + api.RING_LAST) // 4 if ring else 0
         self._ring_entries = ring + api.RING_ENTRIES
+        # `first` and `last` are the two halves of one u64 (the ring is page-aligned):
+        # the exit path reads them in one index; None: no ring to look at
+        assert api.RING_LAST == api.RING_FIRST + 4 and (ring + api.RING_FIRST) % 8 == 0
+        self.ring_ends_at = (ring + api.RING_FIRST) // 8 if ring else None
         # where a queued store goes: (base, end, bar, write slot) per window
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
@@ -184,7 +188,7 @@ class ExitLoop:
             self.direct.guest_counts.release()
 
     def run(self) -> str | None:
-        if self.ring_first_at == self.ring_last_at:
+        if self.ring_ends_at is None:
             return self._loop()
         FLUSHER.add(threading.get_ident(), self)
         try:
@@ -237,18 +241,22 @@ class ExitLoop:
         mmio_write = device.write
         port_out = self.session.port_out
         port_in = self.session.port_in
-        tick = self.session.tick  # the vCPU's time on a virtual device clock
-        first_at, last_at, drain = self.ring_first_at, self.ring_last_at, self.drain
+        tick = self.session.exit_ticker()  # the vCPU's time on a virtual device clock
+        ring_at = self.ring_ends_at
+        drain = self.drain
         count_direct = self.count_direct if self.direct is not None else None
         while True:
             ioctl(fd, KVM_RUN)
-            if u32[first_at] != u32[last_at]:  # coalesced stores: they came first
-                failure = drain()
-                if failure is not None:
-                    return failure
+            if ring_at is not None:
+                ends = u64[ring_at]
+                if ends >> 32 != ends & 0xFFFFFFFF:  # coalesced stores: they came first
+                    failure = drain()
+                    if failure is not None:
+                        return failure
             if count_direct is not None:  # so did accesses to pages mapped as memory
                 count_direct()
-            tick()
+            if tick is not None:
+                tick()
             reason = u32[reason_at]
             if reason == EXIT_MMIO:
                 offset = u64[addr_at] - base0
