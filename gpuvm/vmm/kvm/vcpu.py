@@ -24,6 +24,10 @@ from gpuvm.vmm.kvm.vm import KvmVm
 
 COALESCED_STORES = "kvm.coalesced_stores"
 DIRECT_ACCESSES = "kvm.direct_accesses"
+def _no_tick() -> None:
+    """No virtual clock: an exit has no time to count."""
+
+
 # value masks by access size (index = bytes)
 MASKS = tuple((1 << (8 * n)) - 1 for n in range(9))
 
@@ -126,7 +130,7 @@ class ExitLoop:
         assert direct is not None
         guest = direct.guest_counts
         counts = self.counters.slots
-        tick = self.session.tick
+        tick = self.session.exit_ticker() or _no_tick
         nbars = len(guest) // 2
         for bar, rslot, wslot in self._direct_slots:
             reads = guest[bar] - counts[rslot]
@@ -155,7 +159,7 @@ class ExitLoop:
         first_at, last_at, entries = self.ring_first_at, self.ring_last_at, self._ring_entries
         ring_max, entry_size = api.RING_MAX, api.RING_ENTRY_SIZE
         len_at, data_at = api.RING_ENTRY_LEN, api.RING_ENTRY_DATA
-        tick = self.session.tick
+        tick = self.session.exit_ticker() or _no_tick
         write = self.session.device.write
         counts = self.counters.slots
         windows = self._write_windows
