@@ -22,6 +22,10 @@ def test_exit_bench_counts_and_shape(target: str) -> None:
     for t in r["targets"].values():
         assert t["exits"] == 300  # every dispatched store exited exactly once
         assert t["dispatch_us"] > 0
+        # every posted store reached the device as a trapped one, nearly all through
+        # the ring (an exit when it is full, and the exit port's)
+        assert t["posted_stores"] == 300 and 1 <= t["posted_exits"] <= 300 // 150 + 2
+        assert t["posted_us"] > 0 and t["posted_cpu_us"] > 0
     assert r["remap_exits"] == 0  # the memslot-backed page never exits
     assert r["raw_us"] > 0 and r["remap_us"] > 0
     assert r["remap_us"] < r["raw_us"]  # no exit is cheaper than any exit
