@@ -24,12 +24,12 @@ from gpuvm.vmm.kvm.vm import KvmVm
 
 COALESCED_STORES = "kvm.coalesced_stores"
 DIRECT_ACCESSES = "kvm.direct_accesses"
-def _no_tick() -> None:
-    """No virtual clock: an exit has no time to count."""
-
-
 # value masks by access size (index = bytes)
 MASKS = tuple((1 << (8 * n)) - 1 for n in range(9))
+
+
+def _no_tick() -> None:
+    """No virtual clock: an exit has no time to count."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,7 @@ class ExitLoop:
         self.ring_first_at = (ring + api.RING_FIRST) // 4 if ring else 0
         self.ring_last_at = (ring + api.RING_LAST) // 4 if ring else 0
         self._ring_entries = ring + api.RING_ENTRIES
-        # `first` and `last` are the two halves of one u64 (the ring is page-aligned):
-        # the exit path reads them in one index; None: no ring to look at
-        assert api.RING_LAST == api.RING_FIRST + 4 and (ring + api.RING_FIRST) % 8 == 0
-        self.ring_ends_at = (ring + api.RING_FIRST) // 8 if ring else None
+        self.coalesced = bool(ring)  # without a ring the exit path does not look at it
         # where a queued store goes: (base, end, bar, write slot) per window
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
@@ -192,7 +189,7 @@ class ExitLoop:
             self.direct.guest_counts.release()
 
     def run(self) -> str | None:
-        if self.ring_ends_at is None:
+        if not self.coalesced:
             return self._loop()
         FLUSHER.add(threading.get_ident(), self)
         try:
@@ -246,17 +243,15 @@ class ExitLoop:
         port_out = self.session.port_out
         port_in = self.session.port_in
         tick = self.session.exit_ticker()  # the vCPU's time on a virtual device clock
-        ring_at = self.ring_ends_at
+        coalesced, first_at, last_at = self.coalesced, self.ring_first_at, self.ring_last_at
         drain = self.drain
         count_direct = self.count_direct if self.direct is not None else None
         while True:
             ioctl(fd, KVM_RUN)
-            if ring_at is not None:
-                ends = u64[ring_at]
-                if ends >> 32 != ends & 0xFFFFFFFF:  # coalesced stores: they came first
-                    failure = drain()
-                    if failure is not None:
-                        return failure
+            if coalesced and u32[first_at] != u32[last_at]:  # queued stores came first
+                failure = drain()
+                if failure is not None:
+                    return failure
             if count_direct is not None:  # so did accesses to pages mapped as memory
                 count_direct()
             if tick is not None:
