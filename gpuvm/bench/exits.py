@@ -15,8 +15,9 @@ run, so the numbers share the host's conditions:
             in the kernel.  Against dispatch it bounds what the ring can save.
 
 The guest brackets the loops with phase marks (HtoD = raw, Launch = dispatch,
-DtoH = remap, Close = posted), so the session's per-phase wall time and exit counts delimit them; the
-counts double as a check (N BAR0 write exits while dispatching, none while remapped).
+DtoH = remap, Close = posted), so the session's per-phase wall time and exit counts
+delimit them; the counts double as a check (N BAR0 write exits while dispatching, none
+while remapped, nearly none while posting).
 Host noise is 20-40 %, so each figure is the minimum over several VM runs.  Each phase
 is also timed in the vCPU thread's CPU time (the guest, KVM and the VMM all run on it):
 on a host whose cores are shared, wall time counts the others' turns, CPU time does not.
@@ -56,7 +57,7 @@ from gpuvm.run.command import COST_PROFILE
 from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
 from gpuvm.vfio.passthrough import PassthroughGpu
 from gpuvm.vfio.register_file import RegisterFileDevice
-from gpuvm.vmm.vfio_attach import attach
+from gpuvm.vmm.vfio_attach import AttachedDevice, attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
 RAM_SIZE = 16 * regs.MiB
@@ -139,8 +140,8 @@ class BenchSession(GuestSession):
     """Also times every phase in the vCPU thread's CPU time (phase marks are `out`s the
     vCPU thread handles), beside the wall time every session records."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str, ram: GuestRam, attached: AttachedDevice) -> None:
+        super().__init__(name, ram, attached)
         self.phase_cpu_ns: dict[str, int] = {}
         self._mark: tuple[str, int] | None = None
 
