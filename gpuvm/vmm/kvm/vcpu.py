@@ -9,9 +9,10 @@ loop; the virtual clock's tick is its party's own method, bound once (nothing to
 without a clock), and the coalesced ring is looked at only where there is one (two u32
 reads: small ints, where one u64 of both would be a large one made on every exit).
 The VMM's own work per BAR0 store, replayed warm without KVM, is ~0.3 µs to a register
-file and ~0.4 µs to an fv vGPU on the 2-core host.  Measured on KVM-PVM: after each KVM_RUN the host's caches/TLB are cold, so every
-extra object or call touched per exit costs ~10x its warm price (a no-op target call is
-nearly free, reading the four MMIO fields and counting costs ~10 % of a raw exit).
+file and ~0.4 µs to an fv vGPU on the 2-core host.  Measured on KVM-PVM: after each
+KVM_RUN the host's caches/TLB are cold, so every extra object or call touched per exit
+costs ~10x its warm price (a no-op target call is nearly free, reading the four MMIO
+fields and counting costs ~10 % of a raw exit).
 """
 
 from __future__ import annotations
