@@ -79,11 +79,16 @@ class BarWindow:
         self._table = None
 
     def note_write(self, addr: int, size: int) -> None:
-        """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
+        """A trapped guest store of `size` bytes at guest VRAM address `addr`.  (Every
+        trapped store comes here, most far from these tables: the overlap is tested
+        before a tracker is called.)"""
+        end = addr + size
         for tracker in self._walk:
-            tracker.note(addr, size)
-        if self._table is not None:
-            self._table.note(addr, size)
+            if addr < tracker.end and tracker.guest < end:
+                tracker.note(addr, size)
+        table = self._table
+        if table is not None and addr < table.end and table.guest < end:
+            table.note(addr, size)
 
     def pending(self) -> bool:
         """Whether a sync now could find anything changed since the last one."""

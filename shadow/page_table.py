@@ -156,7 +156,9 @@ class ShadowSpace:
 
     def note_write(self, addr: int, size: int) -> None:
         """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
-        self._pd_tracker.note(addr, size)  # (a table may overlap the directory: ask both)
+        pd = self._pd_tracker  # (a table may overlap the directory: ask both)
+        if addr < pd.end and pd.guest < addr + size:
+            pd.note(addr, size)
         trackers = self._by_page.get(addr >> regs.SMALL_PAGE_SHIFT)
         if trackers is not None:
             for tracker in trackers:

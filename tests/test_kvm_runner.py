@@ -207,6 +207,9 @@ class TickLog(GuestSession):
     def tick(self) -> None:
         self.device.log.append(("tick",))
 
+    def exit_ticker(self) -> Callable[[], None]:
+        return self.tick
+
 
 @pytest.mark.parametrize("stores", [3, 400])  # 400: the ring (169 entries) fills
 def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: int) -> None:
