@@ -210,13 +210,17 @@ class World:
             if op.a & 1:
                 drv.submit_runlist([0])
         elif kind == "remove_vm":
-            i = op.vm % len(self.tenants)
-            self.med.remove_vm(v)
-            t.ram.close()
-            self.generation += 1
-            self.tenants[i] = _tenant(self.med, f"vm{i}.{self.generation}", self.MODES[i])
+            self.run_remove(op.vm % len(self.tenants))
         else:
             raise ValueError(f"unknown operation {kind!r}")
+
+    def run_remove(self, i: int) -> None:
+        """VM i leaves; a new VM takes its place (its partition, from a fresh driver)."""
+        t = self.tenants[i]
+        self.med.remove_vm(t.vgpu)
+        t.ram.close()
+        self.generation += 1
+        self.tenants[i] = _tenant(self.med, f"vm{i}.{self.generation}", self.MODES[i])
 
     def _submit(self, t: Tenant, op: Op) -> None:
         ch = t.channel

@@ -238,8 +238,11 @@ class Channels:
         self.host.rebuild_runlist()
 
     def runlist_pchids(self) -> list[int]:
-        return [self.by_vchid[c].pchid for c in self.runlist
-                if c in self.by_vchid and self.by_vchid[c].bound]
+        """The physical ids of the guest's runlist, bound or not, as hardware keeps an
+        unbound channel on its runlist and skips it: one left out while briefly unbound,
+        when any VM's submit or removal rebuilt the runlist, was not runnable again after
+        its rebind (the device ignores a channel whose table word is clear)."""
+        return [self.by_vchid[c].pchid for c in self.runlist if c in self.by_vchid]
 
     # ------------------------------------------------------------------ USERD / doorbells
     def poll_base(self) -> int | None:

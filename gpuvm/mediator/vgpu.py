@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from gpuvm.mediator.residency import Tenant
 
 _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
-_UNLOCKED = frozenset({"virtual", "faked", "refused"})
+_UNLOCKED = frozenset({"virtual", "faked", "refused", "passthrough"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
@@ -185,8 +185,7 @@ class VGpu:
                 return self.under_lock(self._prices.exit_locked_ns, handler[1])
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
-            self.counts["trap.bar0.passthrough.read"] += 1
-            return self.med.gpu.mmio_read(region, offset, size)
+            return self._bar0_refused(size)
         if region == _CONFIG:
             return self.config.read(offset, size)
         return self.under_lock(self._prices.exit_locked_ns, self._bar_access, region,
@@ -207,8 +206,7 @@ class VGpu:
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
                 return
-            self.counts["trap.bar0.passthrough.write"] += 1
-            self.med.gpu.mmio_write(region, offset, size, value)
+            self._bar0_refused(size)
             return
         if region == _CONFIG:
             self.config.write(offset, size, value)
@@ -221,6 +219,12 @@ class VGpu:
             return
         self.under_lock(self._prices.exit_locked_ns, self._bar_access, region, offset,
                         size, value)
+
+    def _bar0_refused(self, size: int) -> int:
+        """A BAR0 access the trap table has no handler for at this size (bar0_traps):
+        refused, never forwarded at the guest's raw offset; a read answers all ones."""
+        self.count("trap.refused.bar0", 1)
+        return (1 << (8 * size)) - 1
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:
