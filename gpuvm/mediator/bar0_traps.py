@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
 from gpuvm.device.blocks.ptimer import alarm_time
+from gpuvm.mediator.planted import planted
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -149,7 +150,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         reads[base + regs.PCOPY_CUR_CHAN] = ("channel", lambda e=engine: v.pcopy_channel(e))
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
-        virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
+        if planted("shared-pcopy-next"):
+            off = base + regs.PCOPY_NEXT_CHAN
+            reads[off] = ("passthrough", partial(gpu.mmio_read, regs.BAR0, off, 4))
+            writes[off] = ("passthrough", partial(gpu.mmio_write, regs.BAR0, off, 4))
+        else:
+            virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
 
