@@ -25,10 +25,11 @@ def test_operation_sequences_never_escape(sequence):
         world.close()
     assert result.tracebacks == []
     assert result.escapes == []
+    assert result.violations == []
 
 
 def test_a_random_campaign():
     r = fuzz(3000, seed=7, world_ops=1000)
     assert r.operations == 3000
-    assert r.escapes == [] and r.tracebacks == []
+    assert r.escapes == [] and r.violations == [] and r.tracebacks == []
     assert len(r.per_kind) >= len(KINDS) - 1  # every kind ran (removal is rare)
