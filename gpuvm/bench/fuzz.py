@@ -251,11 +251,11 @@ class World:
 
     def _repoint(self, t: Tenant, op: Op) -> None:
         """The channel's RAMIN names another directory (its own, the BAR1 one, a PV key,
-        any page), how a driver would move it (op.c % 4): plainly (0); restarted, while
-        it waits in a semaphore acquire it has fetched, with a spare channel bound to the
-        same block before and dropped after, so what no bound channel names is freed
-        (1; 3 the same, as it is); to its latest PV key, freed at once while bound, and
-        rung (2)."""
+        any page), how a driver would move it (op.c % 4): plainly (0); restarted on its
+        own directory, while it waits in a semaphore acquire it has fetched, with a spare
+        channel bound to the same block before and dropped after, so what no bound
+        channel names is freed (1; 3 the same, as it is); to its latest PV key, freed at
+        once while bound, and rung (2)."""
         ch, drv = t.channel, t.drv
         dirs = [ch.space.pd, drv.bar1_space.pd, *t.keys, self._address(t, op.b) & ~0xFFF]
         pd = dirs[op.a % len(dirs)]
@@ -263,6 +263,7 @@ class World:
         spare = regs.PFIFO_CHAN_TABLE + (1 + (op.c >> 2) % (SPEC.channels - 1)) * \
             regs.PFIFO_CHAN_STRIDE
         if how == 1:
+            drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(ch.space.pd))
             self._revive(t, False)
             drv.push(ch, method(0, regs.HOST_SEMAPHORE_ADDR_HI, 0, VA_SYS & 0xFFFFFFFF,
                                 (op.b | 1 << 31) & 0xFFFFFFFF, regs.SEM_ACQUIRE_EQUAL))
@@ -284,11 +285,13 @@ class World:
 
     def _fetched(self, t: Tenant, wait_s: float = 0.04) -> None:
         """Wait (a little) until the device has fetched all the channel was given, as the
-        guest sees it in its USERD GP_GET."""
+        guest sees it in its USERD GP_GET, or has stopped the channel with an error."""
         ch = t.channel
         get = t.drv.poll_va + ch.chid * regs.USERD_STRIDE + regs.USERD_GP_GET
+        error = regs.PFIFO_CHAN_ERROR_EXT + ch.chid * regs.PFIFO_CHAN_ERROR_STRIDE_EXT
         deadline = time.monotonic() + wait_s
-        while t.vgpu.read(regs.BAR1, get, 4) != ch.put and time.monotonic() < deadline:
+        while t.vgpu.read(regs.BAR1, get, 4) != ch.put and time.monotonic() < deadline \
+                and not t.vgpu.read(regs.BAR0, error, 4):
             time.sleep(0.0002)
 
     def _reg(self, op: Op) -> tuple[int, int]:
