@@ -12,11 +12,11 @@ from gpuvm.bench.fuzz import KINDS, FuzzResult, Op, World, fuzz, run_ops
 
 ops = st.builds(Op, st.sampled_from(KINDS), st.integers(0, 1), st.integers(0, 2**32 - 1),
                 st.integers(0, 2**48 - 1), st.integers(0, 2**32 - 1))
+sequences = st.lists(ops, min_size=1, max_size=60)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(ops, min_size=1, max_size=60))
-def test_operation_sequences_never_escape(sequence):
+def never_fails(sequence: list[Op]) -> None:
+    """The property: a sequence run in a fresh world, nothing found."""
     world = World()
     result = FuzzResult()
     try:
@@ -25,10 +25,17 @@ def test_operation_sequences_never_escape(sequence):
         world.close()
     assert result.tracebacks == []
     assert result.escapes == []
+    assert result.violations == []
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequences)
+def test_operation_sequences_never_escape(sequence):
+    never_fails(sequence)
 
 
 def test_a_random_campaign():
     r = fuzz(3000, seed=7, world_ops=1000)
     assert r.operations == 3000
-    assert r.escapes == [] and r.tracebacks == []
+    assert r.escapes == [] and r.violations == [] and r.tracebacks == []
     assert len(r.per_kind) >= len(KINDS) - 1  # every kind ran (removal is rare)

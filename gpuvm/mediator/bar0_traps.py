@@ -9,10 +9,12 @@ Five kinds of handling, each counted under its own label:
   for its own work);
 - refused: channels beyond the partition, GPU-wide settings;
 - passthrough: only the registers in PASSTHROUGH, each harmless to share (identity, the
-  clock, flushes that complete at once); an offset the device does not implement at all
-  also goes through (the device counts it as unimplemented and answers a constant).
+  clock, flushes that complete at once), forwarded at their own offset.
 Every register the device implements is in one of these (tests/test_mediator_traps.py
-enumerates the device's BAR0 map against this table).
+enumerates the device's BAR0 map against this table).  Any other access -- an offset the
+table does not name, one that is not an aligned 4-byte word, a write to a register only
+read here -- is refused by the vGPU (trap.refused.bar0): nothing reaches the device at a
+guest's raw offset, which for a VM whose channels start at 16 is another VM's channel.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gpuvm.device import regs
 from gpuvm.device.blocks.ptimer import alarm_time
+from gpuvm.mediator.planted import planted
 
 if TYPE_CHECKING:
     from gpuvm.mediator.vgpu import VGpu
@@ -51,6 +54,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         if writable:
             writes[offset] = ("virtual", partial(r.__setitem__, name))
 
+    gpu = v.med.gpu
+    for (offset, how) in PASSTHROUGH:
+        if how == "read":
+            reads[offset] = ("passthrough", partial(gpu.mmio_read, regs.BAR0, offset, 4))
+        else:
+            writes[offset] = ("passthrough", partial(gpu.mmio_write, regs.BAR0, offset, 4))
     virtual(regs.PMC_INTR_EN, "pmc_intr_en")
     virtual(regs.PMC_ENABLE, "pmc_enable")
     virtual(regs.PBUS_PRAMIN_BASE, "pramin_base")
@@ -141,7 +150,12 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         reads[base + regs.PCOPY_CUR_CHAN] = ("channel", lambda e=engine: v.pcopy_channel(e))
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
-        virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
+        if planted("shared-pcopy-next"):
+            off = base + regs.PCOPY_NEXT_CHAN
+            reads[off] = ("passthrough", partial(gpu.mmio_read, regs.BAR0, off, 4))
+            writes[off] = ("passthrough", partial(gpu.mmio_write, regs.BAR0, off, 4))
+        else:
+            virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
     reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
     return reads, writes
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from gpuvm.mediator.host_port import HostPort
+from gpuvm.mediator.planted import planted
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
 from shadow.vram_pool import PoolExhausted
 
@@ -188,7 +189,8 @@ class Channels:
             self.vgpu.count("trap.refused.nomem", 1)
             self._unbind(ch)
             return
-        self.host.kick(ch.pchid)
+        if not planted("cached-context"):
+            self.host.kick(ch.pchid)
 
     def state_write(self, vchid: int, value: int) -> None:
         ch = self._channel(vchid)
@@ -238,8 +240,13 @@ class Channels:
         self.host.rebuild_runlist()
 
     def runlist_pchids(self) -> list[int]:
+        """The physical ids of the guest's runlist, bound or not, as hardware keeps an
+        unbound channel on its runlist and skips it: one left out while briefly unbound,
+        when any VM's submit or removal rebuilt the runlist, was not runnable again after
+        its rebind (the device ignores a channel whose table word is clear)."""
+        drop = planted("runlist-drop")
         return [self.by_vchid[c].pchid for c in self.runlist
-                if c in self.by_vchid and self.by_vchid[c].bound]
+                if c in self.by_vchid and (self.by_vchid[c].bound or not drop)]
 
     # ------------------------------------------------------------------ USERD / doorbells
     def poll_base(self) -> int | None:

@@ -23,6 +23,7 @@ from gpuvm.mediator import monitor
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import (BUS_WINDOW, DEFAULT_HOST_BACKING, PartitionError,
                                      PartitionSpec, PartitionTable)
+from gpuvm.mediator.planted import planted
 from gpuvm.mediator.residency import COUNTERS as RESIDENCY_COUNTERS
 from gpuvm.mediator.residency import Residency, WorkingSetTooLarge
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
@@ -211,6 +212,8 @@ class Mediator:
                 if self.residency is None:
                     self.residency = Residency(self.gpu, part.vram_base, self.table.pool_size)
                 tenant = self.residency.join(name, part.vram_size)
+            elif planted("unscrubbed-slice") and self.gpu.vram.piece(part.vram_base):
+                pass  # the last tenant's piece, as it left it
             else:  # the slice gets a memfd of its own: the one its VMM may be handed
                 try:
                     self.gpu.vram.carve(part.vram_base, part.vram_size, f"gpuvm-vram-{name}")
@@ -256,7 +259,8 @@ class Mediator:
             if vgpu.tenant is not None and self.residency is not None:
                 self.residency.leave(vgpu.tenant)
             self.table.release(vgpu.part)
-            if vgpu.tenant is None:  # an oversubscribed vGPU's pool was never carved
+            # (an oversubscribed vGPU's pool was never carved)
+            if vgpu.tenant is None and not planted("unscrubbed-slice"):
                 self.gpu.vram.merge(vgpu.part.vram_base)
             if self.table.pool_base is None:
                 self.residency = None

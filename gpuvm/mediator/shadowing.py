@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from gpuvm.mediator.host_port import HostPort
+from gpuvm.mediator.planted import planted
 from shadow.bar_window import NOT_VRAM, BarWindow
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
@@ -117,12 +118,12 @@ class Shadowing:
         if space is None:
             return False
         v = self.vgpu
-        for ch in v.channels.by_vchid.values():
+        for ch in v.channels.by_vchid.values() if not planted("free-bound-pgd") else ():
             if ch.bound and ch.guest_pd == key:
                 v.channels.rebuild(ch)
                 v.count("pv.frees_while_bound", 1)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
-            if window.pv is space:
+            if window.pv is space and not planted("free-bound-pgd"):
                 self.bind_window(bar, v.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"])
         self._retire(space.pd)
         space.release()

@@ -38,6 +38,7 @@ from gpuvm.mediator.host_port import under_mediator_lock
 from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import Partition
+from gpuvm.mediator.planted import planted
 from gpuvm.mediator.shadowing import Shadowing
 from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from gpuvm.mediator.residency import Tenant
 
 _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
-_UNLOCKED = frozenset({"virtual", "faked", "refused"})
+_UNLOCKED = frozenset({"virtual", "faked", "refused", "passthrough"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
@@ -185,8 +186,7 @@ class VGpu:
                 return self.under_lock(self._prices.exit_locked_ns, handler[1])
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
-            self.counts["trap.bar0.passthrough.read"] += 1
-            return self.med.gpu.mmio_read(region, offset, size)
+            return self._bar0_refused(offset, size, None)
         if region == _CONFIG:
             return self.config.read(offset, size)
         return self.under_lock(self._prices.exit_locked_ns, self._bar_access, region,
@@ -207,8 +207,7 @@ class VGpu:
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
                 return
-            self.counts["trap.bar0.passthrough.write"] += 1
-            self.med.gpu.mmio_write(region, offset, size, value)
+            self._bar0_refused(offset, size, value)
             return
         if region == _CONFIG:
             self.config.write(offset, size, value)
@@ -221,6 +220,18 @@ class VGpu:
             return
         self.under_lock(self._prices.exit_locked_ns, self._bar_access, region, offset,
                         size, value)
+
+    def _bar0_refused(self, offset: int, size: int, value: int | None) -> int:
+        """A BAR0 access the trap table has no handler for at this size (bar0_traps):
+        refused, never forwarded at the guest's raw offset; a read answers all ones."""
+        if planted("raw-bar0"):
+            self.counts[f"trap.bar0.passthrough.{'read' if value is None else 'write'}"] += 1
+            if value is None:
+                return self.med.gpu.mmio_read(regs.BAR0, offset, size)
+            self.med.gpu.mmio_write(regs.BAR0, offset, size, value)
+            return 0
+        self.count("trap.refused.bar0", 1)
+        return (1 << (8 * size)) - 1
 
     # ------------------------------------------------------------------ VFIO: the rest
     def get_info(self) -> DeviceInfo:
