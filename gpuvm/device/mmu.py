@@ -97,6 +97,14 @@ class Space:
     inst: int = 0  # the instance block naming it (for fault records)
 
 
+def space_from_words(pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
+                     inst: int) -> Space:
+    """The address space an instance block's RAMIN page-directory words name."""
+    pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((pd_hi & 0xFF) << 32)
+    return Space(pd, pd_lo & regs.RAMIN_ADDR_TARGET_MASK,
+                 min(limit_lo | ((limit_hi & 0xFF) << 32), regs.VA_LIMIT - 1), inst)
+
+
 @dataclass
 class _Pde:
     small: tuple[int, int] | None  # (PT address, target)
@@ -141,6 +149,14 @@ class Mmu:
             self.large_page_shift = shift
             self.pde_shift = regs.PDE_SPAN_SHIFT_64K if on else regs.PDE_SPAN_SHIFT
             self.flush()
+
+    def space_from_instance(self, inst: int, target: int) -> Space | None:
+        """The address space of the instance block at `inst` (None: outside memory)."""
+        try:
+            w = self.view(target, inst + regs.RAMIN_PD_LO, 16, CONTEXT).view("<u4").tolist()
+        except DmaFault:
+            return None
+        return space_from_words(w[0], w[1], w[2], w[3], inst)
 
     # ------------------------------------------------------------------ physical memory
     def check(self, kind: str, target: int, addr: int, length: int, write: bool) -> None:

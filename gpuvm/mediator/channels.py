@@ -9,7 +9,7 @@ reach the device directly: they go to the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from gpuvm.device import regs
 from gpuvm.device.vram import Vram
@@ -102,14 +102,10 @@ class AddressSpaces(Protocol):
         ...
 
 
-class SchedulerPort(Protocol):
-    """Where doorbells go (gpuvm.mediator.submission.Submissions)."""
-
-    def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None: ...
-
-    def channel_reset(self, pchid: int) -> None:
-        """A (re)bound channel starts at GP_GET 0."""
-        ...
+# The scheduler's port for one VM (Submissions.submit with the VM's key bound):
+# doorbell(pchid, put, ledger), and channel_reset(pchid) -- a (re)bound channel starts at
+# GP_GET 0 (Submissions.channel_reset)
+Doorbell = Callable[[int, int, "list | None"], None]
 
 
 class Channels:
@@ -117,24 +113,25 @@ class Channels:
     rebuild and kill of a shadow channel, and each doorbell handed to the scheduler.
 
     Built with exactly what it uses -- its table, the partition, the VM's entry policy
-    and VRAM view, the physical GPU's port, the scheduler's port, the VM's meter and
-    fault records, and its sibling the shadowing (for a channel's address space) -- so
-    it never calls back up through the vGPU or the mediator.  `vm` is the scheduler's
-    key for this VM: handed on with each doorbell, never called."""
+    and VRAM view, the physical GPU's port, the scheduler's port for this VM
+    (`doorbell`, `channel_reset`), the VM's meter and fault records, and its sibling the
+    shadowing (for a channel's address space) -- so it never calls back up through the
+    vGPU or the mediator."""
 
     def __init__(self, table: ChannelTable, part: Partition, policy: EntryPolicy,
-                 vram: Vram, host: HostPort, scheduler: SchedulerPort, meter: VmMeter,
-                 faults: VmFaults, shadowing: AddressSpaces, vm: object) -> None:
+                 vram: Vram, host: HostPort, doorbell: Doorbell,
+                 channel_reset: Callable[[int], None], meter: VmMeter, faults: VmFaults,
+                 shadowing: AddressSpaces) -> None:
         self.table = table
         self.part = part
         self.policy = policy
         self.vram = vram
         self.host = host
-        self.scheduler = scheduler
+        self.doorbell = doorbell
+        self.channel_reset = channel_reset
         self.meter = meter
         self.faults = faults
         self.shadowing = shadowing
-        self.vm = vm
         self.by_vchid = table.by_vchid
         table.userd_poll = table.kick = 0
         # Every channel's shadow instance block and USERD page are taken now, so a guest
@@ -209,7 +206,7 @@ class Channels:
         self._resume_userd(ch)
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
                      regs.PFIFO_CHAN_VALID | (ch.shadow_inst >> 12))
-        self.scheduler.channel_reset(ch.pchid)
+        self.channel_reset(ch.pchid)
         self.shadowing.refresh_remap()
 
     def _resume_userd(self, ch: VChannel) -> None:
@@ -347,7 +344,7 @@ class Channels:
         ch.put = value & 0xFFFFFFFF
         self.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
         meter.count("doorbells", 1)
-        self.scheduler.submit(self.vm, ch.pchid, ch.put, meter.doorbell_ledger())
+        self.doorbell(ch.pchid, ch.put, meter.doorbell_ledger())
 
     def teardown(self) -> None:
         pool = self.part.shadow_pool

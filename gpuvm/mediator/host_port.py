@@ -49,21 +49,17 @@ class HostPort:
 
     def __init__(self, gpu: Gpu, alloc: Callable[[int], int]) -> None:
         self.gpu = gpu
+        # a physical BAR0 register read / write: the device's own, so a translated
+        # register store goes from its trap handler straight to the device
+        self.rd: Callable[[int], int] = gpu.reg_read
+        self.wr: Callable[[int, int], None] = gpu.reg_write
         self._alloc = alloc  # zeroed hypervisor VRAM
         self.engine_writes = gpu.mmu.engine_writes  # VRAM pages the engines wrote
         # every VM's channel table, read at each rebuild of the physical runlist
         self.runlists: list[RunlistSource] = []
         self._bring_up()
 
-    # ------------------------------------------------------------------ registers
-    def rd(self, offset: int) -> int:
-        """A physical BAR0 register read."""
-        return self.gpu.mmio_read(regs.BAR0, offset, 4)
-
-    def wr(self, offset: int, value: int) -> None:
-        """A physical BAR0 register write."""
-        self.gpu.mmio_write(regs.BAR0, offset, 4, value)
-
+    # ------------------------------------------------------------------ bring-up
     def _bar_vm(self, size: int) -> tuple[int, int, int]:
         """(instance, directory, small table) of one physical BAR VM, in hypervisor VRAM."""
         inst = self._alloc(regs.RAMIN_SIZE)

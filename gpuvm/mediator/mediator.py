@@ -62,7 +62,9 @@ class Mediator:
         self.owner: dict[int, VGpu] = {}
         self.monitor: monitor.ReferenceMonitor | None = None
         if monitor.enabled():
-            self.monitor = monitor.ReferenceMonitor(self)
+            self.monitor = monitor.ReferenceMonitor(self.vgpus, self.owner,
+                                                    gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL,
+                                                    self.bus_window)
             with gpu.lock:
                 gpu.mmu.monitor = self.monitor
         self.host = HostPort(gpu, self.hyp.alloc)  # (the pool scrubs what it hands out)

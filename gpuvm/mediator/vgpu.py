@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from gpuvm.device.dma import DmaMappings
 from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
 from gpuvm.mediator import bar0_traps
-from gpuvm.mediator.channels import Channels, ChannelTable, SchedulerPort
+from gpuvm.mediator.channels import Channels, ChannelTable
 from gpuvm.mediator.host_port import HostPort
 from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.meter import VmMeter
@@ -56,6 +57,14 @@ _UNLOCKED = frozenset({"virtual", "faked", "refused"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
+
+
+class SchedulerPort(Protocol):
+    """Where a vGPU's doorbells go (gpuvm.mediator.submission.Submissions)."""
+
+    def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None: ...
+
+    def channel_reset(self, pchid: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -153,9 +162,11 @@ class VGpu:
         host, meter, part, vram = self.host, self.meter, self.part, self._vram
         self.shadowing = Shadowing(vram, host, part, self.policy, self.space_policy,
                                    self.dma, meter, self.mode, self.table)
+        scheduler = self.services.scheduler
+        # the scheduler's port for this VM: its doorbells under this vGPU's key
         self.channels = Channels(self.table, part, self.policy, vram, host,
-                                 self.services.scheduler, meter, self.fault_state,
-                                 self.shadowing, self)
+                                 partial(scheduler.submit, self), scheduler.channel_reset,
+                                 meter, self.fault_state, self.shadowing)
         self.hypercalls = Hypercalls(self.dma, self.lock, meter, self.shadowing,
                                      self.channels, part, self.policy, vram, host)
         reads, writes = bar0_traps.build(bar0_traps.TrapParts(
