@@ -48,7 +48,7 @@ class ChannelTable:
     handed this one table and read it, without holding the behaviour (Channels) that
     changes it."""
 
-    channels: int  # how many the partition has
+    size: int  # how many channels the partition has
     by_vchid: dict[int, VChannel] = field(default_factory=dict)
     runlist: list[int] = field(default_factory=list)
     userd_poll: int = 0  # the guest's PFIFO_USERD_POLL
@@ -73,10 +73,10 @@ class ChannelTable:
         base = self.poll_base()
         if base is None:
             return set()
-        return {base + c * regs.USERD_STRIDE for c in range(self.channels)}
+        return {base + c * regs.USERD_STRIDE for c in range(self.size)}
 
     def userd_slot(self, bar1_offset: int) -> tuple[VChannel | None, int] | None:
-        slot = regs.userd_poll_slot(self.userd_poll, bar1_offset, self.channels)
+        slot = regs.userd_poll_slot(self.userd_poll, bar1_offset, self.size)
         if slot is None:
             return None
         return self.by_vchid.get(slot[0]), slot[1]

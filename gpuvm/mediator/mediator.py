@@ -45,7 +45,7 @@ class Mediator:
                  host_backing: int = DEFAULT_HOST_BACKING) -> None:
         self.gpu = gpu
         self.lock = threading.RLock()
-        # the same lock in virtual time, where the GPU's clock is virtual (VGpu.under_lock)
+        # the same lock in virtual time, where the GPU's clock is virtual (VmMeter.trap_hold)
         self.vlock = VirtualLock(gpu.clock) if gpu.clock.virtual else None
         self.hyp_global = HYP_GLOBAL
         self.counts: defaultdict[str, int] = defaultdict(int)  # the mediator's own events
