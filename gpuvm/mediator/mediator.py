@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from contextlib import nullcontext
 
 from gpuvm.device import regs
 from gpuvm.device.clock import VirtualLock
@@ -23,8 +22,9 @@ from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import (BUS_WINDOW, DEFAULT_HOST_BACKING, PartitionError,
                                      PartitionSpec, PartitionTable)
 from gpuvm.mediator.residency import COUNTERS as RESIDENCY_COUNTERS
-from gpuvm.mediator.residency import Residency, WorkingSetTooLarge
+from gpuvm.mediator.residency import Residency
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
+from gpuvm.mediator.tenancy import Tenancy
 from gpuvm.mediator.vgpu import MediatorServices, VGpu
 from scheduler import FifoPolicy
 from scheduler.policy import Policy
@@ -55,7 +55,6 @@ class Mediator:
         prof = gpu.profile
         self.table = PartitionTable(gpu.vram.size, HYP_GLOBAL, prof.bar1_size, prof.bar3_size,
                                     host_backing)
-        self.residency: Residency | None = None  # while oversubscribed vGPUs exist
         self.hyp = VramPool(gpu.vram.size - HYP_GLOBAL, HYP_GLOBAL, "hypervisor",
                             gpu.vram.zero)
         self.vgpus: list[VGpu] = []
@@ -68,49 +67,16 @@ class Mediator:
             with gpu.lock:
                 gpu.mmu.monitor = self.monitor
         self.host = HostPort(gpu, self.hyp.alloc)  # (the pool scrubs what it hands out)
-        self.submissions = Submissions(self.host, policy or FifoPolicy(), self._kill,
-                                       watchdog or WatchdogLimits(), residency=self,
+        # the owners (and the residency pool, while oversubscribed vGPUs exist): kept
+        # here, read by the scheduler's verdicts
+        self.tenancy = Tenancy(self.lock, self.host, self.counts, self.vgpus, self.owner)
+        self.submissions = Submissions(self.host, policy or FifoPolicy(), self.tenancy.kill,
+                                       watchdog or WatchdogLimits(), residency=self.tenancy,
                                        clock=gpu.clock)
         self._services = MediatorServices(gpu, self.host, self.submissions, self.lock,
                                           self.owner, self.bus_window)
         gpu.pfifo.idle_listeners.append(self.submissions.on_idle)
         gpu.event_listeners.append(self._interrupt)
-
-    def _kill(self, pchid: int, reason: str) -> None:
-        """The watchdog's verdict on a submission (scheduler thread, no lock held)."""
-        vgpu = self.owner.get(pchid)
-        # the owner's lock before ours: one of its hypercalls may hold it
-        with (vgpu.lock if vgpu is not None else nullcontext()), self.lock:
-            self.counts["watchdog.kills"] += 1
-            owner = self.owner.get(pchid)
-            if owner is None:  # nobody owns it any more: the device must hold nothing for it
-                self.host.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
-            elif owner is vgpu:  # (a VM that took the channel since has nothing to lose)
-                vgpu.channels.kill(pchid, reason)
-
-
-    # ------------------------------------------------------------------ residency
-    def needs_residency(self, vm: object) -> bool:
-        """Whether a submission of this VM must wait for its pages (scheduler thread, no
-        lock): only oversubscribed vGPUs do."""
-        return getattr(vm, "tenant", None) is not None
-
-    def make_resident(self, vm: object) -> bool:
-        """Before the VM's submission is rung: its working set into the pool.  A working
-        set that cannot fit faults that VM alone (its channels are ended with the reason);
-        returns whether the submission may go."""
-        with vm.lock, self.lock:
-            if vm not in self.vgpus or self.residency is None:
-                return False
-            try:
-                self.residency.make_resident(vm.tenant)
-            except WorkingSetTooLarge as exc:
-                self.counts["residency.refused"] += 1
-                for ch in list(vm.channels.by_vchid.values()):
-                    if ch.bound:
-                        vm.channels.kill(ch.pchid, str(exc), "residency.refused")
-                return False
-            return True
 
     # ------------------------------------------------------------------ VMs
     def _interrupt(self, chids: frozenset[int] | None) -> None:
@@ -138,9 +104,10 @@ class Mediator:
             part = self.table.allocate(spec)
             tenant = None
             if spec.oversubscribed:  # its VRAM starts in a zeroed backing store
-                if self.residency is None:
-                    self.residency = Residency(self.gpu, part.vram_base, self.table.pool_size)
-                tenant = self.residency.join(name, part.vram_size)
+                tenancy = self.tenancy
+                if tenancy.residency is None:
+                    tenancy.residency = Residency(self.gpu, part.vram_base, self.table.pool_size)
+                tenant = tenancy.residency.join(name, part.vram_size)
             else:  # the slice gets a memfd of its own: the one its VMM may be handed
                 try:
                     self.gpu.vram.carve(part.vram_base, part.vram_size, f"gpuvm-vram-{name}")
@@ -185,13 +152,13 @@ class Mediator:
             for c in pchids:
                 self.owner.pop(c, None)
             self.bus.remove(vgpu.part.sys_base)
-            if vgpu.tenant is not None and self.residency is not None:
-                self.residency.leave(vgpu.tenant)
+            if vgpu.tenant is not None and self.tenancy.residency is not None:
+                self.tenancy.residency.leave(vgpu.tenant)
             self.table.release(vgpu.part)
             if vgpu.tenant is None:  # an oversubscribed vGPU's pool was never carved
                 self.gpu.vram.merge(vgpu.part.vram_base)
             if self.table.pool_base is None:
-                self.residency = None
+                self.tenancy.residency = None
 
     def close(self) -> None:
         # the scheduler first: a vGPU still here is one whose run was cut short, and its
