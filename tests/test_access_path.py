@@ -12,10 +12,14 @@ the real call stack where each arrives, and the hops counted as the docs count t
   the mediator that made it, the dispatcher calling its Submissions);
 - the doorbell crosses threads once: the vCPU's thread hands it to Submissions.submit,
   the scheduler's thread rings it from Submissions' own loop -- one object, no hop.
+
+And statically: no part of a vGPU imports the vGPU or the mediator, no block of the
+device imports the Gpu.
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 import threading
 import types
@@ -154,3 +158,32 @@ def test_a_bar0_register_store_takes_three_hops_to_the_device_and_none_back(path
     assert len(hops) == BAR0_STORE_HOPS, _describe(hops)
     assert [b.name.split(":")[1] for _, b in hops] == [
         "VGpu.write", "Channels.table_write", "Gpu.reg_write"]
+
+
+# the parts, and the owners none of them may import (even for a type): a part that
+# imports its owner is one that can reach back up through it
+PARTS = {
+    "gpuvm/mediator": (("channels", "shadowing", "hypercalls", "bar0_traps", "vm_faults",
+                        "meter", "host_port", "submission"),
+                       ("gpuvm.mediator.vgpu", "gpuvm.mediator.mediator")),
+    "gpuvm/device": (("pfifo", "channel", "channel_memory", "bar_aperture", "events",
+                      "engine_classes", "blocks/pbdma", "blocks/pbus", "blocks/pcopy",
+                      "blocks/pfb", "blocks/pgraph", "blocks/pmc", "blocks/pramin",
+                      "blocks/ptimer"),
+                     ("gpuvm.device.gpu",)),
+}
+
+
+@pytest.mark.parametrize("package", sorted(PARTS))
+def test_no_part_imports_its_owner(package):
+    """Each part is handed its collaborators: none imports the vGPU, the mediator or the
+    Gpu that builds it (which also keeps the import graph free of circles there)."""
+    modules, owners = PARTS[package]
+    found = []
+    for module in modules:
+        path = ROOT / package / f"{module}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{package}/{module}.py imports {n}" for n in names if n in owners]
+    assert not found
