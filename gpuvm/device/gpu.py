@@ -240,10 +240,6 @@ class Gpu:
         return self.clock.now_ns()
 
     # ------------------------------------------------------------------ internal hooks
-    def kick_engines(self) -> None:
-        """Something may be runnable now (called with the lock held)."""
-        self.events.kick_engines()
-
     def _wake_engines(self) -> None:
         """A virtual clock reached the engines' alarm (any thread, must not block: a
         missed notify is made up by the engine loop's short wait)."""
@@ -254,10 +250,8 @@ class Gpu:
                 self.lock.release()
 
     def signal(self, chid: int | None = None) -> None:
-        """GPU work completed or faulted -- on channel `chid` (None: on none in
-        particular): wake guests waiting on memory (lock held).  Saying the channel lets
-        a mediator interrupt only the VM that owns it, as a real vGPU raises only its
-        own interrupts; told nothing, it interrupts every VM."""
+        """Work on channel `chid` (None: on none in particular) completed or faulted:
+        guests and listeners are told (DeviceEvents.signal; lock held)."""
         self.events.signal(chid)
 
     def flushed(self) -> None:
