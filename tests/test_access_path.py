@@ -163,8 +163,8 @@ def test_a_bar0_register_store_takes_three_hops_to_the_device_and_none_back(path
 # the parts, and the owners none of them may import (even for a type): a part that
 # imports its owner is one that can reach back up through it
 PARTS = {
-    "gpuvm/mediator": (("channels", "shadowing", "hypercalls", "bar0_traps", "vm_faults",
-                        "meter", "host_port", "submission"),
+    "gpuvm/mediator": (("channel_table", "channels", "shadowing", "hypercalls", "bar0_traps",
+                        "vm_faults", "meter", "host_port", "submission"),
                        ("gpuvm.mediator.vgpu", "gpuvm.mediator.mediator")),
     "gpuvm/device": (("pfifo", "channel", "channel_memory", "bar_aperture", "events",
                       "engine_classes", "blocks/pbdma", "blocks/pbus", "blocks/pcopy",

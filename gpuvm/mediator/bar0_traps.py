@@ -26,7 +26,8 @@ from gpuvm.device import regs
 from gpuvm.device.blocks.ptimer import alarm_time
 from gpuvm.device.engines import Engine
 from gpuvm.device.gpu import Gpu
-from gpuvm.mediator.channels import Channels, ChannelTable
+from gpuvm.mediator.channel_table import ChannelTable
+from gpuvm.mediator.channels import Channels
 from gpuvm.mediator.meter import VmMeter
 from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.shadowing import Shadowing

@@ -22,7 +22,7 @@ from __future__ import annotations
 from gpuvm.device import regs
 from gpuvm.device.dma import DmaMappings
 from gpuvm.device.vram import Vram
-from gpuvm.mediator.channels import ChannelTable
+from gpuvm.mediator.channel_table import ChannelTable
 from gpuvm.mediator.host_port import HostPort
 from gpuvm.mediator.meter import VmMeter
 from gpuvm.mediator.modes import Mode

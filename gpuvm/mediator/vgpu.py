@@ -32,7 +32,8 @@ from gpuvm.device.dma import DmaMappings
 from gpuvm.device.faults import ChannelFault
 from gpuvm.device.gpu import Gpu
 from gpuvm.mediator import bar0_traps
-from gpuvm.mediator.channels import Channels, ChannelTable
+from gpuvm.mediator.channel_table import ChannelTable
+from gpuvm.mediator.channels import Channels
 from gpuvm.mediator.host_port import HostPort
 from gpuvm.mediator.hypercalls import Hypercalls
 from gpuvm.mediator.meter import VmMeter
@@ -57,6 +58,10 @@ _UNLOCKED = frozenset({"virtual", "faked", "refused"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
+
+
+def _owned_by(owner: Mapping[int, object], vm: object, pchid: int) -> bool:
+    return owner.get(pchid) is vm
 
 
 class SchedulerPort(Protocol):
@@ -144,17 +149,14 @@ class VGpu:
         self.counts = self.meter.counts
         self.vregs: dict[str, int] = defaultdict(int)
         self.table = ChannelTable(part.channels)
-        owner = services.owner
-        self.fault_state = VmFaults(part, services.gpu.faults,
-                                    lambda pchid: owner.get(pchid) is self, self._guest_inst)
+        # whether this VM owns a physical channel now: the mediator's owner map, keyed
+        # by this vGPU (read, never called)
+        self.fault_state = VmFaults(part, self.table, services.gpu.faults,
+                                    partial(_owned_by, services.owner, self))
         self._build_parts()
         # Physical channels are reused by later VMs: count only what happens from now on.
         self._device_baseline = self._device_channel_counts()
         self._engine_host_baseline = self._channels_host_ns()
-
-    def _guest_inst(self, vchid: int) -> int:
-        ch = self.table.by_vchid.get(vchid)
-        return ch.guest_inst if ch and ch.guest_inst else 0
 
     def _build_parts(self) -> None:
         """Channels, shadowing, hypercalls and the trap table, each given what it uses

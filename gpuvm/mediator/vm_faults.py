@@ -11,6 +11,7 @@ from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.faults import ChannelFault, fault_flags
+from gpuvm.mediator.channel_table import ChannelTable
 from gpuvm.mediator.partition import Partition
 
 
@@ -23,14 +24,15 @@ class VmFaults:
     the vGPU.  It outlives a device reset, as the records it has shown the guest do.
 
     `device_faults` is the device's fault list, `owns(pchid)` whether this VM owns that
-    physical channel now, `guest_inst(vchid)` a channel's guest RAMIN address (or 0)."""
+    physical channel now; the channel table gives a faulted channel's guest RAMIN."""
 
-    def __init__(self, part: Partition, device_faults: Callable[[], list[ChannelFault]],
-                 owns: Callable[[int], bool], guest_inst: Callable[[int], int]) -> None:
+    def __init__(self, part: Partition, table: ChannelTable,
+                 device_faults: Callable[[], list[ChannelFault]],
+                 owns: Callable[[int], bool]) -> None:
         self.part = part
+        self.table = table
         self._device_faults = device_faults
         self._owns = owns
-        self._guest_inst = guest_inst
         self.records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
         self.mask = 0
         self.pfifo = 0  # the PFIFO_INTR bits latched for the guest
@@ -65,9 +67,10 @@ class VmFaults:
         faults = self.all()
         for f in faults[self._seen:]:
             if f.unit >= 0:
-                self.records[f.unit] = [
-                    self._guest_inst(f.chid) >> 12, f.address & 0xFFFFFFFF, f.address >> 32,
-                    fault_flags(f.unit, f.vm_reason, f.write)]
+                ch = self.table.by_vchid.get(f.chid)
+                inst = (ch.guest_inst >> 12) if ch and ch.guest_inst else 0
+                self.records[f.unit] = [inst, f.address & 0xFFFFFFFF, f.address >> 32,
+                                        fault_flags(f.unit, f.vm_reason, f.write)]
                 self.mask |= 1 << f.unit
                 self.pfifo |= regs.PFIFO_INTR_VM_FAULT
             else:
