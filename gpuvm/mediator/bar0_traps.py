@@ -157,16 +157,11 @@ def build(v: TrapParts) -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[
             reads[off] = ("refused", lambda: 0)
             writes[off] = ("refused", lambda value: refuse("trap.refused.channel_id", 1))
 
-    def bar_vm(bar: int, name: str, value: int) -> None:
-        r[name] = value
-        v.shadowing.bind_window(bar, value)
-
     reads[regs.PBUS_BAR1_VM] = ("virtual", lambda: r["bar1_vm"])
-    writes[regs.PBUS_BAR1_VM] = ("bar_vm", partial(bar_vm, regs.BAR1, "bar1_vm"))
+    writes[regs.PBUS_BAR1_VM] = ("bar_vm", partial(v.shadowing.set_bar_vm, regs.BAR1))
     reads[regs.PBUS_BAR3_VM] = ("virtual", lambda: r["bar3_vm"])
-    writes[regs.PBUS_BAR3_VM] = ("bar_vm", partial(bar_vm, regs.BAR3, "bar3_vm"))
-    writes[regs.PFFB_FLUSH_TRIGGER] = ("tlb_flush", lambda trigger: v.shadowing.guest_flush(
-        r["flush_pd"], trigger))
+    writes[regs.PBUS_BAR3_VM] = ("bar_vm", partial(v.shadowing.set_bar_vm, regs.BAR3))
+    writes[regs.PFFB_FLUSH_TRIGGER] = ("tlb_flush", v.shadowing.guest_flush)
     reads[regs.PFFB_FLUSH_TRIGGER] = ("virtual", lambda: 0)
     # the large-page size is one setting for the whole GPU: a guest may not change it
     writes[regs.PFFB_VM_CFG] = ("refused", lambda value: refuse("trap.refused.vm_cfg", 1))

@@ -35,6 +35,9 @@ from gpuvm.vfio.device import MappingListener
 from shadow.remap import RemapPlan, RemapState
 
 
+_BAR_VM = {regs.BAR1: "bar1_vm", regs.BAR3: "bar3_vm"}  # their virtual registers
+
+
 class Shadowing:
     """A vGPU's shadows -- of its channels' address spaces, its BAR1/BAR3 windows and
     its PV spaces -- and what is remapped because of them.
@@ -42,12 +45,13 @@ class Shadowing:
     Built with exactly what it uses: the VRAM view, the physical GPU's port (flushes,
     the physical BAR tables, the engines' write log), the partition, the VM's entry
     policies (`space_policy` translates its channel shadows), its RAM as DMA-mapped,
-    its meter, its mode and its channel table (which RAMIN pages and poll offsets must
-    keep trapping); never the vGPU or the mediator."""
+    its meter, its mode, its channel table (which RAMIN pages and poll offsets must
+    keep trapping) and its virtual registers (the BAR VMs and the flush directory the
+    guest wrote); never the vGPU or the mediator."""
 
     def __init__(self, vram: Vram, host: HostPort, part: Partition, policy: EntryPolicy,
                  space_policy: EntryPolicy, guest_ram: DmaMappings, meter: VmMeter,
-                 mode: Mode, channels: ChannelTable) -> None:
+                 mode: Mode, channels: ChannelTable, vregs: dict[str, int]) -> None:
         self.host = host
         self.vram = vram
         self.part = part
@@ -66,7 +70,7 @@ class Shadowing:
         self.bar3 = BarWindow(vram, policy, meter.count, host.bar3_pt,
                               part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram,
                               self.engine_writes)
-        self.bar_vm = {regs.BAR1: 0, regs.BAR3: 0}  # the guest's PBUS_BAR1_VM/BAR3_VM
+        self.vregs = vregs
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
@@ -132,14 +136,16 @@ class Shadowing:
         tables are freed."""
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.pv is space:
-                self.bind_window(bar, self.bar_vm[bar])
+                self.bind_window(bar, self.vregs[_BAR_VM[bar]])
         self._retire(space.pd)
         space.release()
 
     # ------------------------------------------------------------------ TLB flushes
-    def guest_flush(self, flush_pd: int, trigger: int) -> None:
+    def guest_flush(self, trigger: int) -> None:
+        """The guest wrote PFFB_FLUSH_TRIGGER (of the directory it wrote to FLUSH_PD)."""
         if not trigger & regs.PFFB_TRIGGER_GO:
             return
+        flush_pd = self.vregs["flush_pd"]
         count, mode = self.meter.count, self.mode
         count("tlb.guest_flushes", 1)
         if flush_pd & regs.PFFB_FLUSH_PD_SYSRAM:
@@ -190,9 +196,13 @@ class Shadowing:
         self.host.flush(self.host.bar1_pd if bar == regs.BAR1 else self.host.bar3_pd,
                         bar_vm=True)
 
-    def bind_window(self, bar: int, reg: int) -> None:
+    def set_bar_vm(self, bar: int, reg: int) -> None:
         """The guest wrote PBUS_BAR1_VM / PBUS_BAR3_VM."""
-        self.bar_vm[bar] = reg
+        self.vregs[_BAR_VM[bar]] = reg
+        self.bind_window(bar, reg)
+
+    def bind_window(self, bar: int, reg: int) -> None:
+        """Bind a BAR window to the BAR VM that register value names."""
         window = self.bar1 if bar == regs.BAR1 else self.bar3
         inst = None
         pv = None

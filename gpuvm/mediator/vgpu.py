@@ -163,7 +163,7 @@ class VGpu:
         (afresh at a device reset; the channel table and fault records outlive it)."""
         host, meter, part, vram = self.host, self.meter, self.part, self._vram
         self.shadowing = Shadowing(vram, host, part, self.policy, self.space_policy,
-                                   self.dma, meter, self.mode, self.table)
+                                   self.dma, meter, self.mode, self.table, self.vregs)
         scheduler = self.services.scheduler
         # the scheduler's port for this VM: its doorbells under this vGPU's key
         self.channels = Channels(self.table, part, self.policy, vram, host,
