@@ -33,7 +33,8 @@ MARK = 0x5EC12E7A
 
 @pytest.fixture
 def two_served():
-    """Two vGPUs on one GPU, vm1 served on a socket; yields (client socket, gpu, vgpus)."""
+    """Two vGPUs on one GPU, vm1 served on a socket; yields (client socket, gpu, vgpus,
+    their mediator)."""
     gpu = Gpu(vram_size=256 * regs.MiB).start()
     med = Mediator(gpu)
     vgpus = {name: med.add_vm(name, MODES["fv-opt"], PartitionSpec(vram_size=size))
@@ -41,7 +42,7 @@ def two_served():
     ours, theirs = socket.socketpair()
     server = DeviceServer(ours, vgpus["vm1"], vgpus["vm1"], device_memory(vgpus["vm1"]),
                           "vm1").start()
-    yield theirs, gpu, vgpus
+    yield theirs, gpu, vgpus, med
     theirs.close()
     server.closed.wait(5)
     med.close()
@@ -59,7 +60,7 @@ def bar1_fd(sock) -> int:
 
 
 def test_client_receives_only_its_partition(two_served):
-    sock, gpu, vgpus = two_served
+    sock, gpu, vgpus, med = two_served
     mine, other = vgpus["vm1"].part, vgpus["vm0"].part
     fd = bar1_fd(sock)
     try:
@@ -96,7 +97,7 @@ print(ctypes.c_uint32.from_address(addr).value, flush=True)  # must not get here
 def test_mapping_past_the_partition_faults(two_served):
     """A client that maps past the fd's end (the kernel lets it) faults on the first
     access: there is no other VM's memory behind the partition's memfd."""
-    sock, _gpu, vgpus = two_served
+    sock, _gpu, vgpus, _med = two_served
     fd = bar1_fd(sock)
     try:
         size = os.fstat(fd).st_size
@@ -108,7 +109,7 @@ def test_mapping_past_the_partition_faults(two_served):
 
 
 def test_received_fd_cannot_be_resized(two_served):
-    sock, gpu, vgpus = two_served
+    sock, gpu, vgpus, med = two_served
     fd = bar1_fd(sock)
     try:
         size = os.fstat(fd).st_size
@@ -128,12 +129,12 @@ def test_received_fd_cannot_be_resized(two_served):
 
 def test_a_reclaimed_partition_is_a_new_memfd(two_served):
     """What the next tenant of a slice writes never shows in the old tenant's mapping."""
-    sock, gpu, vgpus = two_served
+    sock, gpu, vgpus, med = two_served
     fd = bar1_fd(sock)
     old = mmap.mmap(fd, os.fstat(fd).st_size)
     os.close(fd)
     try:
-        med, part = vgpus["vm1"].med, vgpus["vm1"].part
+        part = vgpus["vm1"].part
         old[0:4] = struct.pack("<I", MARK)
         sock.close()  # the VMM goes; its vGPU is removed and the slice given back
         med.remove_vm(vgpus["vm1"])

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from gpuvm.bench.timing import best_of
 from gpuvm.device import layout, regs
-from gpuvm.device.channel import ChannelMemory
+from gpuvm.device.channel_memory import ChannelMemory
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.kernels import KERNELS
 from gpuvm.device.mmu import Space
@@ -109,7 +109,8 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
                                                           False) for i in range(singles)],
                            repeat)
 
-        src_mem, dst_mem = ChannelMemory(gpu, space_src), ChannelMemory(gpu, space_dst)
+        src_mem, dst_mem = ChannelMemory(gpu.mmu, space_src, gpu.pgraph.notify), \
+            ChannelMemory(gpu.mmu, space_dst, gpu.pgraph.notify)
         t_scatter = best_of(lambda: dst_mem.write(va, src_mem.read(va, COPY_BYTES)), repeat)
         # check the scattered copy really moved every page to its partner
         got = gpu.vram.pages[dst_frames[[0, npages // 2, -1]] >> 12]

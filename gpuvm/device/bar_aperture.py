@@ -6,18 +6,30 @@ onto VRAM: offset x is VRAM address x, untranslated (envytools rnndb/bus/pbus.xm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from gpuvm.device import layout, regs
-from gpuvm.device.mmu import DATA, DmaFault, Space, VmFault
+from gpuvm.device.counters import Counters
+from gpuvm.device.mmio_bus import MmioBus
+from gpuvm.device.mmu import DATA, DmaFault, Mmu, Space, VmFault
+from gpuvm.device.vram import Vram
 
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
+# PFIFO's fault record of a BAR access: (unit, instance, offset, write, reason)
+RecordFault = Callable[[int, int, int, bool, int], None]
 
 
 class BarAperture:
-    def __init__(self, gpu: "Gpu", bar: int, size: int, fault_unit: int) -> None:
-        self.gpu = gpu
+    """BAR1 or BAR3: host accesses translated through the BAR VM's page table.  Given
+    VRAM, the MMU, the counters, the bus (which counts malformed accesses) and PFIFO's
+    fault record, not the Gpu."""
+
+    def __init__(self, vram: Vram, mmu: Mmu, counts: Counters, bus: MmioBus,
+                 record_fault: RecordFault, bar: int, size: int, fault_unit: int) -> None:
+        self.vram = vram
+        self.mmu = mmu
+        self.counts = counts
+        self.bus = bus
+        self.record_fault = record_fault
         self.bar = bar
         self.size = size
         self.fault_unit = fault_unit
@@ -43,11 +55,11 @@ class BarAperture:
         VRAM (present, writable), else None -- without counting or faulting."""
         if not self.reg & regs.PBUS_BARVM_ENABLE:
             base = offset & ~0xFFF
-            return base if self.gpu.vram.contains(base, 0x1000) else None
+            return base if self.vram.contains(base, 0x1000) else None
         space = self.space()
         if space is None:
             return None
-        mmu = self.gpu.mmu
+        mmu = self.mmu
         try:
             target, phys = mmu.translate_one(space, offset & ~0xFFF, True, user=False)
         except (VmFault, DmaFault):
@@ -63,54 +75,54 @@ class BarAperture:
         if not self.reg & regs.PBUS_BARVM_ENABLE:
             return None
         if self._space is None:
-            self._space = self.gpu.space_from_instance(self.inst, layout.barvm_target(self.reg))
+            self._space = self.mmu.space_from_instance(self.inst, layout.barvm_target(self.reg))
         return self._space
 
     def _translate(self, offset: int, size: int, write: bool) -> tuple[int, int] | None:
         if size not in (1, 2, 4, 8) or offset < 0 or offset + size > self.size or \
                 (offset & 0xFFF) + size > 0x1000:
-            self.gpu.mmio_bus._unimplemented(offset, f"bar{self.bar} access of {size}")
+            self.bus.unimplemented(offset, f"bar{self.bar} access of {size}")
             return None
-        self.gpu.mmu.actor = ("bar", self.bar, offset)
+        self.mmu.actor = ("bar", self.bar, offset)
         if not self.reg & regs.PBUS_BARVM_ENABLE:
-            if not self.gpu.vram.contains(offset, size):
-                self.gpu.counts.inc(f"bar{self.bar}.plain_out_of_range")
+            if not self.vram.contains(offset, size):
+                self.counts.inc(f"bar{self.bar}.plain_out_of_range")
                 return None
-            self.gpu.mmu.check(DATA, regs.TARGET_VRAM, offset, size, write)
+            self.mmu.check(DATA, regs.TARGET_VRAM, offset, size, write)
             return regs.TARGET_VRAM, offset
         space = self.space()
         try:
             if space is None:
                 raise VmFault(regs.FAULT_NO_CHANNEL, offset, write)
-            target, phys = self.gpu.mmu.translate_one(space, offset, write, user=False)
-            self.gpu.mmu.view(target, phys, size, DATA, write)
+            target, phys = self.mmu.translate_one(space, offset, write, user=False)
+            self.mmu.view(target, phys, size, DATA, write)
             return target, phys
         except (VmFault, DmaFault) as exc:
             reason = exc.reason if isinstance(exc, VmFault) else regs.FAULT_PAGE_NOT_PRESENT
-            self.gpu.pfifo.record_fault(self.fault_unit, self.inst, offset, write, reason)
-            self.gpu.counts.inc(f"vm.faults.bar{self.bar}")
+            self.record_fault(self.fault_unit, self.inst, offset, write, reason)
+            self.counts.inc(f"vm.faults.bar{self.bar}")
             return None
 
     def read(self, offset: int, size: int) -> int:
-        self.gpu.counts.total[self._keys[0]] += 1
+        self.counts.total[self._keys[0]] += 1
         where = self._translate(offset, size, False)
         if where is None:
             return (1 << (8 * size)) - 1
         target, phys = where
         if target == regs.TARGET_VRAM:
-            return self.gpu.vram.read_bytes(phys, size)
-        return int.from_bytes(self.gpu.mmu.view(target, phys, size).tobytes(), "little")
+            return self.vram.read_bytes(phys, size)
+        return int.from_bytes(self.mmu.view(target, phys, size).tobytes(), "little")
 
     def write(self, offset: int, size: int, value: int) -> tuple[int, int] | None:
         """Store through the aperture; returns where it landed (None if it faulted)."""
-        self.gpu.counts.total[self._keys[1]] += 1
+        self.counts.total[self._keys[1]] += 1
         where = self._translate(offset, size, True)
         if where is None:
             return None
         target, phys = where
         if target == regs.TARGET_VRAM:
-            self.gpu.vram.write_bytes(phys, size, value)
+            self.vram.write_bytes(phys, size, value)
         else:
-            self.gpu.mmu.phys_write(target, phys,
+            self.mmu.phys_write(target, phys,
                                     (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"))
         return where

@@ -11,18 +11,20 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from gpuvm.device import layout, regs
-from gpuvm.device.engine_classes import BoundObject, Completion
+from gpuvm.device.blocks.pgraph import Pgraph
+from gpuvm.device.blocks.pmc import Pmc
+from gpuvm.device.engine_classes import BoundObject, Completion, EngineClass
+from gpuvm.device.engines import Engines
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.faults import ChannelError
-from gpuvm.device.mmu import CONTEXT, DmaFault, Space, VmFault
+from gpuvm.device.channel_memory import ChannelMemory
+from gpuvm.device.mmu import CONTEXT, DmaFault, Mmu, Space, VmFault, space_from_words
 from gpuvm.device.pushbuffer import MethodCall, PushDecoder
-
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -107,45 +109,42 @@ class Channel:
             self.counts(name, n)
 
 
-class ChannelMemory:
-    """A channel's view of GPU memory: every access translated through its page table.
+class ChannelHost(Protocol):
+    """What a running channel reports to PFIFO (gpuvm.device.pfifo.Pfifo)."""
 
-    `unit` is the fault unit charged if a translation fails (the engine doing the access).
-    """
+    saved_objects: dict[int, tuple[tuple[int, int], dict]]
 
-    def __init__(self, gpu: "Gpu", space: Space) -> None:
-        self.gpu = gpu
-        self.space = space
-        self.unit = regs.FAULT_UNIT_PFIFO
+    def notify(self, ch: Channel) -> None: ...
 
-    def read_flagged(self, va: int, length: int) -> tuple[np.ndarray, bool]:
-        pages = self.gpu.mmu.translate(self.space, va, length, write=False)
-        return self.gpu.mmu.read(pages), bool((pages.targets != regs.TARGET_VRAM).any())
+    def skip_method(self, ch: Channel, reason: int, subc: int, method: int,
+                    data: int) -> None: ...
 
-    def read(self, va: int, length: int) -> np.ndarray:
-        return self.read_flagged(va, length)[0]
+    def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None: ...
 
-    def write(self, va: int, data: np.ndarray) -> bool:
-        data = data.view(np.uint8).reshape(-1)
-        pages = self.gpu.mmu.translate(self.space, va, data.size, write=True)
-        self.gpu.mmu.write(pages, data)
-        return bool((pages.targets != regs.TARGET_VRAM).any())
-
-    def read_u32(self, va: int) -> int:
-        return int(self.read(va, 4).view(np.uint32)[0])
+    def channel_vm_fault(self, ch: Channel, unit: int, exc: VmFault) -> None: ...
 
 
 class ChannelExecutor:
-    """Runs channels on behalf of PFIFO; all calls happen under the device lock."""
+    """Runs channels on behalf of PFIFO; all calls happen under the device lock.  Given
+    what a channel's methods reach -- PFIFO (its reports), the MMU, the engine classes
+    and engines, PMC (engine enables), PGRAPH (its interrupts) and the device's events
+    -- not the Gpu."""
 
-    def __init__(self, gpu: "Gpu") -> None:
-        self.gpu = gpu
+    def __init__(self, pfifo: ChannelHost, mmu: Mmu, classes: dict[int, EngineClass],
+                 engines: Engines, pmc: Pmc, pgraph: Pgraph, events: DeviceEvents) -> None:
+        self.pfifo = pfifo
+        self.mmu = mmu
+        self.classes = classes
+        self.engines = engines
+        self.pmc = pmc
+        self.pgraph = pgraph
+        self.events = events
 
     # ------------------------------------------------------------------ context
     def load_context(self, ch: Channel) -> ChannelContext:
-        gpu = self.gpu
+        mmu = self.mmu
         try:
-            ramin = gpu.mmu.view(ch.inst_target, ch.inst, regs.RAMIN_SIZE,
+            ramin = mmu.view(ch.inst_target, ch.inst, regs.RAMIN_SIZE,
                                  CONTEXT).view(np.uint32)
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
@@ -160,7 +159,7 @@ class ChannelExecutor:
             raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"GPFIFO of 2^{log2} entries", log2)
         userd_lo = w[regs.RAMIN_USERD_LO // 4]
         ctx = ChannelContext(
-            space=gpu.space_from_words(w[regs.RAMIN_PD_LO // 4], w[regs.RAMIN_PD_HI // 4],
+            space=space_from_words(w[regs.RAMIN_PD_LO // 4], w[regs.RAMIN_PD_HI // 4],
                                        w[regs.RAMIN_LIMIT_LO // 4], w[regs.RAMIN_LIMIT_HI // 4],
                                        ch.inst),
             userd_target=layout.ramin_ptr_target(userd_lo),
@@ -169,7 +168,7 @@ class ChannelExecutor:
             gpfifo_entries=1 << log2,
         )
         try:
-            gpu.mmu.view(ctx.userd_target, ctx.userd, regs.USERD_STRIDE, CONTEXT)
+            mmu.view(ctx.userd_target, ctx.userd, regs.USERD_STRIDE, CONTEXT)
         except DmaFault:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"USERD {ctx.userd:#x} is outside memory", ctx.userd) from None
@@ -186,7 +185,7 @@ class ChannelExecutor:
         ch.gp_get = get % ctx.gpfifo_entries
         ch.sem_addr = layout.addr40(w[regs.RAMFC_SEMAPHOREA // 4], w[regs.RAMFC_SEMAPHOREB // 4])
         ch.sem_seq = w[regs.RAMFC_SEMAPHOREC // 4]
-        saved = self.gpu.pfifo.saved_objects.pop(ch.inst, None)
+        saved = self.pfifo.saved_objects.pop(ch.inst, None)
         if saved is not None and saved[0] == (put, get) and (put or get):
             ch.objects.update(saved[1])
             ch.count("pfifo.context_restores")
@@ -198,18 +197,18 @@ class ChannelExecutor:
                  regs.RAMFC_SEMAPHOREA: ch.sem_addr >> 32,
                  regs.RAMFC_SEMAPHOREB: ch.sem_addr & 0xFFFFFFFF,
                  regs.RAMFC_SEMAPHOREC: ch.sem_seq}
-        self.gpu.mmu.actor = ch.actor
+        self.mmu.actor = ch.actor
         try:
             for off, value in words.items():
-                self.gpu.mmu.phys_write(ch.inst_target, ch.inst + off,
+                self.mmu.phys_write(ch.inst_target, ch.inst + off,
                                         (value & 0xFFFFFFFF).to_bytes(4, "little"), CONTEXT)
         except DmaFault:
             return
         if ch.objects:
-            self.gpu.pfifo.saved_objects[ch.inst] = ((ch.gp_put, ch.gp_get), dict(ch.objects))
+            self.pfifo.saved_objects[ch.inst] = ((ch.gp_put, ch.gp_get), dict(ch.objects))
 
     def _userd_write(self, ctx: ChannelContext, offset: int, value: int) -> None:
-        self.gpu.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
+        self.mmu.phys_write(ctx.userd_target, ctx.userd + offset,
                                 (value & 0xFFFFFFFF).to_bytes(4, "little"), CONTEXT)
 
     # ------------------------------------------------------------------ fetch
@@ -218,7 +217,7 @@ class ChannelExecutor:
         if not ch.poll:
             return False
         ctx = ch.ctx
-        gp_put = self.gpu.mmu.phys_read_u32(ctx.userd_target, ctx.userd + regs.USERD_GP_PUT,
+        gp_put = self.mmu.phys_read_u32(ctx.userd_target, ctx.userd + regs.USERD_GP_PUT,
                                             CONTEXT)
         if gp_put >= ctx.gpfifo_entries:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
@@ -250,7 +249,7 @@ class ChannelExecutor:
         """The pusher has read the segment up to `end` (its words are queued): DMA_PUT and
         DMA_GET both stand there, and DMA_MGET too for a main-pushbuffer segment."""
         lo, hi = end & 0xFFFFFFFF, end >> 32
-        write = self.gpu.mmu.phys_write
+        write = self.mmu.phys_write
         write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT,
               lo.to_bytes(4, "little") * 2, CONTEXT)  # DMA_PUT, DMA_GET
         write(ctx.userd_target, ctx.userd + regs.USERD_DMA_PUT_HIGH, hi.to_bytes(4, "little"),
@@ -269,7 +268,7 @@ class ChannelExecutor:
         if m == regs.HOST_OBJECT:
             cls = v & 0xFFFF
             engine_id = (v >> regs.HOST_OBJECT_ENGINE_SHIFT) & regs.HOST_OBJECT_ENGINE_MASK
-            klass = self.gpu.classes.get(cls)
+            klass = self.classes.get(cls)
             if klass is None or engine_id not in klass.engines:
                 raise ChannelError(regs.CHAN_ERR_UNKNOWN_CLASS_EXT,
                                    f"class {cls:#x} on engine {engine_id}", v)
@@ -277,7 +276,7 @@ class ChannelExecutor:
         elif m in (regs.HOST_NOP, regs.HOST_WRCACHE_FLUSH, regs.HOST_YIELD):
             pass  # writes reach memory at once; channels switch at every turn anyway
         elif m == regs.HOST_NOTIFY_INTR:
-            self.gpu.pfifo.notify(ch)
+            self.pfifo.notify(ch)
         elif m == regs.HOST_SEMAPHORE_ADDR_HI:
             ch.sem_addr = layout.with_addr40_hi(ch.sem_addr, v)
         elif m == regs.HOST_SEMAPHORE_ADDR_LO:
@@ -291,7 +290,7 @@ class ChannelExecutor:
                     [ch.sem_seq, 0, now & 0xFFFFFFFF, now >> 32]
                 mem.write(ch.sem_addr, np.array(data, dtype=np.uint32).view(np.uint8))
                 ch.count("pfifo.semaphore_releases")
-                self.gpu.signal(ch.chid)
+                self.events.signal(ch.chid)
             elif op in (regs.SEM_ACQUIRE_EQUAL, regs.SEM_ACQUIRE_GEQUAL, regs.SEM_ACQUIRE_MASK):
                 ch.acquire = (ch.sem_addr, ch.sem_seq, op)
             else:
@@ -299,9 +298,9 @@ class ChannelExecutor:
                                    f"semaphore operation {op}", v)
         elif m == regs.HOST_REF_CNT:
             self._userd_write(ch.ctx, regs.USERD_REF, v)
-            self.gpu.signal(ch.chid)
+            self.events.signal(ch.chid)
         else:  # the PBDMA's ILLEGAL_MTHD: recorded, interrupted, skipped
-            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_ILLEGAL_MTHD, call.subc, m, v)
+            self.pfifo.skip_method(ch, regs.PBDMA_INTR_ILLEGAL_MTHD, call.subc, m, v)
 
     def _acquired(self, ch: Channel, mem: ChannelMemory) -> bool:
         va, value, op = ch.acquire
@@ -318,15 +317,15 @@ class ChannelExecutor:
         """Run one engine method; False if its engine is disabled (the channel stalls)."""
         obj = ch.objects.get(call.subc)
         if obj is None:  # the PBDMA's EMPTY_SUBC: recorded, interrupted, skipped
-            self.gpu.pfifo.skip_method(ch, regs.PBDMA_INTR_EMPTY_SUBC, call.subc, call.method,
+            self.pfifo.skip_method(ch, regs.PBDMA_INTR_EMPTY_SUBC, call.subc, call.method,
                                        call.value)
             return True
-        engine = self.gpu.engines.by_id(obj.engine_id)
-        if not self.gpu.pmc.engine_enabled(engine.enable_bit):
+        engine = self.engines.by_id(obj.engine_id)
+        if not self.pmc.engine_enabled(engine.enable_bit):
             return False
-        klass = self.gpu.classes[obj.cls]
+        klass = self.classes[obj.cls]
         if call.method not in klass.methods and obj.engine_id == regs.ENGINE_PGRAPH:
-            self.gpu.pgraph.illegal_method(ch, call.subc, call.method, call.value)
+            self.pgraph.illegal_method(ch, call.subc, call.method, call.value)
             return True  # PGRAPH's ILLEGAL_MTHD: recorded, interrupted, skipped
         mem.unit = engine.fault_unit
         launch = klass.method(ch, obj, mem, call.method, call.value, now)
@@ -341,11 +340,11 @@ class ChannelExecutor:
     def run(self, ch: Channel, now: int) -> bool:
         """Give the channel a turn; True if it made progress."""
         progress = False
-        self.gpu.mmu.actor = ch.actor
+        self.mmu.actor = ch.actor
         try:
             if ch.ctx is None:
                 ch.ctx = self.load_context(ch)
-            mem = ChannelMemory(self.gpu, ch.ctx.space)
+            mem = ChannelMemory(self.mmu, ch.ctx.space, self.pgraph.notify)
             budget = METHODS_PER_TURN
             while budget:
                 if ch.resume_at > now:
@@ -353,7 +352,7 @@ class ChannelExecutor:
                 if ch.on_resume is not None:
                     done, ch.on_resume = ch.on_resume, None
                     done(ch.resume_at)
-                    self.gpu.signal(ch.chid)
+                    self.events.signal(ch.chid)
                     progress = True
                 if ch.acquire is not None:
                     if not self._acquired(ch, mem):
@@ -379,18 +378,18 @@ class ChannelExecutor:
                 budget -= 1
                 progress = True
         except ChannelError as exc:
-            self.gpu.pfifo.channel_error(ch, exc.code, str(exc), exc.address)
+            self.pfifo.channel_error(ch, exc.code, str(exc), exc.address)
             return True
         except VmFault as exc:
             unit = mem.unit if "mem" in locals() else regs.FAULT_UNIT_PFIFO
-            self.gpu.pfifo.channel_vm_fault(ch, unit, exc)
+            self.pfifo.channel_vm_fault(ch, unit, exc)
             return True
         except DmaFault as exc:
-            self.gpu.pfifo.channel_error(ch, regs.CHAN_ERR_DMA_TARGET_EXT, str(exc), exc.addr)
+            self.pfifo.channel_error(ch, regs.CHAN_ERR_DMA_TARGET_EXT, str(exc), exc.addr)
             return True
         except Exception as exc:  # a device-model bug: stop this channel, keep the device
             log.exception("channel %d: internal error", ch.chid)
-            self.gpu.pfifo.channel_error(ch, regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
+            self.pfifo.channel_error(ch, regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
                                          f"internal error: {exc!r}")
             return True
         return progress

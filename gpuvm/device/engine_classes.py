@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from gpuvm.device import layout, regs
+from gpuvm.device.channel_memory import ChannelMemory, RunningChannel
 from gpuvm.device.faults import ChannelError
 from gpuvm.device.kernels import parse_kernel_object
 
 if TYPE_CHECKING:
-    from gpuvm.device.channel import Channel, ChannelMemory
     from gpuvm.device.profile import DeviceProfile
 
 Completion = Callable[[int], None]  # called with the device time the work finished
@@ -36,7 +36,7 @@ def _addr(state: dict[int, int], hi: int, lo: int) -> int:
     return layout.addr40(state.get(hi, 0), state.get(lo, 0))
 
 
-def _release(mem: "ChannelMemory", va: int, seq: int, long_form: bool, now: int) -> None:
+def _release(mem: ChannelMemory, va: int, seq: int, long_form: bool, now: int) -> None:
     if long_form:
         mem.write(va, np.array([seq, 0, now & 0xFFFFFFFF, now >> 32], dtype=np.uint32).view(np.uint8))
     else:
@@ -51,7 +51,7 @@ class EngineClass:
     def __init__(self, profile: "DeviceProfile") -> None:
         self.profile = profile
 
-    def method(self, ch: "Channel", obj: BoundObject, mem: "ChannelMemory", method: int,
+    def method(self, ch: RunningChannel, obj: BoundObject, mem: ChannelMemory, method: int,
                value: int, now: int) -> Launch | None:
         if method not in self.methods:
             raise ChannelError(regs.CHAN_ERR_UNKNOWN_METHOD_EXT,
@@ -59,7 +59,7 @@ class EngineClass:
         obj.state[method] = value
         return self.on_method(ch, obj, mem, method, value, now)
 
-    def on_method(self, ch: "Channel", obj: BoundObject, mem: "ChannelMemory", method: int,
+    def on_method(self, ch: RunningChannel, obj: BoundObject, mem: ChannelMemory, method: int,
                   value: int, now: int) -> Launch | None:
         return None
 
@@ -69,7 +69,7 @@ def _copy_cost(profile: "DeviceProfile", nbytes: int, sysram: bool) -> int:
     return int(profile.copy.launch_ns + 1e9 * nbytes / rate)
 
 
-def _pitched_copy(mem: "ChannelMemory", src: int, dst: int, line: int, lines: int,
+def _pitched_copy(mem: ChannelMemory, src: int, dst: int, line: int, lines: int,
                   pitch_in: int, pitch_out: int) -> bool:
     """Copy `lines` lines of `line` bytes; returns whether either side touched sysram."""
     if lines == 1 or (pitch_in == line and pitch_out == line):
@@ -152,7 +152,7 @@ class Copy1Class(CopyClass):
     engines = (regs.ENGINE_PCOPY1,)
 
 
-def _remap_copy(mem: "ChannelMemory", s: dict[int, int], src: int, dst: int, xcnt: int,
+def _remap_copy(mem: ChannelMemory, s: dict[int, int], src: int, dst: int, xcnt: int,
                 lines: int, pitch_in: int, pitch_out: int) -> tuple[int, bool]:
     """A FORMAT copy: each destination component is a source component, a constant, or
     left alone (selector 6 and up), per the 4-bit selectors of COPY_FORMAT."""
@@ -261,7 +261,7 @@ class ComputeClass(EngineClass):
             _release(mem, va, s.get(regs.COMPUTE_QUERY_SEQUENCE, 0),
                      not value & regs.QUERY_GET_SHORT, now)
             if value & regs.QUERY_GET_INTR:
-                mem.gpu.pgraph.notify(ch)
+                mem.notify(ch)
         elif method == regs.COMPUTE_NOP and \
                 s.get(regs.COMPUTE_NOTIFY_TYPE) == regs.COMPUTE_NOTIFY_WRITTEN_AND_AWAKEN:
             # the notifier Gdev's nvc0_notify_intr arms: written when the NOP gets here
@@ -269,7 +269,7 @@ class ComputeClass(EngineClass):
             s[regs.COMPUTE_NOTIFY_TYPE] = 0
             mem.write(_addr(s, regs.COMPUTE_NOTIFY_ADDR_HI, regs.COMPUTE_NOTIFY_ADDR_LO),
                       np.array([now & 0xFFFFFFFF, now >> 32, 0, 0], dtype=np.uint32))
-            mem.gpu.pgraph.notify(ch)
+            mem.notify(ch)
         elif method == regs.COMPUTE_LAUNCH:
             return self._launch(ch, s, mem)
         return None

@@ -14,7 +14,7 @@ from collections import defaultdict
 from threading import get_ident
 from typing import Callable
 
-from gpuvm.device import layout, regs
+from gpuvm.device import regs
 from gpuvm.device.bar_aperture import BarAperture
 from gpuvm.device.blocks.pbdma import Pbdma
 from gpuvm.device.blocks.pbus import Pbus
@@ -29,9 +29,10 @@ from gpuvm.device.counters import Counters
 from gpuvm.device.dma import DmaPort
 from gpuvm.device.engine_classes import engine_classes
 from gpuvm.device.engines import Engines
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.faults import ChannelFault
 from gpuvm.device.mmio_bus import MmioBus
-from gpuvm.device.mmu import CONTEXT, DmaFault, Mmu, Space
+from gpuvm.device.mmu import Mmu
 from gpuvm.device.pfifo import Pfifo
 from gpuvm.device.profile import DeviceProfile, load_profile
 from gpuvm.device.vram import Vram
@@ -42,6 +43,10 @@ _PRAMIN_HI = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
 
 
 class Gpu:
+    """The device as a whole: it composes the blocks -- each given its few
+    collaborators, none of them this object -- serves BAR accesses, runs the engine
+    thread and tells listeners what its work signalled."""
+
     def __init__(self, profile: DeviceProfile | None = None, time_scale: float = 1.0,
                  vram_size: int | None = None, clock: DeviceClock | None = None) -> None:
         profile = profile or load_profile()
@@ -60,30 +65,37 @@ class Gpu:
         self.mmu = Mmu(self.vram, self.counts)
         self.engines = Engines.create()
         self.classes = engine_classes(profile)
-        self.bar1 = BarAperture(self, regs.BAR1, profile.bar1_size, regs.FAULT_UNIT_BAR1)
-        self.bar3 = BarAperture(self, regs.BAR3, profile.bar3_size, regs.FAULT_UNIT_BAR3)
-        self.mmio_bus = MmioBus(self.counts)
-        self.pfifo = Pfifo(self)
-        self.pbdma = Pbdma(self)
-        self.pgraph = Pgraph(self)
-        self.pmc = Pmc(self)
-        self.pbus = Pbus(self)
-        self.pffb = Pffb(self)
-        self.pramin = Pramin(self)
-        self.ptimer = Ptimer(self)
-        for block in (self.pmc, self.pbus, self.pfifo, self.pbdma, self.ptimer, PfbPartitions(self),
-                      Pflush(self), Pfb(), self.pffb, Pcopy(0, self.engines.copy0),
-                      Pcopy(1, self.engines.copy1), PfbPartitionSizes(self), self.pgraph,
+        self.events = events = DeviceEvents(self._work, self._clock_party)
+        counts, mmu = self.counts, self.mmu
+        self.mmio_bus = MmioBus(counts)
+        self.pbdma = Pbdma(events)
+        self.pgraph = pgraph = Pgraph(self.engines.graph, self.clock, counts, events)
+        self.ptimer = Ptimer(self.clock, counts, events)
+        self.pmc = Pmc(profile.boot0, events)
+        self.pfifo = pfifo = Pfifo(counts, mmu, self.clock, self.engines, events, self.pbdma,
+                                   self.classes, self.pmc, self.pgraph)
+        # a unit's line is its status under its own enables (nvkm leaves PFIFO_INTR bit 31
+        # pending with 0x2140 bit 31 clear until a fence waiter wants it)
+        self.pmc.wire(regs.PMC_INTR_PFIFO, lambda: pfifo.intr_status() & pfifo.intr_en)
+        self.pmc.wire(regs.PMC_INTR_PTIMER, self.ptimer.pending)
+        self.pmc.wire(regs.PMC_INTR_PGRAPH, lambda: pgraph.intr)
+        self.bar1 = BarAperture(self.vram, mmu, counts, self.mmio_bus, pfifo.record_fault,
+                                regs.BAR1, profile.bar1_size, regs.FAULT_UNIT_BAR1)
+        self.bar3 = BarAperture(self.vram, mmu, counts, self.mmio_bus, pfifo.record_fault,
+                                regs.BAR3, profile.bar3_size, regs.FAULT_UNIT_BAR3)
+        self.pbus = Pbus(self.bar1, self.bar3)
+        self.pffb = Pffb(mmu, (self.bar1.forget, self.bar3.forget))
+        self.pramin = Pramin(self.vram, self.pbus, counts)
+        for block in (self.pmc, self.pbus, self.pfifo, self.pbdma, self.ptimer,
+                      PfbPartitions(profile.partitions), Pflush(counts), Pfb(), self.pffb,
+                      Pcopy(0, self.engines.copy0), Pcopy(1, self.engines.copy1),
+                      PfbPartitionSizes(profile.partitions, self.vram.size), self.pgraph,
                       self.pramin):
             self.mmio_bus.add(block)
         self._fast_reads, self._fast_writes = self.mmio_bus.fast_tables()
         self._thread_counts: dict[int, defaultdict[str, int]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
-        # whose work the signals since the last notice came from (channel ids; empty:
-        # none came), or None once one came from no channel in particular: listeners
-        # then tell everyone
-        self._signalled_chids: set[int] | None = set()
         # called (lock held) whenever guests may have something to see: completions and
         # faults, with the channels they came from (None: from no channel in particular,
         # anyone may look); a VFIO device turns each call into its interrupt's eventfd
@@ -193,6 +205,14 @@ class Gpu:
             else:
                 self.counts.inc("mmio.unimplemented")
 
+    def reg_read(self, offset: int) -> int:
+        """A 32-bit BAR0 register read, as a host driver makes it."""
+        return self.mmio_read(regs.BAR0, offset, 4)
+
+    def reg_write(self, offset: int, value: int) -> None:
+        """A 32-bit BAR0 register write, as a host driver makes it."""
+        self.mmio_write(regs.BAR0, offset, 4, value)
+
     # ------------------------------------------------------------------ GpuTarget
     def wait_event(self, predicate: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -220,11 +240,6 @@ class Gpu:
         return self.clock.now_ns()
 
     # ------------------------------------------------------------------ internal hooks
-    def kick_engines(self) -> None:
-        """Something may be runnable now (called with the lock held)."""
-        self._clock_party.hold_now()  # a virtual clock waits until the engines looked
-        self._work.notify()
-
     def _wake_engines(self) -> None:
         """A virtual clock reached the engines' alarm (any thread, must not block: a
         missed notify is made up by the engine loop's short wait)."""
@@ -235,31 +250,14 @@ class Gpu:
                 self.lock.release()
 
     def signal(self, chid: int | None = None) -> None:
-        """GPU work completed or faulted -- on channel `chid` (None: on none in
-        particular): wake guests waiting on memory (lock held).  Saying the channel lets
-        a mediator interrupt only the VM that owns it, as a real vGPU raises only its
-        own interrupts; told nothing, it interrupts every VM."""
-        if chid is None:
-            self._signalled_chids = None
-        elif self._signalled_chids is not None:
-            self._signalled_chids.add(chid)
+        """Work on channel `chid` (None: on none in particular) completed or faulted:
+        guests and listeners are told (DeviceEvents.signal; lock held)."""
+        self.events.signal(chid)
 
     def flushed(self) -> None:
         """A TLB flush: BAR apertures re-read their instance blocks on next use."""
         self.bar1.forget()
         self.bar3.forget()
-
-    def space_from_words(self, pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
-                         inst: int) -> Space:
-        return Space(layout.ramin_ptr(pd_lo, pd_hi), layout.ramin_ptr_target(pd_lo),
-                     min(layout.ramin_limit(limit_lo, limit_hi), regs.VA_LIMIT - 1), inst)
-
-    def space_from_instance(self, inst: int, target: int) -> Space | None:
-        try:
-            w = self.mmu.view(target, inst + regs.RAMIN_PD_LO, 16, CONTEXT).view("<u4").tolist()
-        except DmaFault:
-            return None
-        return self.space_from_words(w[0], w[1], w[2], w[3], inst)
 
     def _engine_loop(self) -> None:
         virtual = self.clock.virtual
@@ -278,10 +276,11 @@ class Gpu:
                 alarm = self.ptimer.fire(now)
                 if alarm is not None and (wake is None or alarm < wake):
                     wake = alarm
-                if self._signalled_chids is None or self._signalled_chids:
-                    chids = None if self._signalled_chids is None \
-                        else frozenset(self._signalled_chids)
-                    self._signalled_chids = set()
+                events = self.events
+                if events.signalled is None or events.signalled:
+                    chids = None if events.signalled is None \
+                        else frozenset(events.signalled)
+                    events.signalled = set()
                     self.clock.signal(self)  # sleeping guests wake at this device time
                     self._events.notify_all()
                     for listener in self.event_listeners:

@@ -89,7 +89,7 @@ class MmioBus:
             return self._slots[offset >> _GRAIN_SHIFT]
         return None
 
-    def _unimplemented(self, offset: int, how: str) -> None:
+    def unimplemented(self, offset: int, how: str) -> None:
         self.counters.inc("mmio.unimplemented")
         if (offset, how) not in self._seen_unimplemented:
             self._seen_unimplemented.add((offset, how))
@@ -99,12 +99,12 @@ class MmioBus:
         block = self._slots[offset >> _GRAIN_SHIFT] if 0 <= offset < regs.BAR0_SIZE else None
         if block is None or size != 4 or offset & 3:
             self.counters.inc("mmio.bar0.other.read")
-            self._unimplemented(offset, f"read{size * 8}")
+            self.unimplemented(offset, f"read{size * 8}")
             return UNIMPLEMENTED_VALUE
         self.counters.total[self._keys[block.name][0]] += 1
         value = block.read(offset)
         if value is None:
-            self._unimplemented(offset, "read")
+            self.unimplemented(offset, "read")
             return UNIMPLEMENTED_VALUE
         return value
 
@@ -112,8 +112,8 @@ class MmioBus:
         block = self._slots[offset >> _GRAIN_SHIFT] if 0 <= offset < regs.BAR0_SIZE else None
         if block is None or size != 4 or offset & 3:
             self.counters.inc("mmio.bar0.other.write")
-            self._unimplemented(offset, f"write{size * 8}")
+            self.unimplemented(offset, f"write{size * 8}")
             return
         self.counters.total[self._keys[block.name][1]] += 1
         if not block.write(offset, value & 0xFFFFFFFF):
-            self._unimplemented(offset, "write")
+            self.unimplemented(offset, "write")

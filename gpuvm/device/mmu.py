@@ -78,6 +78,13 @@ class Space:
     inst: int = 0  # the instance block naming it (for fault records)
 
 
+def space_from_words(pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
+                     inst: int) -> Space:
+    """The address space an instance block's RAMIN page-directory words name."""
+    return Space(layout.ramin_ptr(pd_lo, pd_hi), layout.ramin_ptr_target(pd_lo),
+                 min(layout.ramin_limit(limit_lo, limit_hi), regs.VA_LIMIT - 1), inst)
+
+
 @dataclass
 class _Pde:
     small: tuple[int, int] | None  # (PT address, target)
@@ -122,6 +129,14 @@ class Mmu:
             self.large_page_shift = shift
             self.pde_shift = regs.PDE_SPAN_SHIFT_64K if on else regs.PDE_SPAN_SHIFT
             self.flush()
+
+    def space_from_instance(self, inst: int, target: int) -> Space | None:
+        """The address space of the instance block at `inst` (None: outside memory)."""
+        try:
+            w = self.view(target, inst + regs.RAMIN_PD_LO, 16, CONTEXT).view("<u4").tolist()
+        except DmaFault:
+            return None
+        return space_from_words(w[0], w[1], w[2], w[3], inst)
 
     # ------------------------------------------------------------------ physical memory
     def check(self, kind: str, target: int, addr: int, length: int, write: bool) -> None:

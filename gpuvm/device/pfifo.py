@@ -4,18 +4,23 @@ service of runnable channels that the device's engine thread performs."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from gpuvm.device import layout, regs
+from gpuvm.device.blocks.pbdma import Pbdma
+from gpuvm.device.blocks.pgraph import Pgraph
+from gpuvm.device.blocks.pmc import Pmc
 from gpuvm.device.channel import Channel, ChannelExecutor
+from gpuvm.device.clock import DeviceClock
+from gpuvm.device.counters import Counters
+from gpuvm.device.engine_classes import EngineClass
+from gpuvm.device.engines import Engines
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault, fault_flags
 from gpuvm.device.mmio_bus import RegisterBlock
-from gpuvm.device.mmu import CONTEXT, FAULT_NAMES, DmaFault, VmFault
-
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
+from gpuvm.device.mmu import CONTEXT, FAULT_NAMES, DmaFault, Mmu, VmFault
 
 SERVICE_SLICE_S = 0.005  # wall time one service call may hold the device lock
 ACQUIRE_POLL_WALL_S = 0.001  # an unsatisfied acquire is polled at most this often
@@ -36,12 +41,26 @@ _PBDMA_REASON = {
 
 
 class Pfifo(RegisterBlock):
+    """PFIFO's registers and its service of the channels (see the module docstring).
+
+    Given its collaborators -- counters, MMU, clock, engines, the device's events, the
+    PBDMA it records method traps in, and what its channels' methods reach (engine
+    classes, PMC, PGRAPH: handed on to its ChannelExecutor) -- not the Gpu, so a
+    doorbell arrives here from the Gpu's BAR1 write without a way back up."""
+
     name, start, size = "pfifo", regs.BLOCK_PFIFO, 0x2000
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, counts: Counters, mmu: Mmu, clock: DeviceClock, engines: Engines,
+                 events: DeviceEvents, pbdma: Pbdma, classes: dict[int, EngineClass],
+                 pmc: Pmc, pgraph: Pgraph) -> None:
         super().__init__()
-        self.gpu = gpu
-        self.executor = ChannelExecutor(gpu)
+        self.counts = counts
+        self.mmu = mmu
+        self.clock = clock
+        self.engines = engines
+        self.events = events
+        self.pbdma = pbdma
+        self.executor = ChannelExecutor(self, mmu, classes, engines, pmc, pgraph, events)
         self.intr = 0  # latched bits; PFIFO_INTR_RUNLIST is derived (see intr_status)
         self.runlist_intr = 0  # PFIFO_INTR_RUNLIST_STATUS
         self.intr_en = 0
@@ -70,7 +89,7 @@ class Pfifo(RegisterBlock):
         # Called (under the device lock) with a chid when that channel runs out of work.
         self.idle_listeners: list[Callable[[int, int], None]] = []
         for ch in self.channels:
-            ch.counts = lambda name, n, c=ch.chid: gpu.counts.chan(c, name, n)
+            ch.counts = lambda name, n, c=ch.chid: counts.chan(c, name, n)
         self._register()
 
     def _register(self) -> None:
@@ -89,7 +108,7 @@ class Pfifo(RegisterBlock):
         self.reg(regs.PFIFO_FAULT_UNIT_MASK, read=lambda: self.fault_mask,
                  write=self._clear_fault_mask)
         self.reg(regs.PFIFO_ENGINE_INTR_SOURCE, read=self.engine_intr_source)
-        self.reg(regs.PFIFO_PBDMA_INTR_SOURCE, read=lambda: 1 if self.gpu.pbdma.traps else 0,
+        self.reg(regs.PFIFO_PBDMA_INTR_SOURCE, read=lambda: 1 if self.pbdma.traps else 0,
                  write=lambda v: None)  # a level: gone once PBDMA_INTR is acked
         self.pbdma_enable = 0
         self.reg(regs.PFIFO_PBDMA_ENABLE, read=lambda: self.pbdma_enable,
@@ -121,7 +140,7 @@ class Pfifo(RegisterBlock):
         runlist event while 0x2a00 has anything set, ENGINE while 0x25a4 does.  nvkm acks
         those at their sources, never in 0x2100."""
         return self.intr | (regs.PFIFO_INTR_VM_FAULT if self.fault_mask else 0) | \
-            (regs.PFIFO_INTR_PBDMA if self.gpu.pbdma.traps else 0) | \
+            (regs.PFIFO_INTR_PBDMA if self.pbdma.traps else 0) | \
             (regs.PFIFO_INTR_RUNLIST if self.runlist_intr else 0) | \
             (regs.PFIFO_INTR_ENGINE if self.engine_intr_source() else 0)
 
@@ -133,8 +152,8 @@ class Pfifo(RegisterBlock):
         interrupted; the channel goes on past it.  (Hardware holds the channel until the
         handler writes PBDMA_METHOD0 = NOP; this model skips it at once, so a guest that
         never handles the interrupt is not stuck behind it.)"""
-        self.gpu.counts.chan(ch.chid, "pfifo.skipped_methods")
-        self.gpu.pbdma.trap(ch.chid, reason, subc, method, data)
+        self.counts.chan(ch.chid, "pfifo.skipped_methods")
+        self.pbdma.trap(ch.chid, reason, subc, method, data)
 
     def engine_intr(self, engn: int) -> int:
         """PFIFO_ENGINE_INTR of one FIFO engine: NOTIFY while a channel's non-stall
@@ -159,8 +178,8 @@ class Pfifo(RegisterBlock):
         """The host NOTIFY_INTR method: raise the non-stall interrupt for this channel
         (its owner's MSI; nouveau's fence waiters wake on it)."""
         self.notify_chids.add(ch.chid)
-        self.gpu.counts.chan(ch.chid, "pfifo.notify_intrs")
-        self.gpu.signal(ch.chid)
+        self.counts.chan(ch.chid, "pfifo.notify_intrs")
+        self.events.signal(ch.chid)
 
     def _clear_intr(self, value: int) -> None:
         self.intr &= ~(value & ~regs.PFIFO_INTR_RUNLIST)
@@ -173,7 +192,7 @@ class Pfifo(RegisterBlock):
 
     def _set_ctrl(self, value: int) -> None:
         self.ctrl = value
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     def _set_poll(self, value: int) -> None:
         self.userd_poll = value
@@ -186,15 +205,15 @@ class Pfifo(RegisterBlock):
         self.runlist_len = count
         addr = layout.runlist_addr(self.runlist_addr)
         target = layout.runlist_target(self.runlist_addr)
-        self.gpu.counts.inc("pfifo.runlist_submits")
+        self.counts.inc("pfifo.runlist_submits")
         # The update completes at once in this model: PENDING never reads set, and the
         # runlist event ("update done", what nouveau's gf100_fifo_runlist_commit waits
         # for) is raised now.  A runlist the device cannot use also raises SCHED.
         self.runlist_intr |= regs.PFIFO_RUNLIST_EVENT_DONE
-        self.gpu.signal()
+        self.events.signal()
         try:
-            self.gpu.mmu.actor = ("pfifo",)
-            entries = self.gpu.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE, CONTEXT)
+            self.mmu.actor = ("pfifo",)
+            entries = self.mmu.view(target, addr, count * regs.RUNLIST_ENTRY_SIZE, CONTEXT)
         except DmaFault:
             self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
@@ -206,7 +225,7 @@ class Pfifo(RegisterBlock):
         self.runlist = [c for c in dict.fromkeys(chids) if c < regs.NUM_CHANNELS]
         for c in self.runlist:
             self.channels[c].poll = True
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     def _kick(self, value: int) -> None:
         # Work in this model is never preempted mid-method, so the kick completes at once.
@@ -214,7 +233,7 @@ class Pfifo(RegisterBlock):
         # again from its instance block -- so a driver that rewrote or moved what RAMIN
         # points at (its page directory, USERD) knows the device no longer uses the old.
         self.kick = value & 0xFFFF
-        self.gpu.counts.inc("pfifo.kicks")
+        self.counts.inc("pfifo.kicks")
         if self.kick < regs.NUM_CHANNELS:
             self.channels[self.kick].ctx = None
 
@@ -223,13 +242,13 @@ class Pfifo(RegisterBlock):
         work is abandoned (its context scrubbed) and the engine is free from now on, as a
         preempting unbind does on hardware -- otherwise a killed kernel would keep the
         engine busy until its modelled end."""
-        now = self.gpu.clock.now_ns()
-        for engine in (self.gpu.engines.graph, self.gpu.engines.copy0, self.gpu.engines.copy1):
+        now = self.clock.now_ns()
+        for engine in (self.engines.graph, self.engines.copy0, self.engines.copy1):
             if engine.current_inst == inst and engine.busy_until > now:
                 engine.busy_ns -= engine.busy_until - now
                 engine.busy_until = now
                 engine.current_inst = None
-                self.gpu.counts.inc("pfifo.preempted")
+                self.counts.inc("pfifo.preempted")
 
     def _clear_fault_mask(self, value: int) -> None:
         self.fault_mask &= ~value
@@ -249,18 +268,18 @@ class Pfifo(RegisterBlock):
             ch.reset()
             ch.restore = ch.valid
             if since is not None:  # whoever waits for this channel to go idle: it has
-                now = self.gpu.clock.now_ns()
+                now = self.clock.now_ns()
                 for listener in self.idle_listeners:
                     listener(ch.chid, now - since)
             if ch.valid:
                 ch.poll = True
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     def _set_state(self, ch: Channel, value: int) -> None:
         ch.state = value
         if ch.runnable:
             ch.poll = True
-            self.gpu.kick_engines()
+            self.events.kick_engines()
 
     # ------------------------------------------------------------------ doorbells
     def userd_channel(self, bar1_offset: int) -> tuple[int, int] | None:
@@ -269,18 +288,18 @@ class Pfifo(RegisterBlock):
 
     def doorbell(self, chid: int) -> None:
         ch = self.channels[chid]
-        self.gpu.counts.chan(chid, "pfifo.doorbells")
+        self.counts.chan(chid, "pfifo.doorbells")
         ch.poll = True
         ch.ctx = None  # reload RAMIN: the driver may have changed it since the last turn
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     # ------------------------------------------------------------------ faults
     def record_fault(self, unit: int, inst: int, va: int, write: bool, reason: int) -> None:
         self.fault_records[unit] = [layout.fault_inst_word(inst), va & 0xFFFFFFFF, va >> 32,
                                     fault_flags(unit, reason, write)]
         self.fault_mask |= 1 << unit  # PFIFO_INTR_VM_FAULT follows it
-        self.gpu.counts.inc("vm.faults")
-        self.gpu.signal()
+        self.counts.inc("vm.faults")
+        self.events.signal()
 
     def channel_vm_fault(self, ch: Channel, unit: int, exc: VmFault) -> None:
         self.record_fault(unit, ch.inst, exc.va, exc.write, exc.reason)
@@ -290,7 +309,7 @@ class Pfifo(RegisterBlock):
                                     unit, exc.reason, exc.write))
 
     def channel_error(self, ch: Channel, code: int, text: str, address: int = 0) -> None:
-        self.gpu.pbdma.trap(ch.chid, _PBDMA_REASON.get(code,
+        self.pbdma.trap(ch.chid, _PBDMA_REASON.get(code,
                                                        regs.PBDMA_INTR_CHANNEL_STOPPED_EXT),
                             data=address)
         self._stop(ch, ChannelFault(ch.chid, text or CHAN_ERROR_NAMES[code], address, "PFIFO",
@@ -303,8 +322,8 @@ class Pfifo(RegisterBlock):
         ch.acquire = None
         ch.on_resume = None
         self.faults.append(fault)
-        self.gpu.counts.chan(ch.chid, "chan.faults")
-        self.gpu.signal(ch.chid)
+        self.counts.chan(ch.chid, "chan.faults")
+        self.events.signal(ch.chid)
 
     # ------------------------------------------------------------------ service
     def service(self, now: int) -> int | None:
@@ -334,7 +353,7 @@ class Pfifo(RegisterBlock):
                     progress = True
                     if was_idle:
                         ch.busy_since = now
-            now = self.gpu.clock.now_ns()
+            now = self.clock.now_ns()
         wake = None
         for chid in self.runlist:
             ch = self.channels[chid]
@@ -349,6 +368,6 @@ class Pfifo(RegisterBlock):
                 # an acquire is re-checked when anything is released; poll slowly meanwhile
                 # (every device ms, and never more often than every wall ms:
                 # with a fast clock the poll would otherwise spin on the device lock)
-                step = max(1_000_000, int(ACQUIRE_POLL_WALL_S * 1e9 * self.gpu.clock.time_scale))
+                step = max(1_000_000, int(ACQUIRE_POLL_WALL_S * 1e9 * self.clock.time_scale))
                 wake = now + step if wake is None else min(wake, now + step)
         return wake

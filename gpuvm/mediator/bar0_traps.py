@@ -20,15 +20,21 @@ guest's raw offset, which for a VM whose channels start at 16 is another VM's ch
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.blocks.ptimer import alarm_time
+from gpuvm.device.engines import Engine
+from gpuvm.device.gpu import Gpu
+from gpuvm.mediator.channel_table import ChannelTable
+from gpuvm.mediator.channels import Channels
+from gpuvm.mediator.meter import VmMeter
+from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.planted import planted
-
-if TYPE_CHECKING:
-    from gpuvm.mediator.vgpu import VGpu
+from gpuvm.mediator.shadowing import Shadowing
+from gpuvm.mediator.vm_faults import VmFaults
 
 Reader = Callable[[], int]
 Writer = Callable[[int], None]
@@ -42,11 +48,36 @@ PASSTHROUGH: dict[tuple[int, str], str] = {
 }
 
 
-def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str, Writer]]]:
+@dataclass(frozen=True)
+class TrapParts:
+    """What the trap table's handlers use: the physical GPU (the state of its engines,
+    PTIMER and interrupt records, read for this VM's view), the VM's virtual registers,
+    its channel table and channels, shadowing, fault records, meter and partition, and
+    its interrupt (`interrupt`, raised by its own PTIMER alarm).  Each handler is bound
+    to the part that owns its decision, so a register store goes from the vGPU's
+    `write` straight to that part."""
+
+    gpu: Gpu
+    vregs: dict[str, int]
+    table: ChannelTable
+    channels: Channels
+    shadowing: Shadowing
+    faults: VmFaults
+    meter: VmMeter
+    part: Partition
+    interrupt: Callable[[], None]
+
+
+def build(v: TrapParts) -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str, Writer]]]:
+    """The table: register offset -> (label, handler), for reads and for writes."""
     reads: dict[int, tuple[str, Reader]] = {}
     writes: dict[int, tuple[str, Writer]] = {}
     r = v.vregs
     ch = v.channels
+    table = v.table
+    faults = v.faults
+    gpu = v.gpu
+    refuse = v.meter.count
 
     def virtual(offset: int, name: str, writable: bool = True) -> None:
         # partials of the dict's own methods: no Python frame on the trap path
@@ -54,7 +85,6 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         if writable:
             writes[offset] = ("virtual", partial(r.__setitem__, name))
 
-    gpu = v.med.gpu
     for (offset, how) in PASSTHROUGH:
         if how == "read":
             reads[offset] = ("passthrough", partial(gpu.mmio_read, regs.BAR0, offset, 4))
@@ -77,8 +107,8 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
         # handler, which acks 0x259c and never 0x2100 bit 28, sees it go
         # PBDMA likewise follows the VM's PBDMA records (and the mediator's own stops of
         # its channels, which have none: acked by the guest at 0x40108 or in 0x2100)
-        value = v.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
-        return value | (regs.PFIFO_INTR_VM_FAULT if v.fault_mask() else 0) | \
+        value = faults.pfifo_intr() & ~regs.PFIFO_INTR_VM_FAULT
+        return value | (regs.PFIFO_INTR_VM_FAULT if faults.fault_mask() else 0) | \
             (regs.PFIFO_INTR_PBDMA if pbdma_pending() else 0) | \
             (regs.PFIFO_INTR_RUNLIST if r["runlist_intr"] else 0) | \
             (regs.PFIFO_INTR_ENGINE if engine_intr_source() else 0)
@@ -93,61 +123,65 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
     # guest's runlist submission has been taken, and PFIFO_INTR bit 30 follows it (a level).
     reads[regs.PFIFO_INTR] = ("virtual", pfifo_intr)
     writes[regs.PFIFO_INTR] = ("virtual",
-                               lambda value: v.pfifo_intr_clear(value & ~regs.PFIFO_INTR_RUNLIST))
+                               lambda value: faults.pfifo_intr_clear(value &
+                                                                     ~regs.PFIFO_INTR_RUNLIST))
     reads[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda: r["runlist_intr"])
     writes[regs.PFIFO_INTR_RUNLIST_STATUS] = ("virtual", lambda value: r.__setitem__(
         "runlist_intr", r["runlist_intr"] & ~value))
-    reads[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask)
-    writes[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", v.fault_mask_clear)
+    reads[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", faults.fault_mask)
+    writes[regs.PFIFO_FAULT_UNIT_MASK] = ("virtual", faults.fault_mask_clear)
     for unit in range(regs.PFIFO_FAULT_UNITS):
         base = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
         for i in range(4):
-            reads[base + 4 * i] = ("virtual", lambda u=unit, k=i: v.fault_record(u, k))
+            reads[base + 4 * i] = ("virtual", partial(faults.fault_record, unit, i))
 
-    reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: ch.userd_poll)
-    writes[regs.PFIFO_USERD_POLL] = ("channel", v.set_userd_poll)  # changes what is remapped
+    reads[regs.PFIFO_USERD_POLL] = ("virtual", lambda: table.userd_poll)
+    writes[regs.PFIFO_USERD_POLL] = ("channel", ch.set_userd_poll)  # changes what is remapped
     reads[regs.PFIFO_RUNLIST_SUBMIT] = ("virtual", lambda: r["runlist_len"])
+
     def runlist_submit(value: int) -> None:
-        v.runlist_submit(value)
+        r["runlist_len"] = value & regs.PFIFO_RUNLIST_LEN_MASK
+        ch.runlist_submit(r["runlist_addr"], value & regs.PFIFO_RUNLIST_LEN_MASK)
         r["runlist_intr"] |= regs.PFIFO_RUNLIST_EVENT_DONE
 
     writes[regs.PFIFO_RUNLIST_SUBMIT] = ("runlist", runlist_submit)
     reads[regs.PFIFO_RUNLIST_STATUS] = ("virtual", lambda: 0)
-    reads[regs.PFIFO_KICK] = ("virtual", lambda: ch.kick)
+    reads[regs.PFIFO_KICK] = ("virtual", lambda: table.kick)
     writes[regs.PFIFO_KICK] = ("channel", ch.kick_write)
     for c in range(v.part.channels):
-        table = regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE
+        word = regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE
         state = regs.PFIFO_CHAN_STATE + c * regs.PFIFO_CHAN_STRIDE
         error = regs.PFIFO_CHAN_ERROR_EXT + c * regs.PFIFO_CHAN_ERROR_STRIDE_EXT
-        reads[table] = ("channel", lambda c=c: ch.table_read(c))
-        writes[table] = ("channel", lambda value, c=c: ch.table_write(c, value))
-        reads[state] = ("channel", lambda c=c: ch.state_read(c))
-        writes[state] = ("channel", lambda value, c=c: ch.state_write(c, value))
-        reads[error] = ("channel", lambda c=c: ch.error_read(c))
+        # partials of the channels' own methods: the store goes straight to its owner
+        reads[word] = ("channel", partial(ch.table_read, c))
+        writes[word] = ("channel", partial(ch.table_write, c))
+        reads[state] = ("channel", partial(ch.state_read, c))
+        writes[state] = ("channel", partial(ch.state_write, c))
+        reads[error] = ("channel", partial(ch.error_read, c))
     for c in range(v.part.channels, regs.NUM_CHANNELS):  # channels beyond the partition
         for off in (regs.PFIFO_CHAN_TABLE + c * regs.PFIFO_CHAN_STRIDE,
                     regs.PFIFO_CHAN_STATE + c * regs.PFIFO_CHAN_STRIDE,
                     regs.PFIFO_CHAN_ERROR_EXT + c * regs.PFIFO_CHAN_ERROR_STRIDE_EXT):
             reads[off] = ("refused", lambda: 0)
-            writes[off] = ("refused", lambda value: v.count("trap.refused.channel_id", 1))
+            writes[off] = ("refused", lambda value: refuse("trap.refused.channel_id", 1))
 
     reads[regs.PBUS_BAR1_VM] = ("virtual", lambda: r["bar1_vm"])
-    writes[regs.PBUS_BAR1_VM] = ("bar_vm", lambda value: v.set_bar_vm(regs.BAR1, value))
+    writes[regs.PBUS_BAR1_VM] = ("bar_vm", partial(v.shadowing.set_bar_vm, regs.BAR1))
     reads[regs.PBUS_BAR3_VM] = ("virtual", lambda: r["bar3_vm"])
-    writes[regs.PBUS_BAR3_VM] = ("bar_vm", lambda value: v.set_bar_vm(regs.BAR3, value))
-    writes[regs.PFFB_FLUSH_TRIGGER] = ("tlb_flush", v.tlb_flush)
+    writes[regs.PBUS_BAR3_VM] = ("bar_vm", partial(v.shadowing.set_bar_vm, regs.BAR3))
+    writes[regs.PFFB_FLUSH_TRIGGER] = ("tlb_flush", v.shadowing.guest_flush)
     reads[regs.PFFB_FLUSH_TRIGGER] = ("virtual", lambda: 0)
     # the large-page size is one setting for the whole GPU: a guest may not change it
-    writes[regs.PFFB_VM_CFG] = ("refused", lambda value: v.count("trap.refused.vm_cfg", 1))
+    writes[regs.PFFB_VM_CFG] = ("refused", lambda value: refuse("trap.refused.vm_cfg", 1))
 
     # the guest sees a GPU with one memory partition the size of its slice
     reads[regs.PFB_PART_COUNT] = ("faked", lambda: 1)
     for p in range(regs.PFB_MAX_PARTS):
         size = v.part.vram_size // regs.MiB if p == 0 else 0
         reads[regs.PFBPA_PART_SIZE_MIB + p * regs.PFBPA_PART_STRIDE] = ("faked", lambda s=size: s)
-    for engine, base in ((v.med.gpu.engines.copy0, regs.BLOCK_PCOPY0),
-                         (v.med.gpu.engines.copy1, regs.BLOCK_PCOPY1)):
-        reads[base + regs.PCOPY_CUR_CHAN] = ("channel", lambda e=engine: v.pcopy_channel(e))
+    for engine, base in ((gpu.engines.copy0, regs.BLOCK_PCOPY0),
+                         (gpu.engines.copy1, regs.BLOCK_PCOPY1)):
+        reads[base + regs.PCOPY_CUR_CHAN] = ("channel", partial(_pcopy_channel, table, engine))
         # the next-channel register is a mailbox between driver and engine: shared, two
         # VMs could signal each other through it; each VM gets its own
         if planted("shared-pcopy-next"):
@@ -156,31 +190,51 @@ def build(v: "VGpu") -> tuple[dict[int, tuple[str, Reader]], dict[int, tuple[str
             writes[off] = ("passthrough", partial(gpu.mmio_write, regs.BAR0, off, 4))
         else:
             virtual(base + regs.PCOPY_NEXT_CHAN, f"pcopy_next_{base:x}")
-    reads[regs.PGRAPH_STATUS] = ("faked", v.pgraph_busy)
+    reads[regs.PGRAPH_STATUS] = ("faked", partial(_pgraph_busy, gpu, table))
     return reads, writes
 
 
-def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+def _pgraph_busy(gpu: Gpu, table: ChannelTable) -> int:
+    """PGRAPH_STATUS as this VM may see it: busy only while working for its channels."""
+    engine = gpu.engines.graph
+    inst = engine.current_inst
+    mine = any(ch.bound and ch.shadow_inst == inst for ch in table.by_vchid.values())
+    return int(mine and engine.busy(gpu.clock.now_ns()))
+
+
+def _pcopy_channel(table: ChannelTable, engine: Engine) -> int:
+    """PCOPY_CUR_CHAN as this VM may see it: its own channel's instance, else none."""
+    inst = engine.current_inst
+    for ch in table.by_vchid.values():
+        if ch.bound and ch.shadow_inst == inst:
+            return (ch.guest_inst >> 12) | regs.PCOPY_CHAN_VALID
+    return 0
+
+
+def _timer(v: TrapParts, reads: dict[int, tuple[str, Reader]],
            writes: dict[int, tuple[str, Writer]]) -> None:
     """Each VM's own PTIMER: the GPU clock plus the offset its TIME writes set, its own
     alarm and interrupt.  A VM that sets the time or arms an alarm changes nothing for
     another; its alarm raises its own MSI (the device calls back at the device time)."""
     r = v.vregs
-    gpu = v.med.gpu
+    gpu = v.gpu
     ptimer = gpu.ptimer
-    vgpu = weakref.ref(v)  # an alarm left armed must not keep a removed vGPU alive
-    key = ("vgpu-ptimer", id(v))
+    # an alarm left armed must not keep a removed vGPU alive: its meter and interrupt
+    # are reached through weak references
+    meter = weakref.ref(v.meter)
+    interrupt = weakref.WeakMethod(v.interrupt)
+    key = ("vgpu-ptimer", id(v.vregs))
 
     def counter() -> int:
         return (gpu.clock.now_ns() + r["ptimer_offset"]) % (1 << 64)
 
     def fired() -> None:  # device lock held, on the engine thread
-        owner = vgpu()
-        if owner is None:
+        m, raise_irq = meter(), interrupt()
+        if m is None or raise_irq is None:
             return
         r["ptimer_intr"] |= regs.PTIMER_INTR_ALARM
-        owner.count("ptimer.alarms", 1)
-        owner.interrupt()
+        m.count("ptimer.alarms", 1)
+        raise_irq()
         arm(again=True)  # the low word comes round again in 2^32 ns
 
     def arm(again: bool = False) -> None:
@@ -221,21 +275,16 @@ def _timer(v: "VGpu", reads: dict[int, tuple[str, Reader]],
         writes[off] = ("virtual", setter(name, False))
 
 
-def _mine(v: "VGpu") -> dict[int, int]:
-    """This VM's bound channels: physical id -> its own id."""
-    return {c.pchid: c.vchid for c in v.channels.by_vchid.values() if c.bound}
-
-
-def _engine_notify(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+def _engine_notify(v: TrapParts, reads: dict[int, tuple[str, Reader]],
                    writes: dict[int, tuple[str, Writer]]) -> Reader:
     """PFIFO's engine interrupts as this VM sees them: the non-stall interrupt
     (NOTIFY_INTR) its own channels raised and it has not acknowledged.  Returns the
     reader of ENGINE_INTR_SOURCE (PFIFO_INTR bit 31 is its level)."""
-    r, pfifo = v.vregs, v.med.gpu.pfifo
+    r, pfifo, table = v.vregs, v.gpu.pfifo, v.table
 
     def engine_intr(engn: int) -> int:
         pending = engn == regs.FIFO_ENGINE_PGRAPH and any(
-            pchid in pfifo.notify_chids for pchid in _mine(v))
+            pchid in pfifo.notify_chids for pchid in table.bound_pchids())
         return regs.PFIFO_ENGINE_INTR_NOTIFY if pending else 0
 
     def source() -> int:
@@ -244,7 +293,7 @@ def _engine_notify(v: "VGpu", reads: dict[int, tuple[str, Reader]],
 
     def ack(engn: int, value: int) -> None:
         if engn == regs.FIFO_ENGINE_PGRAPH and value & regs.PFIFO_ENGINE_INTR_NOTIFY:
-            for c in v.channels.by_vchid.values():
+            for c in table.by_vchid.values():
                 pfifo.notify_chids.discard(c.pchid)
 
     reads[regs.PFIFO_ENGINE_INTR_SOURCE] = ("virtual", source)
@@ -257,14 +306,14 @@ def _engine_notify(v: "VGpu", reads: dict[int, tuple[str, Reader]],
     return source
 
 
-def _pbdma(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+def _pbdma(v: TrapParts, reads: dict[int, tuple[str, Reader]],
            writes: dict[int, tuple[str, Writer]]) -> Callable[[], bool]:
     """The PBDMA as this VM sees it: the oldest record of its own channels, its channel id
     its own, its acknowledgement clearing only that.  Returns whether one is pending."""
-    r, gpu = v.vregs, v.med.gpu
+    r, gpu, table = v.vregs, v.gpu, v.table
 
     def record() -> tuple[int, list[int]] | None:
-        mine = _mine(v)
+        mine = table.bound_pchids()
         for pchid, words in list(gpu.pbdma.traps.items()):
             if pchid in mine:
                 return pchid, words
@@ -274,14 +323,14 @@ def _pbdma(v: "VGpu", reads: dict[int, tuple[str, Reader]],
         found = record()
         if found is None:
             return 0
-        return _mine(v).get(found[0], 0) if i < 0 else found[1][i]
+        return table.bound_pchids().get(found[0], 0) if i < 0 else found[1][i]
 
     def ack(value: int) -> None:
         found = record()
         if found is not None:
             with gpu.lock:
                 gpu.pbdma.ack(found[0], value)
-        v.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
+        v.faults.pfifo_intr_clear(regs.PFIFO_INTR_PBDMA)  # the VM's own latched copy of the bit
 
     reads[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda: 1 if record() else 0)
     writes[regs.PFIFO_PBDMA_INTR_SOURCE] = ("virtual", lambda value: None)  # a level
@@ -302,28 +351,28 @@ def _pbdma(v: "VGpu", reads: dict[int, tuple[str, Reader]],
     return lambda: record() is not None
 
 
-def _pgraph(v: "VGpu", reads: dict[int, tuple[str, Reader]],
+def _pgraph(v: TrapParts, reads: dict[int, tuple[str, Reader]],
             writes: dict[int, tuple[str, Writer]]) -> Reader:
     """PGRAPH's interrupt word as this VM sees it -- the NOTIFY and ILLEGAL_MTHD its own
     channels raised (another VM's would tell it about that VM's work) -- with the trapped
     method of its own oldest record.  Returns the PGRAPH_INTR reader."""
-    r, gpu = v.vregs, v.med.gpu
+    r, gpu, table = v.vregs, v.gpu, v.table
 
     def trap() -> tuple[int, list[int]] | None:
-        mine = _mine(v)
+        mine = table.bound_pchids()
         for pchid, words in list(gpu.pgraph.traps.items()):
             if pchid in mine:
                 return pchid, words
         return None
 
     def intr() -> int:
-        notify = any(pchid in gpu.pgraph.notify_chids for pchid in _mine(v))
+        notify = any(pchid in gpu.pgraph.notify_chids for pchid in table.bound_pchids())
         return (regs.PGRAPH_INTR_NOTIFY if notify else 0) | \
             (regs.PGRAPH_INTR_ILLEGAL_MTHD if trap() else 0)
 
     def ack(value: int) -> None:
         if value & regs.PGRAPH_INTR_NOTIFY:
-            for c in v.channels.by_vchid.values():
+            for c in table.by_vchid.values():
                 gpu.pgraph.notify_chids.discard(c.pchid)
         if value & regs.PGRAPH_INTR_ILLEGAL_MTHD:
             found = trap()

@@ -8,59 +8,85 @@ reach the device directly: they go to the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
+from gpuvm.mediator.channel_table import ChannelTable, VChannel
 from gpuvm.mediator.host_port import HostPort
+from gpuvm.mediator.meter import VmMeter
+from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.planted import planted
+from gpuvm.mediator.vm_faults import VmFaults
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
+from shadow.entries import EntryPolicy
 from shadow.vram_pool import PoolExhausted
 
-if TYPE_CHECKING:
-    from gpuvm.mediator.vgpu import VGpu
+
+class AddressSpaces(Protocol):
+    """What channels need of their sibling the shadowing (gpuvm.mediator.shadowing)."""
+
+    def space_pd(self, guest_pd: int | None) -> int:
+        """The host directory a channel with this guest directory uses."""
+        ...
+
+    def ensure_fresh(self, guest_pd: int | None) -> None:
+        """First use of an address space: resync it if a flush left it stale."""
+        ...
+
+    def refresh_remap(self) -> None:
+        """What may be remapped changed (a channel bound, unbound, its poll area moved)."""
+        ...
+
+    def release_unused(self, in_use: set[int]) -> None:
+        """Free the shadows of directories no bound channel uses."""
+        ...
 
 
-@dataclass
-class VChannel:
-    vchid: int
-    pchid: int
-    shadow_inst: int
-    shadow_userd: int
-    table: int = 0  # the guest's channel-table word
-    state: int = 0
-    guest_inst: int | None = None  # bound: the guest RAMIN address
-    guest_pd: int | None = None
-    put: int = 0  # the guest's last GP_PUT
-    killed: str | None = None  # why the watchdog killed it (until the guest rebinds it)
-
-    @property
-    def bound(self) -> bool:
-        return self.guest_inst is not None
+# The scheduler's port for one VM (Submissions.submit with the VM's key bound):
+# doorbell(pchid, put, ledger), and channel_reset(pchid) -- a (re)bound channel starts at
+# GP_GET 0 (Submissions.channel_reset)
+Doorbell = Callable[[int, int, "list | None"], None]
 
 
 class Channels:
-    def __init__(self, vgpu: "VGpu", host: HostPort, vram: Vram) -> None:
-        self.vgpu = vgpu
-        self.host = host
+    """The trap handlers of a vGPU's channel registers and doorbells: each binding,
+    rebuild and kill of a shadow channel, and each doorbell handed to the scheduler.
+
+    Built with exactly what it uses -- its table, the partition, the VM's entry policy
+    and VRAM view, the physical GPU's port, the scheduler's port for this VM
+    (`doorbell`, `channel_reset`), the VM's meter and fault records, and its sibling the
+    shadowing (for a channel's address space) -- so it never calls back up through the
+    vGPU or the mediator."""
+
+    def __init__(self, table: ChannelTable, part: Partition, policy: EntryPolicy,
+                 vram: Vram, host: HostPort, doorbell: Doorbell,
+                 channel_reset: Callable[[int], None], meter: VmMeter, faults: VmFaults,
+                 shadowing: AddressSpaces) -> None:
+        self.table = table
+        self.part = part
+        self.policy = policy
         self.vram = vram
-        self.by_vchid: dict[int, VChannel] = {}
-        self.runlist: list[int] = []
-        self.userd_poll = 0  # the guest's PFIFO_USERD_POLL
-        self.kick = 0
+        self.host = host
+        self.doorbell = doorbell
+        self.channel_reset = channel_reset
+        self.meter = meter
+        self.faults = faults
+        self.shadowing = shadowing
+        self.by_vchid = table.by_vchid
+        table.userd_poll = table.kick = 0
         # Every channel's shadow instance block and USERD page are taken now, so a guest
         # that fills its shadow reserve with page tables can still program its channels.
-        for vchid in range(vgpu.part.channels):
+        for vchid in range(part.channels):
             self._channel(vchid)
 
     def _channel(self, vchid: int) -> VChannel | None:
         ch = self.by_vchid.get(vchid)
         if ch is None:
-            pchid = self.vgpu.part.pchid(vchid)
+            pchid = self.part.pchid(vchid)
             if pchid is None:
                 return None
-            pool = self.vgpu.part.shadow_pool
+            pool = self.part.shadow_pool
             inst = pool.alloc(regs.RAMIN_SIZE)
             try:
                 userd = pool.alloc(regs.USERD_STRIDE)
@@ -89,20 +115,20 @@ class Channels:
                             ch.pchid * regs.PFIFO_CHAN_ERROR_STRIDE_EXT)
 
     def table_write(self, vchid: int, value: int) -> None:
-        v = self.vgpu
+        count = self.meter.count
         try:
             ch = self._channel(vchid)
         except PoolExhausted:
-            v.count("trap.refused.nomem", 1)
+            count("trap.refused.nomem", 1)
             return
         if ch is None:
-            v.count("trap.refused.channel_id", 1)
+            count("trap.refused.channel_id", 1)
             return
         ch.table = value
         ch.killed = None
         self._unbind(ch)
         if not layout.chan_valid(value):
-            v.shadowing.refresh_remap()
+            self.shadowing.refresh_remap()
             return
         inst = layout.chan_inst(value)
         target = layout.chan_target(value)
@@ -116,13 +142,13 @@ class Channels:
                 raise ChannelRefused("the shadow reserve is full") from None
         except ChannelRefused:
             ch.guest_inst = None
-            v.count("trap.refused.channel_instance", 1)
+            count("trap.refused.channel_instance", 1)
             return
         self._resume_userd(ch)
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
-                 layout.chan_word(ch.shadow_inst))
-        self.host.channel_reset(ch.pchid)
-        v.shadowing.refresh_remap()
+                     layout.chan_word(ch.shadow_inst))
+        self.channel_reset(ch.pchid)
+        self.shadowing.refresh_remap()
 
     def _resume_userd(self, ch: VChannel) -> None:
         """A channel bound again with progress in its RAMFC (saved at its unbind, see
@@ -136,48 +162,46 @@ class Channels:
             ch.put = put
 
     def _build_shadow(self, ch: VChannel) -> None:
-        v = self.vgpu
-        vram = self.vram
-        guest = read_guest_ramin(vram, v.policy, ch.guest_inst)
-        shadow_pd = v.shadowing.space_pd(guest.pd)  # may find the reserve full: then
+        vram, policy = self.vram, self.policy
+        guest = read_guest_ramin(vram, policy, ch.guest_inst)
+        shadow_pd = self.shadowing.space_pd(guest.pd)  # may find the reserve full: then
         ch.guest_pd = guest.pd  # nothing changed (the old directory stays in use)
-        v.shadowing.ensure_fresh(guest.pd)  # channel programming is a first use
-        write_shadow_ramin(vram, guest, ch.shadow_inst, shadow_pd, ch.shadow_userd, v.policy)
-        v.count("shadow.channel_builds", 1)
+        self.shadowing.ensure_fresh(guest.pd)  # channel programming is a first use
+        write_shadow_ramin(vram, guest, ch.shadow_inst, shadow_pd, ch.shadow_userd, policy)
+        self.meter.count("shadow.channel_builds", 1)
 
     def _unbind(self, ch: VChannel) -> None:
         """Take the channel off the device first (the table write preempts it and drops
         its context), then free what only it used."""
         if not ch.bound:
             return
-        v = self.vgpu
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE, 0)
         # the device saved the channel's progress in the shadow RAMFC: the guest's RAMFC
         # gets it, as the device would have written it there (a rebind resumes from it)
-        if v.policy.guest_vram_ok(ch.guest_inst, regs.RAMIN_SIZE):
-            guest = v.policy.host_vram(ch.guest_inst)
+        if self.policy.guest_vram_ok(ch.guest_inst, regs.RAMIN_SIZE):
+            guest = self.policy.host_vram(ch.guest_inst)
             for off in regs.RAMFC_PROGRESS_WORDS:
                 self.vram.u32[(guest + off) >> 2] = self.vram.u32[(ch.shadow_inst + off) >> 2]
         self.host.set_poll_page(ch.pchid, None)
         ch.guest_inst = ch.guest_pd = None
         ch.put = 0
         self.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
-        v.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
+        self.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
 
     def kill(self, pchid: int, reason: str, counter: str = "watchdog.kills") -> None:
         """The watchdog ends this channel: off the device (its engine work abandoned), its
         error word says so, and its owner sees a fault with the reason.  (The mediator ends
         channels the same way for other reasons, counted under `counter`.)"""
-        v = self.vgpu
         ch = next((c for c in self.by_vchid.values() if c.pchid == pchid), None)
         if ch is None:
             self.host.wr(regs.PFIFO_CHAN_TABLE + pchid * regs.PFIFO_CHAN_STRIDE, 0)
             return
         self._unbind(ch)
         ch.killed = reason
-        v.count(counter, 1)
-        v.watchdog_fault(ch.vchid, reason)
-        v.shadowing.refresh_remap()
+        self.meter.count(counter, 1)
+        self.faults.killed(ch.vchid, reason)
+        self.host.signal(ch.pchid)  # the device looks again: its owner sees the fault
+        self.shadowing.refresh_remap()
 
     def rebuild(self, ch: VChannel) -> None:
         """Rebuild a bound channel's shadow instance block and make the device use the new
@@ -186,7 +210,7 @@ class Channels:
         try:
             self._build_shadow(ch)
         except PoolExhausted:  # no room for the new directory's shadow: off the device
-            self.vgpu.count("trap.refused.nomem", 1)
+            self.meter.count("trap.refused.nomem", 1)
             self._unbind(ch)
             return
         if not planted("cached-context"):
@@ -195,78 +219,55 @@ class Channels:
     def state_write(self, vchid: int, value: int) -> None:
         ch = self._channel(vchid)
         if ch is None:
-            self.vgpu.count("trap.refused.channel_id", 1)
+            self.meter.count("trap.refused.channel_id", 1)
             return
         ch.state = value
         if ch.bound:
-            self.vgpu.shadowing.ensure_fresh(ch.guest_pd)
+            self.shadowing.ensure_fresh(ch.guest_pd)
             self.host.set_poll_page(ch.pchid, ch.shadow_userd)
             self.host.wr(regs.PFIFO_CHAN_STATE + ch.pchid * regs.PFIFO_CHAN_STRIDE, value)
 
     def kick_write(self, vchid: int) -> None:
-        self.kick = vchid
+        self.table.kick = vchid
         ch = self.by_vchid.get(vchid)
         if ch is not None and ch.bound:
             self.host.wr(regs.PFIFO_KICK, ch.pchid)
 
     # ------------------------------------------------------------------ RAMIN reflection
-    def ramin_pages(self) -> list[int]:
-        return [c.guest_inst for c in self.by_vchid.values() if c.bound]
-
     def reflect(self, guest_addr: int) -> None:
         """A guest write landed at guest_addr: rebuild shadows of RAMIN it touched."""
         page = guest_addr & ~0xFFF
         for ch in self.by_vchid.values():
             if ch.guest_inst == page:
                 self.rebuild(ch)
-                self.vgpu.count("shadow.ramin_reflects", 1)
+                self.meter.count("shadow.ramin_reflects", 1)
 
     # ------------------------------------------------------------------ runlist
     def runlist_submit(self, addr_reg: int, length: int) -> None:
-        v = self.vgpu
+        table, count = self.table, self.meter.count
         addr = layout.runlist_addr(addr_reg)
         target = layout.runlist_target(addr_reg)
         nbytes = length * regs.RUNLIST_ENTRY_SIZE
-        if target != regs.TARGET_VRAM or not v.policy.guest_vram_ok(addr, nbytes):
-            v.count("trap.refused.runlist", 1)
-            self.runlist = []
+        if target != regs.TARGET_VRAM or not self.policy.guest_vram_ok(addr, nbytes):
+            count("trap.refused.runlist", 1)
+            table.runlist = []
         else:
-            host = v.policy.host_vram(addr)
+            host = self.policy.host_vram(addr)
             words = self.vram.u32[host >> 2:(host + nbytes) >> 2]
             vchids = layout.runlist_chids(words)
-            self.runlist = [c for c in dict.fromkeys(vchids) if c < v.part.channels]
-            if len(self.runlist) != len(vchids):
-                v.count("trap.refused.runlist_entries", len(vchids) - len(self.runlist))
+            table.runlist = [c for c in dict.fromkeys(vchids) if c < self.part.channels]
+            if len(table.runlist) != len(vchids):
+                count("trap.refused.runlist_entries", len(vchids) - len(table.runlist))
         self.host.rebuild_runlist()
 
-    def runlist_pchids(self) -> list[int]:
-        """The physical ids of the guest's runlist, bound or not, as hardware keeps an
-        unbound channel on its runlist and skips it: one left out while briefly unbound,
-        when any VM's submit or removal rebuilt the runlist, was not runnable again after
-        its rebind (the device ignores a channel whose table word is clear)."""
-        drop = planted("runlist-drop")
-        return [self.by_vchid[c].pchid for c in self.runlist
-                if c in self.by_vchid and (self.by_vchid[c].bound or not drop)]
+    def set_userd_poll(self, value: int) -> None:
+        self.table.userd_poll = value
+        self.shadowing.refresh_remap()  # changes what is remapped
 
     # ------------------------------------------------------------------ USERD / doorbells
-    def poll_base(self) -> int | None:
-        return layout.userd_poll_base(self.userd_poll)
-
-    def poll_offsets(self) -> set[int]:
-        base = self.poll_base()
-        if base is None:
-            return set()
-        return {base + c * regs.USERD_STRIDE for c in range(self.vgpu.part.channels)}
-
-    def userd_slot(self, bar1_offset: int) -> tuple[VChannel | None, int] | None:
-        slot = layout.userd_poll_slot(self.userd_poll, bar1_offset, self.vgpu.part.channels)
-        if slot is None:
-            return None
-        return self.by_vchid.get(slot[0]), slot[1]
-
     def userd_read(self, ch: VChannel | None, reg: int, size: int) -> int:
         if reg + size > regs.USERD_STRIDE or size not in (1, 2, 4, 8):
-            self.vgpu.count("trap.refused.userd", 1)  # past the end of this channel's page
+            self.meter.count("trap.refused.userd", 1)  # past the end of this channel's page
             return (1 << (8 * size)) - 1
         if ch is None or not ch.bound:
             return 0
@@ -275,22 +276,24 @@ class Channels:
         return self.vram.read_bytes(ch.shadow_userd + reg, size)
 
     def userd_write(self, ch: VChannel | None, reg: int, size: int, value: int) -> None:
-        v = self.vgpu
+        """A guest doorbell (GP_PUT): to the scheduler, never to the device directly."""
+        meter = self.meter
         if reg != regs.USERD_GP_PUT:
             return  # only GP_PUT means anything to the device; the rest is guest scratch
         if ch is None or not ch.bound:
-            v.count("trap.refused.doorbell", 1)
+            meter.count("trap.refused.doorbell", 1)
             return
         ch.put = value & 0xFFFFFFFF
-        v.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
-        v.count("doorbells", 1)
-        self.host.submit(v, ch.pchid, ch.put)
+        self.shadowing.ensure_fresh(ch.guest_pd)  # a doorbell is the first use after a flush
+        meter.count("doorbells", 1)
+        self.doorbell(ch.pchid, ch.put, meter.doorbell_ledger())
 
     def teardown(self) -> None:
+        pool = self.part.shadow_pool
         for ch in self.by_vchid.values():
             self._unbind(ch)
-            self.vgpu.part.shadow_pool.free(ch.shadow_inst)
-            self.vgpu.part.shadow_pool.free(ch.shadow_userd)
+            pool.free(ch.shadow_inst)
+            pool.free(ch.shadow_userd)
         self.by_vchid.clear()
-        self.runlist = []
+        self.table.runlist = []
 

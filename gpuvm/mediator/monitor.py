@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Hashable
+from typing import TYPE_CHECKING, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,6 @@ from gpuvm.device.mmu import DATA
 from gpuvm.mediator.partition import POLL_AREA
 
 if TYPE_CHECKING:
-    from gpuvm.mediator.mediator import Mediator
     from gpuvm.mediator.vgpu import VGpu
 
 
@@ -81,13 +80,23 @@ def _inside(lo: int, hi: int, base: int, size: int) -> bool:
 
 
 class ReferenceMonitor:
-    def __init__(self, med: "Mediator") -> None:
-        self.med = med
-        self.hyp_base = med.gpu.vram.size - med.hyp_global
+    """The judge of every physical access the device makes (see the module docstring).
+
+    Given what it judges against -- the mediator's vGPUs and channel owners (live views,
+    read at each access), the hypervisor's VRAM range and the bus window -- not the
+    mediator itself."""
+
+    def __init__(self, vgpus: Sequence["VGpu"], owner: Mapping[int, "VGpu"], hyp_base: int,
+                 hyp_size: int, bus_window: int) -> None:
+        self.vgpus = vgpus
+        self.owner = owner
+        self.hyp_base = hyp_base
+        self.hyp_size = hyp_size
+        self.bus_window = bus_window
         self.checks = 0
 
     def _vm_of_arena(self, bar: int, offset: int) -> "VGpu | None":
-        for v in list(self.med.vgpus):
+        for v in list(self.vgpus):
             base, size = (v.part.bar1_base, v.part.spec.bar1_size) if bar == regs.BAR1 else \
                 (v.part.bar3_base, v.part.spec.bar3_size)
             if base <= offset < base + size:
@@ -95,7 +104,7 @@ class ReferenceMonitor:
         return None
 
     def _hyp(self, target: int, lo: int, hi: int) -> bool:
-        return target == regs.TARGET_VRAM and _inside(lo, hi, self.hyp_base, self.med.hyp_global)
+        return target == regs.TARGET_VRAM and _inside(lo, hi, self.hyp_base, self.hyp_size)
 
     def _vm_data(self, v: "VGpu", target: int, lo: int, hi: int) -> bool:
         if target == regs.TARGET_VRAM and v.tenant is not None:
@@ -108,7 +117,7 @@ class ReferenceMonitor:
                 bool((frames[first:last + 1] == np.arange(first, last + 1)).all())
         if target == regs.TARGET_VRAM:
             return _inside(lo, hi, v.part.vram_base, v.part.vram_size)
-        return _inside(lo, hi, v.part.sys_base, self.med.bus_window)
+        return _inside(lo, hi, v.part.sys_base, self.bus_window)
 
     def _vm_shadow(self, v: "VGpu", target: int, lo: int, hi: int) -> bool:
         pool = v.part.shadow_pool
@@ -119,7 +128,7 @@ class ReferenceMonitor:
         if not isinstance(actor, tuple) or not actor:
             return None  # the host's own bring-up, before anyone acts for a VM
         if actor[0] == "channel":
-            v = self.med.owner.get(actor[1])
+            v = self.owner.get(actor[1])
             if v is None:
                 return "a channel no VM owns is running"
             if kind == DATA:
@@ -134,7 +143,7 @@ class ReferenceMonitor:
             if bar == regs.BAR1 and offset < POLL_AREA:  # the hypervisor's USERD poll area
                 if kind != DATA:
                     return None if self._hyp(target, lo, hi) else "poll-area walk outside hypervisor VRAM"
-                v = self.med.owner.get(offset // regs.USERD_STRIDE)
+                v = self.owner.get(offset // regs.USERD_STRIDE)
                 ok = v is not None and self._vm_shadow(v, target, lo, hi)
                 return None if ok else "poll-area access outside the channel owner's USERD"
             if kind != DATA:

@@ -19,38 +19,59 @@ other entry.  Page directories are shadowed from the VRAM slice only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gpuvm.device import layout, regs
+from gpuvm.device.dma import DmaMappings
 from gpuvm.device.vram import Vram
+from gpuvm.mediator.channel_table import ChannelTable
 from gpuvm.mediator.host_port import HostPort
+from gpuvm.mediator.meter import VmMeter
+from gpuvm.mediator.modes import Mode
+from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.planted import planted
 from shadow.bar_window import NOT_VRAM, BarWindow
+from shadow.entries import EntryPolicy
 from shadow.page_table import ShadowSpace
 from shadow.pv_space import PvSpace
 from gpuvm.vfio.device import MappingListener
 from shadow.remap import RemapPlan, RemapState
 
-if TYPE_CHECKING:
-    from gpuvm.mediator.vgpu import VGpu
+
+_BAR_VM = {regs.BAR1: "bar1_vm", regs.BAR3: "bar3_vm"}  # their virtual registers
 
 
 class Shadowing:
-    def __init__(self, vgpu: "VGpu", host: HostPort, vram: Vram) -> None:
-        self.vgpu = vgpu
+    """A vGPU's shadows -- of its channels' address spaces, its BAR1/BAR3 windows and
+    its PV spaces -- and what is remapped because of them.
+
+    Built with exactly what it uses: the VRAM view, the physical GPU's port (flushes,
+    the physical BAR tables, the engines' write log), the partition, the VM's entry
+    policies (`space_policy` translates its channel shadows), its RAM as DMA-mapped,
+    its meter, its mode, its channel table (which RAMIN pages and poll offsets must
+    keep trapping) and its virtual registers (the BAR VMs and the flush directory the
+    guest wrote); never the vGPU or the mediator."""
+
+    def __init__(self, vram: Vram, host: HostPort, part: Partition, policy: EntryPolicy,
+                 space_policy: EntryPolicy, guest_ram: DmaMappings, meter: VmMeter,
+                 mode: Mode, channels: ChannelTable, vregs: dict[str, int]) -> None:
         self.host = host
         self.vram = vram
-        part = vgpu.part
+        self.part = part
+        self.policy = policy
+        self.space_policy = space_policy
+        self.meter = meter
+        self.mode = mode
+        self.channels = channels
         self.spaces: dict[int, ShadowSpace] = {}  # guest PD -> shadow
         self.pv_spaces: dict[int, PvSpace] = {}  # PV key -> hypervisor-owned tables
-        self.guest_ram = vgpu.dma  # the VM's RAM as its VMM DMA-mapped it (iova = gpa)
+        self.guest_ram = guest_ram  # the VM's RAM as its VMM DMA-mapped it (iova = gpa)
         self.engine_writes = host.engine_writes
-        self.bar1 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar1_pt,
+        self.bar1 = BarWindow(vram, policy, meter.count, host.bar1_pt,
                               part.bar1_base >> 12, part.spec.bar1_size >> 12, self.guest_ram,
                               self.engine_writes)
-        self.bar3 = BarWindow(vram, vgpu.policy, vgpu.count, host.bar3_pt,
+        self.bar3 = BarWindow(vram, policy, meter.count, host.bar3_pt,
                               part.bar3_base >> 12, part.spec.bar3_size >> 12, self.guest_ram,
                               self.engine_writes)
+        self.vregs = vregs
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
@@ -67,10 +88,10 @@ class Shadowing:
             return pv.pd
         space = self.spaces.get(guest_pd)
         if space is None:
-            v = self.vgpu
-            space = self.spaces[guest_pd] = ShadowSpace(self.vram, v.space_policy,
-                                                        v.part.shadow_pool, guest_pd, v.count,
-                                                        self.guest_ram, self.engine_writes)
+            space = self.spaces[guest_pd] = ShadowSpace(self.vram, self.space_policy,
+                                                        self.part.shadow_pool, guest_pd,
+                                                        self.meter.count, self.guest_ram,
+                                                        self.engine_writes)
         return space.shadow_pd
 
     def note_write(self, guest_addr: int, size: int) -> None:
@@ -89,7 +110,7 @@ class Shadowing:
 
     def _sync_space(self, space: ShadowSpace) -> None:
         before = space.layout()
-        space.sync(incremental=self.vgpu.mode.incremental)
+        space.sync(incremental=self.mode.incremental)
         self.host.flush(space.shadow_pd)
         if space.layout() != before:
             # new, moved or dropped guest tables change what is sensitive (and a table's
@@ -110,31 +131,24 @@ class Shadowing:
             self._retire(space.shadow_pd)
             space.release()
 
-    def free_pv(self, key: int) -> bool:
-        """HC_FREE_PGD: channels and BAR windows still using the space are moved off it
-        first (their shadow RAMIN rebuilt, the device kicked, the BAR window rebound),
-        the TLB forgets it, then its tables are freed."""
-        space = self.pv_spaces.pop(key, None)
-        if space is None:
-            return False
-        v = self.vgpu
-        for ch in v.channels.by_vchid.values() if not planted("free-bound-pgd") else ():
-            if ch.bound and ch.guest_pd == key:
-                v.channels.rebuild(ch)
-                v.count("pv.frees_while_bound", 1)
+    def free_pv(self, space: PvSpace) -> None:
+        """HC_FREE_PGD, once the channels using `space` (taken out of pv_spaces) are off
+        it: the BAR windows still using it are rebound, the TLB forgets it, then its
+        tables are freed."""
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.pv is space and not planted("free-bound-pgd"):
-                self.bind_window(bar, v.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"])
+                self.bind_window(bar, self.vregs[_BAR_VM[bar]])
         self._retire(space.pd)
         space.release()
-        return True
 
     # ------------------------------------------------------------------ TLB flushes
-    def guest_flush(self, flush_pd: int, trigger: int) -> None:
+    def guest_flush(self, trigger: int) -> None:
+        """The guest wrote PFFB_FLUSH_TRIGGER (of the directory it wrote to FLUSH_PD)."""
         if not trigger & regs.PFFB_TRIGGER_GO:
             return
-        v = self.vgpu
-        v.count("tlb.guest_flushes", 1)
+        flush_pd = self.vregs["flush_pd"]
+        count, mode = self.meter.count, self.mode
+        count("tlb.guest_flushes", 1)
         if layout.flush_pd_sysram(flush_pd):
             return  # no sysram directories are shadowed: nothing can be using it
         # (tables in sysram are named from VRAM directories: a flush of those syncs them)
@@ -142,20 +156,20 @@ class Shadowing:
         all_pds = bool(trigger & regs.PFFB_TRIGGER_ALL_PDS)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.pv is None and (all_pds or window.guest_pd == pd):
-                if not v.mode.lazy:
+                if not mode.lazy:
                     self.sync_window(window, bar)
                 elif not window.pending():
-                    v.count("shadow.bar_flushes_unchanged", 1)  # nothing to resync
+                    count("shadow.bar_flushes_unchanged", 1)  # nothing to resync
                 elif self._remapped_changed(window, bar):
                     self.sync_window(window, bar)
                 else:
                     window.stale = True
-                    v.count("shadow.bar_marked_stale", 1)
+                    count("shadow.bar_marked_stale", 1)
         for key, space in self.spaces.items():
             if all_pds or key == pd:
-                if v.mode.lazy:
+                if mode.lazy:
                     space.stale = True
-                    v.count("shadow.marked_stale", 1)
+                    count("shadow.marked_stale", 1)
                 else:
                     self._sync_space(space)
 
@@ -179,12 +193,17 @@ class Shadowing:
         self.refresh_remap()
 
     def _sync_window(self, window: BarWindow, bar: int, full: bool = False) -> None:
-        window.sync(incremental=self.vgpu.mode.incremental and not full)
+        window.sync(incremental=self.mode.incremental and not full)
         self.host.flush(self.host.bar1_pd if bar == regs.BAR1 else self.host.bar3_pd,
                         bar_vm=True)
 
-    def bind_window(self, bar: int, reg: int) -> None:
+    def set_bar_vm(self, bar: int, reg: int) -> None:
         """The guest wrote PBUS_BAR1_VM / PBUS_BAR3_VM."""
+        self.vregs[_BAR_VM[bar]] = reg
+        self.bind_window(bar, reg)
+
+    def bind_window(self, bar: int, reg: int) -> None:
+        """Bind a BAR window to the BAR VM that register value names."""
         window = self.bar1 if bar == regs.BAR1 else self.bar3
         inst = None
         pv = None
@@ -194,9 +213,9 @@ class Shadowing:
             return
         if layout.barvm_target(reg) == regs.TARGET_VRAM:
             inst = layout.barvm_inst(reg)
-            if self.vgpu.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
-                lo = self.vgpu.guest_u32(inst + regs.RAMIN_PD_LO)
-                hi = self.vgpu.guest_u32(inst + regs.RAMIN_PD_HI)
+            if self.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
+                lo = self.vram.read_u32(self.policy.host_vram(inst + regs.RAMIN_PD_LO))
+                hi = self.vram.read_u32(self.policy.host_vram(inst + regs.RAMIN_PD_HI))
                 pv = self.pv_spaces.get(layout.ramin_ptr(lo, hi))
         window.bind(inst, pv)
         self.sync_window(window, bar)
@@ -204,17 +223,15 @@ class Shadowing:
     # ------------------------------------------------------------------ remap
     def sensitive_pages(self) -> set[int]:
         """Host VRAM pages the mediator must keep trapping: tables, RAMIN, BAR VM blocks."""
-        v = self.vgpu
-        guest_pages: set[int] = set(v.channels.ramin_pages())
+        guest_pages: set[int] = set(self.channels.ramin_pages())
         for space in self.spaces.values():
             guest_pages.update(space.guest_table_pages())
         guest_pages.update(self.bar1.guest_table_pages())
         guest_pages.update(self.bar3.guest_table_pages())
-        return {v.policy.host_vram(p) for p in guest_pages}
+        return {self.policy.host_vram(p) for p in guest_pages}
 
     def refresh_remap(self) -> None:
-        v = self.vgpu
-        if not v.mode.remap or self.remapper is None:
+        if not self.mode.remap or self.remapper is None:
             return
         for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):
             if window.stale:  # what to remap is read from the window: a use of it
@@ -222,15 +239,15 @@ class Shadowing:
         sensitive = self.sensitive_pages()
         base = self.vram.host_address
         for bar, window in ((regs.BAR1, self.bar1), (regs.BAR3, self.bar3)):
-            trapped = v.channels.poll_offsets() if bar == regs.BAR1 else set()
+            trapped = self.channels.poll_offsets() if bar == regs.BAR1 else set()
             plan = RemapPlan.build(window.host_pages, sensitive, trapped)
             unmaps, maps = self._remapped[bar].diff(plan)
             for first, n in unmaps:
                 self.remapper.unmap(bar, first << 12, n << 12)
-                v.count("remap.unmaps", 1)
+                self.meter.count("remap.unmaps", 1)
             for first, n, host in maps:
                 self.remapper.map(bar, first << 12, base + host, n << 12)
-                v.count("remap.maps", 1)
+                self.meter.count("remap.maps", 1)
 
     def dma_changed(self) -> None:
         """The VMM mapped or unmapped DMA: sysram entries are judged anew (the device's
@@ -271,4 +288,4 @@ class Shadowing:
             pv.release()
         self.spaces.clear()
         self.pv_spaces.clear()
-        self.vgpu.part.shadow_pool.free(self.empty_pd)
+        self.part.shadow_pool.free(self.empty_pd)

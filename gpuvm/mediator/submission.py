@@ -144,8 +144,11 @@ class Submissions:
         self._ready: list[tuple] = []
         self._lock = threading.Lock()
         # no request_wakeup callback: the loop reads dispatcher.wake_at every turn, so a
-        # wake-up asked for from any thread (or asked for twice) is never missed
-        self.dispatcher: Dispatcher[Doorbell] = Dispatcher(policy, self._start)
+        # wake-up asked for from any thread (or asked for twice) is never missed.  Its
+        # start port only notes the pick (_start_picked rings it), so the dispatcher
+        # never calls back up into this object.
+        self._picked: dict[object, Doorbell] = {}
+        self.dispatcher: Dispatcher[Doorbell] = Dispatcher(policy, self._picked.__setitem__)
         self.stalls = 0
         self._last_put: dict[int, int] = {}
         self._running: Doorbell | None = None
@@ -203,7 +206,9 @@ class Submissions:
             if self._to_place is not None and self._to_place[0] is vm:
                 self._to_place = None
             self.dispatcher.complete(now)
+            self._start_picked()
         self.dispatcher.remove_vm(vm, now)
+        self._start_picked()
         for c in pchids:
             self._last_put.pop(c, None)
         # nothing of a removed VM is kept (a long-running daemon served thousands)
@@ -249,6 +254,15 @@ class Submissions:
             self._party.leave()
 
     # ----------------------------------------------------------- dispatcher side
+    def _start_picked(self) -> None:
+        """Put what the dispatcher just picked on the engine (lock held), right after
+        the dispatcher's call that picked it.  A start that finds nothing to run
+        completes at once, and the dispatcher's next pick is started in turn."""
+        picked = self._picked
+        while picked:
+            vm, bell = picked.popitem()
+            self._start(vm, bell)
+
     def _start(self, vm: object, bell: Doorbell) -> None:
         if self._residency is not None and self._residency.needs_residency(vm):
             self._to_place = (vm, bell)  # rung by _place_pending, after the switch
@@ -273,6 +287,7 @@ class Submissions:
                     self._ring_start(vm, bell)
                 else:
                     self.dispatcher.complete(self._now(), used=0)
+                self._start_picked()
 
     def _ring_start(self, vm: object, bell: Doorbell) -> None:
         self._running = bell
@@ -349,6 +364,7 @@ class Submissions:
         self._running = None
         self._charge(running.vm, held)
         self.dispatcher.complete(now, used=held)
+        self._start_picked()
         return bell.pchid, reason
 
     def _charge(self, vm: object, used: int) -> None:
@@ -411,6 +427,7 @@ class Submissions:
         elif kind == "submit":
             if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
                 self.dispatcher.submit(a, b, now)
+                self._start_picked()
         elif kind == "idle":
             if self._running is not None and self._running.pchid == a:
                 self._running = None
@@ -420,6 +437,7 @@ class Submissions:
                     if running.item.ledger is not None:
                         running.item.ledger[1] += now - self._started_at
                 self.dispatcher.complete(now)
+                self._start_picked()
 
     def _loop(self) -> None:
         woken_for: int | None = None  # the wake-up time last handed to the dispatcher
@@ -461,11 +479,13 @@ class Submissions:
                 elif wake_at is not None and now >= wake_at:
                     woken_for = wake_at
                     self.dispatcher.wake(now)
+                    self._start_picked()
                 elif "wake" in kinds and self._stalled():
                     self.stalls += 1
                     log.error("scheduler %s left queued work with nothing running and no "
                               "wake-up; driving it again", type(self.dispatcher.policy).__name__)
                     self.dispatcher.wake(now)
+                    self._start_picked()
                 alarm = self._alarm(now)
             if killed is not None and self._kill is not None:
                 self._kill(*killed)  # the mediator takes its own lock: never under ours

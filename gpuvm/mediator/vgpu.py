@@ -20,26 +20,28 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
-
-import ctypes
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 
 from gpuvm.device import layout, regs
-from gpuvm.device.clock import FREE, EventPrices, GuestParty, VirtualLock
+from gpuvm.device.clock import EventPrices, GuestParty, VirtualLock
 from gpuvm.device.dma import DmaMappings
-from gpuvm.device.engines import Engine
-from gpuvm.device.faults import ChannelFault, fault_flags
+from gpuvm.device.faults import ChannelFault
+from gpuvm.device.gpu import Gpu
 from gpuvm.mediator import bar0_traps
+from gpuvm.mediator.channel_table import ChannelTable
 from gpuvm.mediator.channels import Channels
-from gpuvm.mediator.host_port import under_mediator_lock
+from gpuvm.mediator.host_port import HostPort
 from gpuvm.mediator.hypercalls import Hypercalls
+from gpuvm.mediator.meter import VmMeter
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import Partition
 from gpuvm.mediator.planted import planted
 from gpuvm.mediator.shadowing import Shadowing
+from gpuvm.mediator.vm_faults import VmFaults
 from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
                                config_region_info, pci_device_info,
@@ -50,7 +52,6 @@ from shadow.entries import EntryPolicy
 from shadow.frames import ResidentPolicy
 
 if TYPE_CHECKING:
-    from gpuvm.mediator.mediator import Mediator
     from gpuvm.mediator.residency import Tenant
 
 _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
@@ -58,13 +59,53 @@ _UNLOCKED = frozenset({"virtual", "faked", "refused", "passthrough"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
-T = TypeVar("T")
+
+
+def _owned_by(owner: Mapping[int, object], vm: object, pchid: int) -> bool:
+    return owner.get(pchid) is vm
+
+
+class SchedulerPort(Protocol):
+    """Where a vGPU's doorbells go (gpuvm.mediator.submission.Submissions)."""
+
+    def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None: ...
+
+    def channel_reset(self, pchid: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class MediatorServices:
+    """What one mediator gives each of its vGPUs: the physical GPU (its register bus
+    for passthrough registers, its engines and counters), the port the vGPU's parts
+    drive it through, the scheduler's port, the mediator's lock, who owns which
+    physical channel now, and the bus window each vGPU's DMA mappings live in.  Handed
+    these, a vGPU never reaches back up to the mediator."""
+
+    gpu: Gpu
+    host: HostPort
+    scheduler: SchedulerPort
+    lock: threading.RLock
+    owner: Mapping[int, object]
+    bus_window: int
 
 
 class VGpu:
-    def __init__(self, med: "Mediator", name: str, part: Partition, mode: Mode,
+    """A VM's virtual GPU: the VFIO device a VMM attaches, and the owner of its parts.
+
+    It owns the VM's partition, DMA mappings, PCI config space, IRQs, virtual registers
+    and meter, and builds its parts -- the channel table and channels, shadowing,
+    hypercalls, fault records and the BAR0 trap table -- each with exactly the
+    collaborators it uses.  Its own job is the VFIO surface: a trapped access is routed
+    here (the trap table for BAR0 registers, the PRAMIN window, BAR1/BAR3 forwarding,
+    BAR4's hypercall port) straight to the part whose handler owns the decision; no
+    part calls back up to it."""
+
+    def __init__(self, services: MediatorServices, name: str, part: Partition, mode: Mode,
                  uuid: str = "", type_id: str = "", tenant: "Tenant | None" = None) -> None:
-        self.med = med
+        self.services = services
+        self.gpu = services.gpu
+        self.host = services.host
+        self.mediator_lock = services.lock
         self.name = name
         self.uuid = uuid
         self.type_id = type_id
@@ -80,7 +121,7 @@ class VGpu:
         self.tenant = tenant  # oversubscribed: its residency in the shared pool
         if tenant is None:
             self.mode = mode
-            self._vram = med.gpu.vram
+            self._vram = services.gpu.vram
             self.policy = EntryPolicy(part.vram_base, part.vram_size, part.sys_base,
                                       self.dma.ranges)
             self.space_policy = self.policy  # what its channel shadows translate with
@@ -101,32 +142,39 @@ class VGpu:
         bars = {bar: (size, False) for bar, size in self.bar_sizes.items()}
         if mode.pv:
             bars[regs.BAR4] = (regs.BAR4_SIZE, True)
-        self.config = PciConfig(med.gpu.profile.pci_device, bars)
+        self.config = PciConfig(services.gpu.profile.pci_device, bars)
         # INTx as every PCI function has it (a standard vfio-user client, libvfio-user's
         # sample, sets it up first), and the MSI vector gpuvm's VMM uses
         self.irqs = IrqTriggers({vfio.VFIO_PCI_INTX_IRQ_INDEX: 1, vfio.VFIO_PCI_MSI_IRQ_INDEX: 1})
-        self.counts: defaultdict[str, int] = defaultdict(int)
+        self.meter = VmMeter(services.lock)
+        self.counts = self.meter.counts
         self.vregs: dict[str, int] = defaultdict(int)
-        self._fault_records = [[0, 0, 0, 0] for _ in range(regs.PFIFO_FAULT_UNITS)]
-        self._fault_mask = 0
-        self._pfifo_intr = 0
-        self._faults_seen = 0
-        self._watchdog_faults: list[ChannelFault] = []
-        # virtual time: the VM's vCPU to charge each event to, at these prices, and the
-        # mediator's lock in virtual time (use_meter; None: a wall-clock run)
-        self.meter: GuestParty | None = None
-        self._prices = FREE
-        self._vlock: VirtualLock | None = None
-        self.channels = Channels(self, med, self._vram)
-        self.shadowing = Shadowing(self, med, self._vram)
-        self.hypercalls = Hypercalls(self, med, self._vram)
-        self._install_traps()
+        self.table = ChannelTable(part.channels)
+        # whether this VM owns a physical channel now: the mediator's owner map, keyed
+        # by this vGPU (read, never called)
+        self.fault_state = VmFaults(part, self.table, services.gpu.faults,
+                                    partial(_owned_by, services.owner, self))
+        self._build_parts()
         # Physical channels are reused by later VMs: count only what happens from now on.
         self._device_baseline = self._device_channel_counts()
         self._engine_host_baseline = self._channels_host_ns()
 
-    def _install_traps(self) -> None:
-        reads, writes = bar0_traps.build(self)
+    def _build_parts(self) -> None:
+        """Channels, shadowing, hypercalls and the trap table, each given what it uses
+        (afresh at a device reset; the channel table and fault records outlive it)."""
+        host, meter, part, vram = self.host, self.meter, self.part, self._vram
+        self.shadowing = Shadowing(vram, host, part, self.policy, self.space_policy,
+                                   self.dma, meter, self.mode, self.table, self.vregs)
+        scheduler = self.services.scheduler
+        # the scheduler's port for this VM: its doorbells under this vGPU's key
+        self.channels = Channels(self.table, part, self.policy, vram, host,
+                                 partial(scheduler.submit, self), scheduler.channel_reset,
+                                 meter, self.fault_state, self.shadowing)
+        self.hypercalls = Hypercalls(self.dma, self.lock, meter, self.shadowing,
+                                     self.channels, part, self.policy, vram, host)
+        reads, writes = bar0_traps.build(bar0_traps.TrapParts(
+            self.gpu, self.vregs, self.table, self.channels, self.shadowing,
+            self.fault_state, meter, part, self.interrupt))
         # Virtual, faked and refused registers touch only this VM's own state (written by
         # this VM's vCPU alone), so they skip the mediator lock: it costs more than the
         # rest of a trap on this host.
@@ -138,63 +186,43 @@ class VGpu:
     def use_meter(self, party: GuestParty, prices: EventPrices, vlock: VirtualLock) -> None:
         """Charge this VM's events to `party`'s virtual time at `prices`, and take the
         mediator's lock in virtual time (`vlock`, the mediator's) as well as for real."""
-        self.meter, self._prices, self._vlock = party, prices, vlock
-
-    def doorbell_ledger(self) -> list | None:
-        """A doorbell is rung: its entry in the vCPU's event stream (filled in with the
-        engine time it takes), or None off a virtual clock."""
-        return None if self.meter is None else self.meter.stream.doorbell()
-
-    def count(self, name: str, n: int) -> None:
-        self.counts[name] += n
-        if self.meter is not None:
-            price = self._prices.counter_ns.get(name)
-            if price:
-                self.meter.charge(price * n, name in self._prices.locked)
-
-    def under_lock(self, locked_ns: int, work: Callable[..., T], *args: Any) -> T:
-        """`work(*args)` under the mediator's lock, on this VM's behalf: for real (its
-        wall-clock wait counted, host_port.under_mediator_lock), and on a virtual clock
-        also in virtual time, the VM charged `locked_ns` of the mediator's work under it
-        beside what `work` counts there."""
-        party = self.meter
-        if party is None:
-            return under_mediator_lock(self.med.lock, self.counts, work, *args)
-        vlock = self._vlock
-        vlock.ask(party)
-        with self.med.lock:
-            vlock.taken(party)
-            party.hold(locked_ns)
-            try:
-                return work(*args)
-            finally:
-                vlock.released(party)
-
-    def guest_u32(self, guest_addr: int) -> int:
-        return self._vram.read_u32(self.policy.host_vram(guest_addr))
+        self.meter.use(party, prices, vlock)
 
     # ------------------------------------------------------------------ VFIO: the trap path
     def read(self, region: int, offset: int, size: int) -> int:
-        if self.meter is not None:
-            self.meter.charge(self._prices.exit_ns.get(region, 0))
+        """A trapped read: routed to the handler that owns it (see write)."""
+        meter = self.meter
+        if meter.party is not None:
+            meter.party.charge(meter.prices.exit_ns.get(region, 0))
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._r0.get(offset)
             if handler is not None and size == 4:
                 self.counts[handler[0]] += 1
                 if not handler[2]:
                     return handler[1]()
-                return self.under_lock(self._prices.exit_locked_ns, handler[1])
+                with meter.trap_hold:
+                    return handler[1]()
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 return self._pramin(offset, size, None)
             return self._bar0_refused(offset, size, None)
         if region == _CONFIG:
             return self.config.read(offset, size)
-        return self.under_lock(self._prices.exit_locked_ns, self._bar_access, region,
-                               offset, size, None)
+        with meter.trap_hold:
+            if region == regs.BAR1:
+                slot = self.table.userd_slot(offset)
+                if slot is not None:
+                    self.counts["trap.bar1.userd.read"] += 1
+                    return self.channels.userd_read(slot[0], slot[1], size)
+            return self._bar_access(region, offset, size, None)
 
     def write(self, region: int, offset: int, size: int, value: int) -> None:
-        if self.meter is not None:
-            self.meter.charge(self._prices.exit_ns.get(region, 0))
+        """A trapped write, straight to the handler that owns the decision: a BAR0
+        register's trap-table entry (under the mediator's lock unless it touches only
+        this VM's state), the PRAMIN window, a doorbell (Channels.userd_write: to the
+        scheduler), a BAR1/BAR3 page forwarded into the VM's arena, or a hypercall."""
+        meter = self.meter
+        if meter.party is not None:
+            meter.party.charge(meter.prices.exit_ns.get(region, 0))
         if region == 0:  # BAR0; a literal keeps a global lookup off the trap path
             handler = self._w0.get(offset)
             if handler is not None and size == 4:
@@ -202,7 +230,8 @@ class VGpu:
                 if not handler[2]:
                     handler[1](value)
                     return
-                self.under_lock(self._prices.exit_locked_ns, handler[1], value)
+                with meter.trap_hold:
+                    handler[1](value)
                 return
             if regs.PRAMIN_WINDOW <= offset < _PRAMIN_END:
                 self._pramin(offset, size, value)
@@ -216,10 +245,16 @@ class VGpu:
             if offset == regs.BAR4_HYPERCALL and size == 4:
                 self.hypercalls.handle(value)
             else:
-                self.count("trap.refused.bar4", 1)
+                meter.count("trap.refused.bar4", 1)
             return
-        self.under_lock(self._prices.exit_locked_ns, self._bar_access, region, offset,
-                        size, value)
+        with meter.trap_hold:
+            if region == regs.BAR1:
+                slot = self.table.userd_slot(offset)
+                if slot is not None:
+                    self.counts["trap.bar1.userd.write"] += 1
+                    self.channels.userd_write(slot[0], slot[1], size, value)
+                    return
+            self._bar_access(region, offset, size, value)
 
     def _bar0_refused(self, offset: int, size: int, value: int | None) -> int:
         """A BAR0 access the trap table has no handler for at this size (bar0_traps):
@@ -227,10 +262,10 @@ class VGpu:
         if planted("raw-bar0"):
             self.counts[f"trap.bar0.passthrough.{'read' if value is None else 'write'}"] += 1
             if value is None:
-                return self.med.gpu.mmio_read(regs.BAR0, offset, size)
-            self.med.gpu.mmio_write(regs.BAR0, offset, size, value)
+                return self.gpu.mmio_read(regs.BAR0, offset, size)
+            self.gpu.mmio_write(regs.BAR0, offset, size, value)
             return 0
-        self.count("trap.refused.bar0", 1)
+        self.meter.count("trap.refused.bar0", 1)
         return (1 << (8 * size)) - 1
 
     # ------------------------------------------------------------------ VFIO: the rest
@@ -255,18 +290,19 @@ class VGpu:
         raise VfioError(f"{self.name}: no region {index}")
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
-        with self.med.lock:
+        with self.mediator_lock:
             if listener is None and self.shadowing.remapper is not None:
                 self.shadowing.unmap_all()
             self.shadowing.remapper = listener
             self.shadowing.refresh_remap()
 
     def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
-        with self.lock, self.med.lock:
+        window = self.services.bus_window
+        with self.lock, self.mediator_lock:
             end = iova + memory.size
-            if end > self.med.bus_window:
+            if end > window:
                 raise VfioError(f"{self.name}: DMA map [{iova:#x}, {end:#x}) is beyond the "
-                                f"device's {self.med.bus_window:#x}-byte bus window")
+                                f"device's {window:#x}-byte bus window")
             try:
                 self.dma.map(iova, memory, writable=bool(flags & vfio.VFIO_DMA_MAP_FLAG_WRITE))
             except ValueError as exc:
@@ -274,22 +310,12 @@ class VGpu:
             self.shadowing.dma_changed()
 
     def dma_unmap(self, iova: int, size: int) -> None:
-        with self.lock, self.med.lock:
+        with self.lock, self.mediator_lock:
             try:
                 self.dma.unmap(iova, size)
             except ValueError as exc:
                 raise VfioError(f"{self.name}: {exc}") from None
             self.shadowing.dma_changed()
-
-    def guest_memory(self, iova: int, size: int) -> np.ndarray:
-        """A view of DMA-mapped guest memory (the hypercall record), or VfioError."""
-        view = self.dma.region(iova, size)
-        if view is None:
-            raise VfioError(f"{self.name}: [{iova:#x}, {iova + size:#x}) is not DMA-mapped")
-        return view
-
-    def guest_struct(self, iova: int, cls: type[ctypes.Structure]) -> ctypes.Structure:
-        return cls.from_buffer(self.guest_memory(iova, ctypes.sizeof(cls)))
 
     def get_irq_info(self, index: int) -> IrqInfo:
         return self.irqs.info(index)
@@ -305,39 +331,26 @@ class VGpu:
 
     def reset(self) -> None:
         """Device reset: stop and drop the VM's channels and shadows, start afresh."""
-        with self.lock, self.med.lock:
+        with self.lock, self.mediator_lock:
             self.teardown()
-            self.channels = Channels(self, self.med, self._vram)
-            self.shadowing = Shadowing(self, self.med, self._vram)
-            self.hypercalls = Hypercalls(self, self.med, self._vram)
-            self._install_traps()
-            self.med.rebuild_runlist()
+            self._build_parts()
+            self.host.rebuild_runlist()
 
     def close(self) -> None:
         self.irqs.clear()
         self.set_mapping_listener(None)
 
-    def watchdog_fault(self, vchid: int, reason: str) -> None:
-        self._watchdog_faults.append(ChannelFault(vchid, reason, 0, "PFIFO",
-                                                  regs.CHAN_ERR_TIMEOUT_EXT))
-        self.med.gpu.signal(self.part.chid_base + vchid)  # it looks again: sees the fault
-
     def faults(self) -> list[ChannelFault]:
-        mine = list(self._watchdog_faults)
-        for f in self.med.gpu.faults():
-            vchid = f.chid - self.part.chid_base
-            if 0 <= vchid < self.part.channels and self.med.owner.get(f.chid) is self:
-                mine.append(ChannelFault(vchid, f.reason, f.address, f.engine, f.code, f.unit,
-                                         f.vm_reason, f.write))
-        return mine
+        """Every fault of this VM's channels, in its own channel ids."""
+        return self.fault_state.all()
 
     def _device_channel_counts(self) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
         first, end = self.part.chid_base, self.part.chid_base + self.part.channels
-        with self.med.gpu.lock:
+        with self.gpu.lock:
             # the channels that counted anything, not every channel of the partition:
             # a recorded VM reads this with every counter snapshot
-            for c, counts in self.med.gpu.counts.per_channel.items():
+            for c, counts in self.gpu.counts.per_channel.items():
                 if first <= c < end:
                     for name, value in counts.items():
                         out[name] += value
@@ -356,11 +369,11 @@ class VGpu:
         return out
 
     def device_time_ns(self) -> int:
-        return self.med.gpu.device_time_ns()
+        return self.gpu.device_time_ns()
 
     def _channels_host_ns(self) -> int:
         chids = range(self.part.chid_base, self.part.chid_base + self.part.channels)
-        return sum(self.med.gpu.pfifo.host_ns[c] for c in chids)
+        return sum(self.gpu.pfifo.host_ns[c] for c in chids)
 
     def engine_host_ns(self) -> int:
         """Host time the device has spent running this vGPU's channels since it was
@@ -375,12 +388,12 @@ class VGpu:
         addr = (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
             offset - regs.PRAMIN_WINDOW
         if size != 4 or offset & 3 or not self.policy.guest_vram_ok(addr, 4):
-            self.count("trap.refused.pramin", 1)
+            self.meter.count("trap.refused.pramin", 1)
             return 0xFFFFFFFF
         host = self.policy.host_vram(addr)
         if value is None:
             return self._vram.read_u32(host)
-        with self.med.lock:
+        with self.mediator_lock:
             self._vram.write_u32(host, value)
             self.shadowing.note_write(addr, 4)
             self.channels.reflect(addr)
@@ -388,26 +401,20 @@ class VGpu:
 
     # ------------------------------------------------------------------ BAR1 / BAR3
     def _bar_access(self, bar: int, offset: int, size: int, value: int | None) -> int:
+        """A BAR1/BAR3 access outside the USERD poll area, mediator lock held: forwarded
+        into the VM's arena of the physical BAR (or its page wherever it is now)."""
         kind = "read" if value is None else "write"
         if bar == regs.BAR1:
-            slot = self.channels.userd_slot(offset)
-            if slot is not None:
-                ch, reg = slot
-                self.counts[f"trap.bar1.userd.{kind}"] += 1
-                if value is None:
-                    return self.channels.userd_read(ch, reg, size)
-                self.channels.userd_write(ch, reg, size, value)
-                return 0
             window, arena = self.shadowing.window_in_use(bar), self.part.bar1_base
         elif bar == regs.BAR3:
             window, arena = self.shadowing.window_in_use(bar), self.part.bar3_base
         else:
-            self.count("trap.refused.bar", 1)
+            self.meter.count("trap.refused.bar", 1)
             return (1 << (8 * size)) - 1
         self.counts[f"trap.bar{bar}.forward.{kind}"] += 1
         page = offset >> 12
         if offset < 0 or page >= window.pages or (offset & 0xFFF) + size > 0x1000:
-            self.count(f"trap.refused.bar{bar}", 1)
+            self.meter.count(f"trap.refused.bar{bar}", 1)
             return (1 << (8 * size)) - 1
         if self.tenant is not None:
             host = int(window.host_pages[page])
@@ -425,8 +432,8 @@ class VGpu:
             self._bar_fault(bar, offset, value is not None)
             return (1 << (8 * size)) - 1
         if value is None:
-            return self.med.gpu.mmio_read(bar, arena + offset, size)
-        self.med.gpu.mmio_write(bar, arena + offset, size, value)
+            return self.gpu.mmio_read(bar, arena + offset, size)
+        self.gpu.mmio_write(bar, arena + offset, size, value)
         host = int(window.host_pages[page])
         if host != NOT_VRAM:
             addr = host - self.policy.vram_base + (offset & 0xFFF)
@@ -435,87 +442,10 @@ class VGpu:
         return 0
 
     def _bar_fault(self, bar: int, offset: int, write: bool) -> None:
-        unit = regs.FAULT_UNIT_BAR1 if bar == regs.BAR1 else regs.FAULT_UNIT_BAR3
         inst = layout.fault_inst_word(layout.barvm_inst(
             self.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"]))
-        self._fault_records[unit] = [inst, offset & 0xFFFFFFFF, offset >> 32,
-                                     fault_flags(unit, regs.FAULT_PAGE_NOT_PRESENT, write)]
-        self._fault_mask |= 1 << unit
-        self._pfifo_intr |= regs.PFIFO_INTR_VM_FAULT
-        self.count(f"vm.faults.bar{bar}", 1)
-
-    # ------------------------------------------------------------------ handlers used by bar0_traps
-    def set_bar_vm(self, bar: int, value: int) -> None:
-        self.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"] = value
-        self.shadowing.bind_window(bar, value)
-
-    def set_userd_poll(self, value: int) -> None:
-        self.channels.userd_poll = value
-        self.shadowing.refresh_remap()
-
-    def runlist_submit(self, value: int) -> None:
-        self.vregs["runlist_len"] = value & regs.PFIFO_RUNLIST_LEN_MASK
-        self.channels.runlist_submit(self.vregs["runlist_addr"], value & regs.PFIFO_RUNLIST_LEN_MASK)
-
-    def runlist_pchids(self) -> list[int]:
-        return self.channels.runlist_pchids()
-
-    def tlb_flush(self, trigger: int) -> None:
-        self.shadowing.guest_flush(self.vregs["flush_pd"], trigger)
-
-    def pgraph_busy(self) -> int:
-        """PGRAPH_STATUS as this VM may see it: busy only while working for its channels."""
-        gpu = self.med.gpu
-        engine = gpu.engines.graph
-        inst = engine.current_inst
-        mine = any(ch.bound and ch.shadow_inst == inst for ch in self.channels.by_vchid.values())
-        return int(mine and engine.busy(gpu.clock.now_ns()))
-
-    def pcopy_channel(self, engine: Engine) -> int:
-        inst = engine.current_inst
-        for ch in self.channels.by_vchid.values():
-            if ch.bound and ch.shadow_inst == inst:
-                return layout.pcopy_chan_word(ch.guest_inst)
-        return 0
-
-    # ------------------------------------------------------------------ virtual interrupts/faults
-    def _collect_faults(self) -> None:
-        """Turn device faults of this VM's channels into its own fault records."""
-        faults = self.faults()
-        for f in faults[self._faults_seen:]:
-            ch = self.channels.by_vchid.get(f.chid)
-            if f.unit >= 0:
-                inst = layout.fault_inst_word(ch.guest_inst) if ch and ch.guest_inst else 0
-                self._fault_records[f.unit] = [
-                    inst, f.address & 0xFFFFFFFF, f.address >> 32,
-                    fault_flags(f.unit, f.vm_reason, f.write)]
-                self._fault_mask |= 1 << f.unit
-                self._pfifo_intr |= regs.PFIFO_INTR_VM_FAULT
-            else:
-                self._pfifo_intr |= regs.PFIFO_INTR_PBDMA
-        self._faults_seen = len(faults)
-
-    def pfifo_intr(self) -> int:
-        self._collect_faults()
-        return self._pfifo_intr
-
-    def pfifo_intr_clear(self, value: int) -> None:
-        self._collect_faults()
-        self._pfifo_intr &= ~value
-
-    def pmc_intr(self) -> int:
-        return regs.PMC_INTR_PFIFO if self.pfifo_intr() else 0
-
-    def fault_mask(self) -> int:
-        self._collect_faults()
-        return self._fault_mask
-
-    def fault_mask_clear(self, value: int) -> None:
-        self._fault_mask &= ~value
-
-    def fault_record(self, unit: int, word: int) -> int:
-        self._collect_faults()
-        return self._fault_records[unit][word]
+        self.fault_state.bar_fault(bar, inst, offset, write)
+        self.meter.count(f"vm.faults.bar{bar}", 1)
 
     # ------------------------------------------------------------------ lifecycle
     def teardown(self) -> None:

@@ -55,10 +55,10 @@ def device_memory(device: Any) -> SharedMemory | None:
     """The memory a device's mappable regions may be backed by, as the fd to hand out: a
     vGPU's own partition's VRAM piece (gpuvm/device/vram.py), never the rest of VRAM.  A
     GPU passed through whole maps nothing (every BAR traps), so it has none."""
-    med, part = getattr(device, "med", None), getattr(device, "part", None)
-    if med is None or part is None:
+    gpu, part = getattr(device, "gpu", None), getattr(device, "part", None)
+    if gpu is None or part is None:
         return None
-    piece = med.gpu.vram.piece(part.vram_base)
+    piece = gpu.vram.piece(part.vram_base)
     if piece is None:
         return None
     return SharedMemory(piece.host_address, piece.size, piece.fd)

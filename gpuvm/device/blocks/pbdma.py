@@ -8,23 +8,20 @@ and PFIFO_PBDMA_INTR_SOURCE are levels of "any record".
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gpuvm.device import regs
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.mmio_bus import RegisterBlock
-
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
 
 
 class Pbdma(RegisterBlock):
-    """The one PBDMA's registers and its per-channel interrupt records."""
+    """The one PBDMA's registers and its per-channel interrupt records.  Given the
+    device's events (a record signals its channel), not the Gpu."""
 
     name, start, size = "pbdma", regs.BLOCK_PBDMA, regs.PBDMA_STRIDE
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, events: DeviceEvents) -> None:
         super().__init__()
-        self.gpu = gpu
+        self.events = events
         self.traps: dict[int, list[int]] = {}  # chid -> [INTR, METHOD0, DATA0]
         self.intr_en = 0
         self.config = 0
@@ -73,4 +70,4 @@ class Pbdma(RegisterBlock):
                                 (method & 0x3FFC), data & 0xFFFFFFFF]
         else:
             record[0] |= reason
-        self.gpu.signal(chid)
+        self.events.signal(chid)

@@ -3,30 +3,33 @@ PFLUSH, and the PFFB VM block with the TLB-flush pair 0x100cb8 / 0x100cbc."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable, Sequence
 
 from gpuvm.device import layout, regs
+from gpuvm.device.counters import Counters
 from gpuvm.device.mmio_bus import RegisterBlock
-
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
+from gpuvm.device.mmu import Mmu
 
 
 class PfbPartitions(RegisterBlock):
+    """How many memory partitions there are (the profile's)."""
+
     name, start, size = "pfb_part", regs.BLOCK_PFB_PART, 0x1000
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, partitions: int) -> None:
         super().__init__()
-        self.reg(regs.PFB_PART_COUNT, read=lambda: gpu.profile.partitions)
+        self.reg(regs.PFB_PART_COUNT, read=lambda: partitions)
 
 
 class PfbPartitionSizes(RegisterBlock):
+    """Each partition's size in MiB: the VRAM split evenly among them."""
+
     name, start, size = "pfbpa", regs.BLOCK_PFBPA, regs.PFB_MAX_PARTS * regs.PFBPA_PART_STRIDE
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, partitions: int, vram_size: int) -> None:
         super().__init__()
-        parts = gpu.profile.partitions
-        mib = gpu.vram.size // parts // regs.MiB
+        parts = partitions
+        mib = vram_size // parts // regs.MiB
         for p in range(regs.PFB_MAX_PARTS):
             value = mib if p < parts else 0
             self.reg(regs.PFBPA_PART_SIZE_MIB + p * regs.PFBPA_PART_STRIDE,
@@ -41,26 +44,33 @@ class Pfb(RegisterBlock):
 
 
 class Pflush(RegisterBlock):
+    """The write-back flush, counted (given the counters)."""
+
     name, start, size = "pflush", regs.BLOCK_PFLUSH, 0x1000
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, counts: Counters) -> None:
         super().__init__()
         # Writes reach memory synchronously in this model, so a flush (PFLUSH_TRIGGER) is
         # done at once: PFLUSH_BUSY, which nouveau polls, always reads clear.
         self.reg(regs.PFLUSH_FLUSH, read=lambda: 0, write=self._flush)
-        self.gpu = gpu
+        self.counts = counts
 
     def _flush(self, value: int) -> None:
         if value & regs.PFLUSH_TRIGGER:
-            self.gpu.counts.inc("pflush.flushes")
+            self.counts.inc("pflush.flushes")
 
 
 class Pffb(RegisterBlock):
+    """The VM block: the large-page size and the TLB flush, given the MMU it flushes and
+    what else forgets its translations at a flush (the BAR apertures re-read their
+    instance blocks on next use)."""
+
     name, start, size = "pffb", regs.BLOCK_PFFB, 0x800
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, mmu: Mmu, forget: Sequence[Callable[[], None]]) -> None:
         super().__init__()
-        self.gpu = gpu
+        self.mmu = mmu
+        self.forget = forget
         self.cfg = 0
         self.flush_pd = 0
         self.flush_page = 0
@@ -76,7 +86,7 @@ class Pffb(RegisterBlock):
 
     def _write_cfg(self, value: int) -> None:
         self.cfg = value & regs.PFFB_VM_CFG_LARGE_64K
-        self.gpu.mmu.set_large_pages_64k(bool(self.cfg))
+        self.mmu.set_large_pages_64k(bool(self.cfg))
 
     def _set_page(self, value: int) -> None:
         self.flush_page = value
@@ -91,7 +101,8 @@ class Pffb(RegisterBlock):
         target = regs.TARGET_SYSRAM if layout.flush_pd_sysram(self.flush_pd) else regs.TARGET_VRAM
         pd = layout.flush_pd_addr(self.flush_pd)
         if value & regs.PFFB_TRIGGER_ALL_PDS:
-            self.gpu.mmu.flush()
+            self.mmu.flush()
         else:
-            self.gpu.mmu.flush(pd, target)
-        self.gpu.flushed()
+            self.mmu.flush(pd, target)
+        for forget in self.forget:
+            forget()

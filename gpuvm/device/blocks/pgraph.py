@@ -11,29 +11,39 @@ the model does not hold the engine, so one VM's unhandled trap cannot stall anot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gpuvm.device import regs
+from gpuvm.device.clock import DeviceClock
+from gpuvm.device.counters import Counters
+from gpuvm.device.engines import Engine
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.mmio_bus import RegisterBlock
 
-if TYPE_CHECKING:
-    from gpuvm.device.channel import Channel
-    from gpuvm.device.gpu import Gpu
+
+class RaisedBy(Protocol):
+    """The channel an interrupt is raised for (gpuvm.device.channel.Channel)."""
+
+    chid: int
 
 
 class Pgraph(RegisterBlock):
-    """PGRAPH's status and interrupts, with which channel raised each (see above)."""
+    """PGRAPH's status and interrupts, with which channel raised each (see above).
+    Given the graphics engine (busy), the clock, the counters and the device's events,
+    not the Gpu."""
 
     name, start, size = "pgraph", regs.BLOCK_PGRAPH, 0x10000
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, graph: Engine, clock: DeviceClock, counts: Counters,
+                 events: DeviceEvents) -> None:
         super().__init__()
-        self.gpu = gpu
+        self.counts = counts
+        self.events = events
         self.notify_chids: set[int] = set()
         # illegal methods by channel, oldest first: [TRAP_ADDR, TRAP_DATA]
         self.traps: dict[int, list[int]] = {}
         self.fifo_access = 0
-        self.reg(regs.PGRAPH_STATUS, read=lambda: int(gpu.engines.graph.busy(gpu.clock.now_ns())))
+        self.reg(regs.PGRAPH_STATUS, read=lambda: int(graph.busy(clock.now_ns())))
         self.reg(regs.PGRAPH_INTR, read=lambda: self.intr, write=self._clear)
         self.reg(regs.PGRAPH_TRAP_ADDR, read=lambda: self._trap_word(0))
         self.reg(regs.PGRAPH_TRAP_DATA, read=lambda: self._trap_word(1))
@@ -64,15 +74,15 @@ class Pgraph(RegisterBlock):
     def _set_fifo_access(self, value: int) -> None:
         self.fifo_access = value
 
-    def illegal_method(self, ch: "Channel", subc: int, method: int, value: int) -> None:
+    def illegal_method(self, ch: RaisedBy, subc: int, method: int, value: int) -> None:
         """A method the bound class lacks: recorded (the first per channel stays on show
         until acked), interrupted, skipped."""
         self.traps.setdefault(ch.chid, [(subc << regs.PGRAPH_TRAP_SUBC_SHIFT) | method,
                                         value & 0xFFFFFFFF])
-        self.gpu.counts.chan(ch.chid, "pgraph.illegal_methods")
-        self.gpu.signal(ch.chid)
+        self.counts.chan(ch.chid, "pgraph.illegal_methods")
+        self.events.signal(ch.chid)
 
-    def notify(self, ch: "Channel") -> None:
+    def notify(self, ch: RaisedBy) -> None:
         self.notify_chids.add(ch.chid)
-        self.gpu.counts.chan(ch.chid, "pgraph.notifies")
-        self.gpu.signal(ch.chid)
+        self.counts.chan(ch.chid, "pgraph.notifies")
+        self.events.signal(ch.chid)

@@ -10,13 +10,13 @@ time through `call_at`; the engine loop fires both (see Gpu._engine_loop).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from gpuvm.device import regs
+from gpuvm.device.clock import DeviceClock
+from gpuvm.device.counters import Counters
+from gpuvm.device.events import DeviceEvents
 from gpuvm.device.mmio_bus import RegisterBlock
-
-if TYPE_CHECKING:
-    from gpuvm.device.gpu import Gpu
 
 WRAP = 1 << 32
 
@@ -28,13 +28,17 @@ def alarm_time(now_counter: int, alarm: int) -> int:
 
 class Ptimer(RegisterBlock):
     """The timer a driver sets and arms; an offset on the device clock, so setting it
-    never moves device time (the engines' and every other VM's)."""
+    never moves device time (the engines' and every other VM's).  Given the device
+    clock, the counters and the device's events (an alarm signals; arming wakes the
+    engine thread, which fires alarms), not the Gpu."""
 
     name, start, size = "ptimer", regs.BLOCK_PTIMER, 0x1000
 
-    def __init__(self, gpu: "Gpu") -> None:
+    def __init__(self, clock: DeviceClock, counts: Counters, events: DeviceEvents) -> None:
         super().__init__()
-        self.gpu = gpu
+        self.clock = clock
+        self.counts = counts
+        self.events = events
         self.offset = 0  # counter = device clock + offset (a TIME write moves it)
         self.time_1 = 0  # TIME_1 as last written: the high half a TIME_0 write commits
         self.alarm = 0
@@ -55,13 +59,13 @@ class Ptimer(RegisterBlock):
                      write=lambda v, i=i: self.ratio.__setitem__(i, v), plain=True)
 
     def counter(self) -> int:
-        return (self.gpu.clock.now_ns() + self.offset) % (1 << 64)
+        return (self.clock.now_ns() + self.offset) % (1 << 64)
 
     def _set_time_1(self, value: int) -> None:
         self.time_1 = value
 
     def _set_time_0(self, value: int) -> None:
-        self.offset = ((self.time_1 << 32) | value) - self.gpu.clock.now_ns()
+        self.offset = ((self.time_1 << 32) | value) - self.clock.now_ns()
         self._arm()
 
     def _set_alarm(self, value: int) -> None:
@@ -77,11 +81,11 @@ class Ptimer(RegisterBlock):
 
     def _arm(self) -> None:
         if self.intr_en & regs.PTIMER_INTR_ALARM:
-            now = self.gpu.clock.now_ns()
+            now = self.clock.now_ns()
             self.alarm_at = now + alarm_time(now + self.offset, self.alarm)
         else:
             self.alarm_at = None
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     def call_at(self, key: object, device_ns: int | None,
                 fn: Callable[[], None] | None = None) -> None:
@@ -91,15 +95,15 @@ class Ptimer(RegisterBlock):
             self.calls.pop(key, None)
         else:
             self.calls[key] = (device_ns, fn)
-        self.gpu.kick_engines()
+        self.events.kick_engines()
 
     def fire(self, now: int) -> int | None:
         """Raise what is due at device time `now`; returns when the next thing is due."""
         if self.alarm_at is not None and now >= self.alarm_at:
             self.intr |= regs.PTIMER_INTR_ALARM
-            self.gpu.counts.inc("ptimer.alarms")
+            self.counts.inc("ptimer.alarms")
             self.alarm_at += WRAP  # the low word comes round again in 2^32 ns
-            self.gpu.signal()
+            self.events.signal()
         for key, (t, fn) in list(self.calls.items()):
             if now >= t:
                 del self.calls[key]
