@@ -323,7 +323,7 @@ class World:
             self._unimplemented = unimplemented
         on_runlist = set(gpu.pfifo.runlist)
         for t in self.tenants:
-            chans = t.vgpu.channels
+            chans = t.vgpu.table
             lost = [c for c in chans.runlist if chans.by_vchid[c].bound
                     and chans.by_vchid[c].pchid not in on_runlist]
             if lost:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.blocks.ptimer import alarm_time
 from gpuvm.device.engines import Engine
 from gpuvm.device.gpu import Gpu
@@ -207,7 +207,7 @@ def _pcopy_channel(table: ChannelTable, engine: Engine) -> int:
     inst = engine.current_inst
     for ch in table.by_vchid.values():
         if ch.bound and ch.shadow_inst == inst:
-            return (ch.guest_inst >> 12) | regs.PCOPY_CHAN_VALID
+            return layout.pcopy_chan_word(ch.guest_inst)
     return 0
 
 
