@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -71,6 +72,17 @@ class VmRow:
 
 
 DEFAULT_TYPE = mdev_types.default_type_id(gpu_types(load_profile()))
+
+
+def makespan_ms(rs: list[VmRow]) -> float:
+    """Mean over repetitions of one run's span in modelled time: its VMs run at once, so
+    this -- not the sum of their times -- is how long the run took."""
+    by_rep: dict[int, list[VmRow]] = defaultdict(list)
+    for r in rs:
+        by_rep[r.rep].append(r)
+    spans = [max(r.start_s * 1e3 + r.total_modelled_ns / 1e6 for r in run)
+             - min(r.start_s * 1e3 for r in run) for run in by_rep.values()]
+    return sum(spans) / len(spans) if spans else 0.0
 
 
 def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> list[VmSpec]:

@@ -26,8 +26,7 @@ from gpuvm.device import regs
 from gpuvm.device.profile import load_profile
 from gpuvm.experiment.config import Experiment, Scenario, VmConfig
 from gpuvm.experiment.costs import CostProfile, load_costs
-from gpuvm.experiment.execute import VmRow
-from gpuvm.experiment.report import _makespan_ms
+from gpuvm.experiment.execute import VmRow, makespan_ms
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mediator import HYP_GLOBAL
 from gpuvm.sim.stream_replay import VmStream, replay
@@ -125,7 +124,7 @@ def emulator_point(rows: list[VmRow], policy: str, mode: str) -> Point:
             {r.rep for r in good}) for name in COUNTER_NAMES}
     note = "" if counts is not None else \
         "no residency counters: this emulator build does not switch residency"
-    return Point(policy, mode, EMULATOR, _makespan_ms(good), counts, passed, note)
+    return Point(policy, mode, EMULATOR, makespan_ms(good), counts, passed, note)
 
 
 def default_trace_loader(backend: str, profile: str) -> TraceLoader:

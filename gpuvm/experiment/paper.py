@@ -18,6 +18,7 @@ from pathlib import Path
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
 from gpuvm.experiment.execute import VmRow
+from gpuvm.experiment.oversub_report import oversubscription_report
 from gpuvm.experiment.report import PHASES, reprice, shares_in_window
 from gpuvm.experiment.rundir import write_atomically
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
@@ -357,7 +358,6 @@ def write_paper_report(exp: Experiment, parts: list[SuitePart], out: Path) -> Pa
         elif part.exp.kind == "isolation":
             md += isolation_section(part)
         elif part.exp.kind == "oversubscription":
-            from gpuvm.experiment.oversub_report import oversubscription_report
             md += ["## Oversubscription: QUANTUM vs BAND", "", f"Rows: `{part.path}`.", ""]
             md += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
                    for line in oversubscription_report(part.exp, part.rows, out)]

@@ -20,7 +20,8 @@ from gpuvm.device.clock import CLOCKS
 from gpuvm.errors import UserError
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
-from gpuvm.run.execute import VmResult, run_vms
+from gpuvm.run.execute import run_vms
+from gpuvm.run.result import VmResult
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.run.tables import TABLE_WIDTH, render, render_comparison, \
     render_summary, render_vms

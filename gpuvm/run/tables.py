@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpuvm.run.execute import VmResult
+from gpuvm.run.result import VmResult
 from gpuvm.vmm.guest_session import PhaseRecord
 
 
