@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuvm.device.profile import DeviceProfile, load_profile
+from gpuvm.errors import UserError
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
 from gpuvm.mediator.modes import MODES
-from gpuvm.mediator.partition import PartitionError, PartitionTable
+from gpuvm.mediator.partition import PartitionTable
 
 PARENT_ADDRESS = "0000:01:00.0"  # the first emulated GPU's PCI address on the host
 DEFAULT_MODE = "fv-opt"
@@ -278,8 +279,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from gpuvm.errors import UserError
-
     store = MdevStore()
     try:
         if args.mdev_command == "types":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvm.errors import UserError
+from gpuvm.run.observe import status_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +50,6 @@ def _alive(pid: int) -> bool:
 
 def read_status(state: Path | None = None) -> list[dict[str, Any]]:
     """Every live run's status, oldest first; stale files are removed."""
-    from gpuvm.run.observe import status_dir
-
     runs = []
     directory = status_dir(state)
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:

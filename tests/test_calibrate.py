@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 from gpuvm import cli
 from gpuvm.calibrate import hostmem
 from gpuvm import host_pages
-from gpuvm.calibrate.command import model_slug, parse_size
+from gpuvm.calibrate.cli import model_slug, parse_size
 from gpuvm.calibrate.gpu import chunks
 from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
                                      from_toml, load, to_toml)

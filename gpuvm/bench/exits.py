@@ -32,20 +32,27 @@ from pathlib import Path
 from typing import Callable
 
 from gpuvm.device import regs
+from gpuvm.device.gpu import Gpu
+from gpuvm.errors import UserError
 from gpuvm.experiment.costs import load_costs, mmio_exits
+from gpuvm.mediator.mediator import Mediator
+from gpuvm.mediator.modes import MODES
+from gpuvm.mediator.partition import PartitionSpec
+from gpuvm.run import run_vms
+from gpuvm.run.cli import COST_PROFILE
+from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
+from gpuvm.vfio.passthrough import PassthroughGpu
+from gpuvm.vfio.register_file import RegisterFileDevice
+from gpuvm.vfio.user.client import VfioUserDevice
+from gpuvm.vfio.user.server import DeviceServer
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
-from gpuvm.vmm.kvm.runner import coalescing
+from gpuvm.vmm.kvm import kvm_usable
+from gpuvm.vmm.kvm.runner import KvmRunner, coalescing
 from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES, ExitLoop
-from gpuvm.mediator.modes import MODES
-from gpuvm.run import run_vms
-from gpuvm.run.command import COST_PROFILE
-from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
-from gpuvm.vfio.passthrough import PassthroughGpu
-from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vmm.vfio_attach import attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
@@ -73,13 +80,9 @@ def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
         raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
     if kind == "registers":
         return RegisterFileDevice(BAR_SIZES), "RegisterFile", lambda: None
-    from gpuvm.device.gpu import Gpu
     gpu = Gpu(vram_size=1 * regs.GiB)
     if kind == "gpu":
         return PassthroughGpu(gpu), "Gpu", gpu.release_memory
-    from gpuvm.mediator.mediator import Mediator
-    from gpuvm.mediator.modes import MODES
-    from gpuvm.mediator.partition import PartitionSpec
     med = Mediator(gpu.start())
     vgpu = med.add_vm("bench", MODES["fv"], PartitionSpec(vram_size=256 * regs.MiB))
 
@@ -134,7 +137,6 @@ def serve_target(kind: str, fd: int) -> None:
     (run in a process of its own by `served_target`)."""
     import socket
 
-    from gpuvm.vfio.user.server import DeviceServer
     device, _, release = bench_target(kind)
     try:
         DeviceServer(socket.socket(fileno=fd), device, device, None, kind).serve()
@@ -149,7 +151,6 @@ def served_target(kind: str, poll_us: float | None = None):
     import subprocess
     import sys
 
-    from gpuvm.vfio.user.client import VfioUserDevice
     ours, theirs = socket.socketpair()
     poll = "" if poll_us is None else \
         f"import gpuvm.vfio.user.protocol as p; p.SPIN_S = {poll_us * 1e-6!r}; "
@@ -168,8 +169,6 @@ def served_target(kind: str, poll_us: float | None = None):
 
 def _one_run(image: Path, iterations: int, remap_iterations: int,
              kind: str, transport: str = "inproc") -> dict[str, float | int | str]:
-    from gpuvm.vmm.kvm.runner import KvmRunner
-
     class BenchRunner(KvmRunner):
         loop_class = RawThenDispatchLoop
 
@@ -402,9 +401,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_exits(args: argparse.Namespace) -> int:
     """Entry point for `gpuvm bench exits`."""
-    from gpuvm.errors import UserError
-    from gpuvm.vmm.kvm import kvm_usable
-
     ok, why = kvm_usable()
     if not ok:
         raise UserError(f"bench exits needs KVM: {why}")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from gpuvm.run.spec import RunOptions, VmSpec
+from gpuvm.errors import UserError
+from gpuvm.run import run_vms
+from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS
 
 DEFAULT_VMS = 8
@@ -22,8 +24,6 @@ DEFAULT_VMS = 8
 def run_isolation_bench(vms: int = DEFAULT_VMS, benchmark: str = "mmul",
                         params: tuple[int, ...] = (128,), mode: str = "fv-opt",
                         backend: str = "auto") -> dict:
-    from gpuvm.run import run_vms
-
     specs = [VmSpec(f"vm{i}", benchmark, list(params)) for i in range(vms)]
     out: dict = {"vms": vms, "benchmark": benchmark, "params": list(params), "mode": mode}
     counts = {}
@@ -72,9 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_isolation(args: argparse.Namespace) -> int:
     import json
-
-    from gpuvm.errors import UserError
-    from gpuvm.run.spec import RunError
 
     if args.vms < 1:
         raise UserError("--vms must be at least 1")

@@ -19,8 +19,15 @@ import argparse
 import statistics
 from dataclasses import dataclass
 
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from gpuvm.errors import UserError
+from gpuvm.mediator.modes import MODES
+from gpuvm.run import RunError, VmSpec, run_vms
+from gpuvm.run.cli import parse_modes
+from gpuvm.run.spec import RunOptions
+from gpuvm.vmm.abi import GUEST_RAM_DEFAULT
 from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, GuestRam
+from gpuvm.vmm.ram_pool import RamPool
 
 DEFAULT_MODES = "pv,fv-opt"
 DEFAULT_VMS = "1,2,4,8"
@@ -38,10 +45,6 @@ class AllocRun:
 
 def measure(benchmark: str, params: tuple[int, ...], modes: list[str], counts: list[int],
             repeat: int, backend: str = "auto") -> list[AllocRun]:
-    from gpuvm.mediator.modes import MODES
-    from gpuvm.run import RunError, VmSpec, run_vms
-    from gpuvm.run.spec import RunOptions
-
     def run(mode: str, n: int, alloc: str) -> tuple[float, float]:
         specs = [VmSpec(f"vm{i}", benchmark, list(params), paravirtual=MODES[mode].pv,
                         ram_alloc=alloc) for i in range(n)]
@@ -70,9 +73,6 @@ def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
     """ms to build and close a VM's RAM of `size` bytes populated up front, by turns: made
     and freed each time ("fresh"), and taken from and given back to a pool ("kept")."""
     import time
-
-    from gpuvm.vmm.guest_ram import GuestRam
-    from gpuvm.vmm.ram_pool import RamPool
 
     out: dict[str, list[float]] = {"fresh": [], "kept": []}
     pools = {"fresh": RamPool(limit_bytes=0), "kept": RamPool()}
@@ -144,10 +144,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main_ram_alloc(args: argparse.Namespace) -> int:
     import os
 
-    from gpuvm.errors import UserError
-    from gpuvm.run import RunError
-    from gpuvm.run.command import parse_modes
-
     try:
         modes = parse_modes(args.modes)
         counts = [int(c) for c in args.vms.split(",")]
@@ -158,7 +154,6 @@ def main_ram_alloc(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.repeat < 1:
         raise UserError(f"bench ram-alloc: VM counts >= 1 and --repeat >= 1 (got --vms "
                         f"{args.vms} --repeat {args.repeat})")
-    from gpuvm.vmm.abi import GUEST_RAM_DEFAULT
 
     load = os.getloadavg()[0]
     builds = 4 * args.repeat

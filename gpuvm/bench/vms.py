@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from gpuvm.errors import UserError
 from gpuvm.experiment.costs import mmio_exits
 from gpuvm.mediator.modes import MODES
+from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS, resolve_backend
 from gpuvm.vmm.kvm.runner import coalescing
@@ -37,8 +39,6 @@ def kvm_exits(result) -> int:
 
 
 def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
-    from gpuvm.run import run_vms
-
     alone = {}
     for spec in specs:
         if spec.benchmark in alone:
@@ -120,8 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_vms(args: argparse.Namespace) -> int:
-    from gpuvm.errors import UserError
-
     benchmarks = tuple(b for b in args.benchmarks.split(",") if b)
     if not benchmarks:
         raise UserError("--benchmarks: name at least one benchmark")

@@ -63,14 +63,17 @@ from typing import Any
 
 from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
-from gpuvm.experiment.costs import load_costs
+from gpuvm.errors import UserError
+from gpuvm.experiment.costs import load_costs, load_hostmem_costs
+from gpuvm.libvirt.placement import domain_vms
+from gpuvm.mdevctl import MdevStore
 from gpuvm.mediator.mdev_types import MdevTypeError, lookup
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types, machine_profile
 from gpuvm.run.spec import RunOptions
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,10 +266,6 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
         return []
     from dataclasses import asdict
 
-    from gpuvm.errors import UserError
-    from gpuvm.libvirt.placement import domain_vms
-    from gpuvm.mdevctl import MdevStore
-
     base = Path(source).parent if source != "<config>" else Path.cwd()
     try:
         vms = domain_vms([base / f for f in files], MdevStore())
@@ -333,8 +332,6 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         raise ConfigError(f"{source}: experiment.backend: an isolation experiment needs "
                           f"kvm (in-process guests are not confined from one another)")
     if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
-        from gpuvm.experiment.costs import load_hostmem_costs
-
         for profile in result["hostmem_profiles"]:
             try:
                 load_hostmem_costs(profile)

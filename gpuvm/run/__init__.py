@@ -1,5 +1,5 @@
 """Running benchmarks in VMs: specs (`spec`), machines (`native`, `mediated`), the run
-loop (`execute`), tables (`tables`) and the `gpuvm run` command (`command`)."""
+loop (`execute`), tables (`tables`) and the `gpuvm run` command (`cli`)."""
 
 from gpuvm.run.execute import machine_for, run_vms
 from gpuvm.run.result import VmResult

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuvm.mdevctl import state_dir
 from gpuvm.run.spec import Machine, VmSpec
 from gpuvm.vmm.guest_session import GuestSession
 
@@ -109,8 +110,6 @@ class RunStatus:
 
 
 def status_dir(state: Path | None = None) -> Path:
-    from gpuvm.mdevctl import state_dir
-
     return (state or state_dir()) / STATUS_SUBDIR
 
 

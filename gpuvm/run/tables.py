@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from gpuvm.mediator import mdev_types
+from gpuvm.run.mediated import gpu_types, machine_profile
 from gpuvm.run.result import VmResult
+from gpuvm.run.spec import RunOptions
 from gpuvm.vmm.guest_session import PhaseRecord
 
 
@@ -155,10 +158,6 @@ def _ms(ns: float) -> str:
 
 
 def _vram_of(spec: object) -> str:
-    from gpuvm.mediator import mdev_types
-    from gpuvm.run.mediated import gpu_types, machine_profile
-    from gpuvm.run.spec import RunOptions
-
     try:
         t = mdev_types.lookup(gpu_types(machine_profile(RunOptions())), spec.mdev_type)
     except Exception:  # a custom partition or a type of another GPU size

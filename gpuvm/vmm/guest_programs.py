@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuvm.errors import UserError
 from gpuvm.vmm.guest_build import BuildError, GuestTarget, build_flat, build_shared
 
 # params[7] of the boot parameters belongs to the driver: in the PV build, the entries
@@ -75,8 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuvm.errors import UserError
-
     kinds = KINDS if args.kind == "both" else (args.kind,)
     try:
         programs = build_all(args.target, kinds)

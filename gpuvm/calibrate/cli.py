@@ -13,6 +13,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpuvm.calibrate import gpu, mmu_v2
+from gpuvm.calibrate.cuda import NoGpu, find_backend
+from gpuvm.calibrate.footprint import build_and_count, footprint_table
+from gpuvm.calibrate.profile import load, to_json_dict, to_toml
+from gpuvm.calibrate.smart_pinning import crossover
 from gpuvm.calibrate.stats import MIN_REPS
 from gpuvm.errors import UserError
 
@@ -107,8 +112,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_show(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate.profile import load, to_json_dict
-
     try:
         profile = load(args.show)
     except FileNotFoundError:
@@ -132,10 +135,6 @@ def model_slug(gpu_name: str) -> str:
 
 
 def main_gpu(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate import gpu
-    from gpuvm.calibrate.cuda import NoGpu, find_backend
-    from gpuvm.calibrate.profile import to_json_dict, to_toml
-
     if args.reps < MIN_REPS:
         raise UserError(f"--reps {args.reps}: need at least {MIN_REPS} for a median and spread")
     sizes, pin_bytes, chunk = parse_sizes(args.sizes), parse_size(args.pin_size), \
@@ -185,8 +184,6 @@ def print_profile(profile) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from gpuvm.calibrate.smart_pinning import crossover
 
     d = profile.device
     console = Console(width=140)
@@ -259,8 +256,6 @@ def _kib(kib: int) -> str:
 
 # ------------------------------------------------------------------ --pt-footprint
 def main_footprint(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate.footprint import build_and_count, footprint_table
-
     nbytes, counts = parse_size(args.map_size), parse_counts(args.vms or "1,8")
     if args.mmu == "v2":
         return main_footprint_v2(args, nbytes, counts)
@@ -297,8 +292,6 @@ def main_footprint(args: argparse.Namespace) -> int:
 
 
 def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) -> int:
-    from gpuvm.calibrate import mmu_v2
-
     limit = 0 if args.no_cross_check else parse_size(args.build_limit)
     try:
         rows = mmu_v2.study(nbytes, counts, limit)
