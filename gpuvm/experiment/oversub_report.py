@@ -29,6 +29,7 @@ from gpuvm.experiment.costs import CostProfile, load_costs
 from gpuvm.experiment.execute import VmRow, makespan_ms
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mediator import HYP_GLOBAL
+from gpuvm.sim.figure import pyplot
 from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.traces import TraceKey, load_trace
 from gpuvm.sim.residency import COUNTER_NAMES, residency_for
@@ -174,10 +175,8 @@ def _cell(value: float | int | None, fmt: str) -> str:
 def _figure(scenario: str, points: list[Point], path: Path) -> Path:
     """Makespan per policy from each source on its own axis, and the pages moved side by
     side."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    plt = pyplot()
+    import matplotlib.ticker  # with pyplot, lazily: see gpuvm.sim.figure.pyplot
 
     labels = list(dict.fromkeys((p.policy, p.mode) for p in points))
     names = [p.upper() if len({m for _, m in labels}) == 1 else f"{p.upper()}\n{m}"

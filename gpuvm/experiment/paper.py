@@ -21,6 +21,7 @@ from gpuvm.experiment.execute import VmRow
 from gpuvm.experiment.oversub_report import oversubscription_report
 from gpuvm.experiment.report import PHASES, reprice, shares_in_window
 from gpuvm.experiment.rundir import write_atomically
+from gpuvm.sim.figure import pyplot
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
 
 
@@ -248,10 +249,7 @@ def scale_points(part: SuitePart) -> list[ScalePoint]:
 
 
 def _scaling_figure(points: list[ScalePoint], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for i, mode in enumerate(sorted({p.mode for p in points})):
         ps = [p for p in points if p.mode == mode]

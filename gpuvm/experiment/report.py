@@ -25,7 +25,7 @@ from gpuvm.experiment.oversub_report import oversubscription_report
 from gpuvm.experiment.rundir import (REPORT_RECORD, config_hash, planned_vm_runs,
                                      write_atomically)
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.figure import UtilisationPanel, render_panels
+from gpuvm.sim.figure import UtilisationPanel, pyplot, render_panels
 from scheduler.metrics import VmMetrics
 
 REPORT = "report.md"
@@ -118,10 +118,7 @@ def mode_lines(rows: list[VmRow]) -> list[ModeLine]:
 
 
 def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 1, figsize=(6.5, 3.8), squeeze=False)
     axes = axes[0]
     names = [l.mode for l in lines]
