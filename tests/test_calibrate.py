@@ -19,7 +19,7 @@ from gpuvm.calibrate import hostmem
 from gpuvm import host_pages
 from gpuvm.calibrate.cli import model_slug, parse_size
 from gpuvm.calibrate.gpu import chunks
-from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
+from gpuvm.calibrate.profile import (Bandwidth, CopyInto, GpuProfile, MeasurementSetup, PinCost,
                                      from_toml, load, to_toml)
 from gpuvm.calibrate.stats import Spread
 
@@ -218,8 +218,9 @@ def test_spread_keeps_min_below_max_when_inverted():
 # ------------------------------------------------------------------ profiles
 def sample_profile() -> GpuProfile:
     sp = Spread(1.5, 1.25, 2.0, 7)
-    info = DeviceInfo("NVIDIA Test \"GPU\"", "1.2.3", "13.0", "cupy 0", "2026-01-01T00:00:00Z",
-                      "gpuvm calibrate --gpu", "6.1", "advise", "madvise", 7, 4 << 20, 1 << 20)
+    info = MeasurementSetup("NVIDIA Test \"GPU\"", "1.2.3", "13.0", "cupy 0",
+                            "2026-01-01T00:00:00Z", "gpuvm calibrate --gpu", "6.1", "advise",
+                            "madvise", 7, 4 << 20, 1 << 20)
     return GpuProfile(info,
                       [Bandwidth("h2d", "pinned", 1 << 30, sp, "advise", [0.5, 0.6]),
                        Bandwidth("d2h", "pageable", 64 << 20, sp)],

@@ -191,3 +191,21 @@ def test_only_the_cli_table_imports_by_name() -> None:
                     and module != LAZY_DISPATCH:
                 hidden.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert hidden == []
+
+
+# The fuzzer's Tenant (gpuvm/bench/fuzz.py) is being reworked for the planted faults of
+# issue 76 item 6; it becomes FuzzVm there, after which this set is empty.
+SHARED_NAMES_PENDING = {"Tenant"}
+
+
+def test_one_meaning_per_class_name() -> None:
+    """Two public classes of one name (a BarWindow in the VMM and in shadow/, three
+    DeviceInfo) make a reader -- and an import -- pick the wrong one."""
+    where: dict[str, list[str]] = {}
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in where.items()
+              if len(paths) > 1 and name not in SHARED_NAMES_PENDING}
+    assert shared == {}

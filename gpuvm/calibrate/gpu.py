@@ -27,7 +27,7 @@ from typing import Callable
 from gpuvm.calibrate import hostmem, smart_pinning
 from gpuvm import host_pages
 from gpuvm.calibrate.cuda import CudaBackend, driver_version
-from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
+from gpuvm.calibrate.profile import (Bandwidth, CopyInto, GpuProfile, MeasurementSetup, PinCost,
                                      ThpSetting)
 from gpuvm.calibrate.stats import Spread
 
@@ -233,7 +233,7 @@ def calibrate(cuda: CudaBackend, plan: Plan,
     smart = smart_pinning.measure(cuda, plan.smart_sizes, plan.reps, progress) \
         if plan.smart_sizes else []
     cuda.release()
-    info = DeviceInfo(
+    info = MeasurementSetup(
         gpu=cuda.device_name(), driver=driver_version(), cuda_runtime=cuda.runtime_version(),
         backend=cuda.name, date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=plan.command, kernel=platform.release(),

@@ -115,7 +115,7 @@ class VmConfig:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class ScenarioConfig:
     name: str
     vms: tuple[VmConfig, ...]
 
@@ -124,7 +124,7 @@ class Scenario:
 class Experiment:
     name: str
     kind: str
-    scenarios: tuple[Scenario, ...]
+    scenarios: tuple[ScenarioConfig, ...]
     modes: tuple[str, ...] = ("fv-opt",)
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
@@ -357,7 +357,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
             raise ConfigError(f"{source}: scenario[{i}].vm: needs at least one [[scenario.vm]]")
         if len({v.name for v in vms}) != len(vms):
             raise ConfigError(f"{source}: scenario[{i}].vm: VM names repeat")
-        scenarios.append(Scenario(sname, tuple(vms)))
+        scenarios.append(ScenarioConfig(sname, tuple(vms)))
     if len({s.name for s in scenarios}) != len(scenarios):
         raise ConfigError(f"{source}: scenario: names repeat")
     _check_types(scenarios, result["vram_mib"], source)
@@ -372,7 +372,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     return Experiment(scenarios=tuple(scenarios), **result)
 
 
-def _check_types(scenarios: list[Scenario], vram_mib: int | None, source: str) -> None:
+def _check_types(scenarios: list[ScenarioConfig], vram_mib: int | None, source: str) -> None:
     """Every VM's vGPU type must be one the experiment's GPU has (as `gpuvm run --type`
     is checked), before anything runs rather than as a run that fails."""
     types = None

@@ -24,7 +24,7 @@ from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.profile import load_profile
-from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+from gpuvm.experiment.config import Experiment, ScenarioConfig, VmConfig
 from gpuvm.experiment.costs import CostProfile, load_costs
 from gpuvm.experiment.execute import VmRow, makespan_ms
 from gpuvm.mediator import mdev_types
@@ -134,14 +134,14 @@ def default_trace_loader(backend: str, profile: str) -> TraceLoader:
     return load
 
 
-def model_streams(exp: Experiment, scenario: Scenario, mode: str, load: TraceLoader,
+def model_streams(exp: Experiment, scenario: ScenarioConfig, mode: str, load: TraceLoader,
                   policy: str) -> list[VmStream]:
     return [load(vm, mode, policy).placed(vm.name, round(vm.start_s * 1e9), vm.share,
                                           working_set_bytes(vm, exp))
             for vm in scenario.vms]
 
 
-def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
+def model_point(exp: Experiment, scenario: ScenarioConfig, policy: str, mode: str,
                 costs: CostProfile, load: TraceLoader) -> Point:
     streams = model_streams(exp, scenario, mode, load, policy)
     config = SchedulerConfig.from_dict({**exp.scheduler, "policy": policy})
@@ -151,7 +151,7 @@ def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
     return Point(policy, mode, MODEL, result.makespan_ns / 1e6, counts)
 
 
-def points_for(exp: Experiment, scenario: Scenario, rows: list[VmRow], costs: CostProfile,
+def points_for(exp: Experiment, scenario: ScenarioConfig, rows: list[VmRow], costs: CostProfile,
                load: TraceLoader) -> list[Point]:
     by: dict[tuple[str, str], list[VmRow]] = defaultdict(list)
     for r in rows:

@@ -22,7 +22,7 @@ from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
 from gpuvm.errors import UserError
 from gpuvm.experiment import cli as experiment_cli
-from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+from gpuvm.experiment.config import Experiment, ScenarioConfig, VmConfig
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import rows_for
 from gpuvm.mdevctl import MdevStore
@@ -379,7 +379,7 @@ def experiment_rows(args: argparse.Namespace, runs: dict[str, list[VmResult]]) -
         vms = tuple(VmConfig(r.spec.name, r.spec.benchmark, tuple(r.spec.params),
                              share=r.spec.share or 1.0, inject=r.spec.inject)
                     for r in results)
-        scenario = Scenario("cli", vms)
+        scenario = ScenarioConfig("cli", vms)
         exp = Experiment("gpuvm-run", "benchmarks", (scenario,), modes=tuple(runs),
                          backend=args.backend, cost_profile=COST_PROFILE)
         rows += rows_for(exp, scenario, mode, args.policy, 0, results, costs)

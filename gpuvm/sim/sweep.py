@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from gpuvm.experiment.config import Experiment, Scenario
+from gpuvm.experiment.config import Experiment, ScenarioConfig
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.traces import TraceKey, load_trace
@@ -43,7 +43,7 @@ def points_for(exp: Experiment, vm_counts: Sequence[int] = (0,),
             for n in vm_counts for prof in (profiles or (exp.cost_profile,))]
 
 
-def _vms_of(scenario: Scenario, count: int) -> list:
+def _vms_of(scenario: ScenarioConfig, count: int) -> list:
     vms = list(scenario.vms)
     return vms if not count else [vms[i % len(vms)] for i in range(count)]
 

@@ -163,20 +163,26 @@ class RegionIoFds(ctypes.LittleEndianStructure):
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
 
-class DeviceInfo(ctypes.LittleEndianStructure):
+class WireDeviceInfo(ctypes.LittleEndianStructure):
+    """struct vfio_device_info as DEVICE_GET_INFO carries it (argsz first); the device
+    API's own answer is gpuvm.vfio.device.DeviceInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("num_regions", _u32),
                 ("num_irqs", _u32)]
 
 
-class RegionInfo(ctypes.LittleEndianStructure):
-    """struct vfio_region_info; a reply may carry its capability chain after it."""
+class WireRegionInfo(ctypes.LittleEndianStructure):
+    """struct vfio_region_info as DEVICE_GET_REGION_INFO carries it; a reply may carry its
+    capability chain after it.  The device API's own answer is
+    gpuvm.vfio.device.RegionInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("cap_offset", _u32),
                 ("size", _u64), ("offset", _u64)]
 
 
-class IrqInfo(ctypes.LittleEndianStructure):
+class WireIrqInfo(ctypes.LittleEndianStructure):
+    """struct vfio_irq_info as DEVICE_GET_IRQ_INFO carries it; the device API's own
+    answer is gpuvm.vfio.device.IrqInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
@@ -329,7 +335,7 @@ def receive(sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> Message:
     return Message(header, payload, fds)
 
 
-class Channel:
+class MessageReader:
     """Messages from one socket, read with as few system calls as possible: one recvmsg
     usually brings a whole message (often the next one's start too, which waits in the
     buffer).  Fds arrive with the first byte of the message they belong to; the sender
