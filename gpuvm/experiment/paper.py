@@ -214,8 +214,7 @@ class ScalePoint:
     vms: int
     vm_ms: float          # the emulator: mean per-VM virtual time
     makespan_ms: float    # the emulator: the last VM's end
-    model_vm_ms: float    # the model (gpuvm.sim.stream_replay)
-    model_makespan_ms: float
+    model_makespan_ms: float  # the model (gpuvm.sim.stream_replay): its last VM's end
     lock_wait_ms: float   # the emulator: mean per-VM wait for the mediator's lock
 
     @property
@@ -243,7 +242,7 @@ def scale_points(part: SuitePart) -> list[ScalePoint]:
         ends = [round(r.start_s * 1e9) + _vm_ns(r) for r in rows]
         points.append(ScalePoint(
             mode, len(rows), statistics.mean(_vm_ns(r) for r in rows) / 1e6, max(ends) / 1e6,
-            statistics.mean(model.end_ns.values()) / 1e6, model.makespan_ns / 1e6,
+            model.makespan_ns / 1e6,
             statistics.mean(r.counters.get("mediator_lock.wait_ns", 0) for r in rows) / 1e6))
     return sorted(points, key=lambda p: (p.mode, p.vms))
 

@@ -45,7 +45,6 @@ from scheduler import POLICIES
 
 PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] = pinned
 COST_PROFILE = "xen-2014"
-PROGRESS_AFTER_VMS = 2  # a progress display for runs of more VMs than this, or all modes
 
 
 # ------------------------------------------------------------------------ values

@@ -101,10 +101,6 @@ class ServedTime:
     access_ns: int
     engine_ns: int
 
-    @property
-    def total_ns(self) -> int:
-        return self.access_ns + self.engine_ns
-
 
 @dataclass
 class RunOptions:

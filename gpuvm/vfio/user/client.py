@@ -74,7 +74,6 @@ class VfioUserDevice:
         self._region_maps: dict[int, tuple[mmap.mmap, int]] = {}  # fd -> (map, address)
         self._dma: dict[int, tuple[int, int, int]] = {}  # iova -> (address, size, flags)
         self._closed = False
-        self.served_requests = 0  # DMA_READ/WRITE the server asked of this client
         self.server_capabilities = self._negotiate()
         offered = self.server_capabilities.get(p.EXTENSIONS_KEY, [])
         # used only when both sides offered it
@@ -194,7 +193,6 @@ class VfioUserDevice:
                                            p.TYPE_REPLY | p.FLAG_ERROR,
                                            getattr(exc, "errno", None) or errno.EINVAL))
             return
-        self.served_requests += 1
         if not h.flags & p.FLAG_NO_REPLY:
             p.send(self.sock, p.encode(h.msg_id, h.command, reply, p.TYPE_REPLY))
 

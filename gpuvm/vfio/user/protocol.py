@@ -79,7 +79,6 @@ VERSION_MAJOR = 0
 VERSION_MINOR = 1
 MAX_DATA_XFER_SIZE = 1 << 20  # the spec's default max_data_xfer_size
 MAX_MSG_FDS = 8
-DEFAULT_PEER_MSG_FDS = 1  # what a peer that did not say takes (the spec)
 MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
 EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
 EXTENSIONS = ("mapping", "stats")

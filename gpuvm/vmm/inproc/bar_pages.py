@@ -53,10 +53,6 @@ class BarPageSink:
                                             np.zeros(size // PAGE, dtype=np.uint64)))
         self._slots: dict[int, tuple[_Window, int, int]] = {}
 
-    def table_address(self, bar: int) -> int:
-        """Host address of BAR `bar`'s page table (0 when the BAR has none)."""
-        return next((w.address for w in self.windows if w.bar == bar), 0)
-
     def _window(self, gpa: int, size: int) -> _Window:
         for w in self.windows:
             if w.base <= gpa and gpa + size <= w.base + w.size:
