@@ -48,6 +48,9 @@ def state_dir() -> Path:
 
 @dataclass(frozen=True)
 class MdevDefinition:
+    """One defined vGPU (mediated device) as mdevctl keeps it: type, parent GPU and mode,
+    persisted so runs, `gpuvm serve` and libvirt find the same vGPU."""
+
     uuid: str
     parent: str
     type_id: str

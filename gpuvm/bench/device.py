@@ -35,6 +35,10 @@ KERNEL_PAUSE_S = 1e-3  # an engine idle between a VM's kernels
 
 @dataclass
 class DeviceBench:
+    """One `gpuvm bench device` measurement of the emulator's own speed: rates of its hot paths
+    (register access, translation, copies) and how many host cores its kernels keep busy,
+    compared within one run, never as a result."""
+
     reg_accesses_per_s: float
     range_translations_per_s: float  # 4 KiB pages per second, vectorized walk
     bar_translations_per_s: float  # single-page walks (the BAR1/BAR3 path)

@@ -35,6 +35,9 @@ DEFAULT_VMS = "1,2,4,8"
 
 @dataclass(frozen=True)
 class AllocRun:
+    """One run of `gpuvm bench ram-alloc`: how long a run of `vms` VMs took with guest RAM
+    allocated one way, so the two ways compare within one run."""
+
     mode: str
     vms: int
     alloc: str

@@ -36,6 +36,9 @@ K_VALUES = (0, 1, 64, 4096, 65536)
 
 @dataclass
 class ShadowBench:
+    """A full shadow page-table resync against incremental ones of a few changed entries: the
+    ratio says what tracking writes saves."""
+
     ptes: int
     full_ms: float
     incremental_ms: dict[int, float] = field(default_factory=dict)

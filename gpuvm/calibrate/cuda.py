@@ -18,6 +18,9 @@ class NoGpu(Exception):
 
 
 class CudaBackend(Protocol):
+    """The few CUDA runtime calls the measurements make, so either library that offers them
+    (cupy or torch) can be the one that makes them."""
+
     name: str
 
     def device_alloc(self, nbytes: int) -> int: ...

@@ -41,6 +41,9 @@ D2H_MODES = ("pageable", "chunk-pinned", "registered")
 
 @dataclass(frozen=True)
 class Plan:
+    """What one `gpuvm calibrate --gpu` run measures (sizes, repetitions, THP modes) and the
+    command line that asked for it, recorded with the results."""
+
     sizes: list[int]  # bandwidth sizes
     pin_bytes: int  # region size for the pinning and memfd copy measurements
     chunk_bytes: int

@@ -126,6 +126,9 @@ class SmartPin:
 
 @dataclass(frozen=True)
 class GpuProfile:
+    """Everything one calibration run measured on a real GPU, with where and how: the file
+    experiments read host-memory costs from, so a cost traces back to a measurement."""
+
     device: MeasurementSetup
     bandwidth: list[Bandwidth] = field(default_factory=list)
     pin: list[PinCost] = field(default_factory=list)

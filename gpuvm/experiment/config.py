@@ -89,6 +89,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class VmConfig:
+    """One VM of an experiment file's scenario: its benchmark and parameters, share, start, RAM
+    and vGPU, checked when the file is loaded."""
+
     name: str
     benchmark: str
     params: tuple[int, ...] = ()
@@ -116,12 +119,17 @@ class VmConfig:
 
 @dataclass(frozen=True)
 class ScenarioConfig:
+    """A named set of VMs that run at once, under each mode and policy of its experiment."""
+
     name: str
     vms: tuple[VmConfig, ...]
 
 
 @dataclass(frozen=True)
 class Experiment:
+    """An experiment file, parsed and checked whole before anything runs: its scenarios, modes,
+    policies, repetitions and where results go."""
+
     name: str
     kind: str
     scenarios: tuple[ScenarioConfig, ...]

@@ -78,6 +78,9 @@ def _init_close(r: VmRow) -> float:
 # ------------------------------------------------------------------------- benchmarks
 @dataclass
 class ModeLine:
+    """One mode's line of a benchmarks report: the means over repetitions of its VMs' modelled
+    time and counts, which say where the time went."""
+
     mode: str
     vms: int
     passed: int

@@ -80,6 +80,9 @@ def what_works_on(uri: str, driver: str) -> str:
 # ------------------------------------------------------------------------------ running
 @dataclass(frozen=True)
 class RunSettings:
+    """How a libvirt domain's guest is run on gpuvm's VMM (backend, clock scale, timeout): what
+    the domain XML does not say."""
+
     backend: str = "auto"  # kvm | inproc | auto
     time_scale: float = 1.0
     timeout: float = 600.0  # seconds for the guest

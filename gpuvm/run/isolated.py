@@ -52,6 +52,9 @@ def device_memory(device: Any) -> SharedMemory | None:
 
 @dataclass
 class VmProcess:
+    """A VM running in its own VMM process: the process, the server thread answering its
+    device, its deadline and the output it sends while it runs."""
+
     spec: VmSpec
     process: subprocess.Popen
     server: DeviceServer

@@ -98,6 +98,9 @@ class VgpuStatus:
 
 @dataclass
 class RunStatus:
+    """What a running `gpuvm run` publishes for `gpuvm smi`: one JSON file per run, rewritten
+    as it goes."""
+
     pid: int
     started: float  # unix time
     updated: float

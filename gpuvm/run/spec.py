@@ -104,6 +104,9 @@ class ServedTime:
 
 @dataclass
 class RunOptions:
+    """How a run is made (mode, backend, clock, limits, scheduler, GPUs), apart from what each
+    VM runs."""
+
     mode: str = "native"
     backend: str = "auto"  # kvm | inproc | auto
     timeout: float = 600.0  # per VM, wall seconds

@@ -56,6 +56,9 @@ class ResidencyCosts:
 
 @dataclass
 class ResidencyCounters:
+    """The residency model's counts, named as the mediator's counters are, so model and
+    emulator rows compare."""
+
     residency_pages_in: int = 0
     residency_pages_out: int = 0
     residency_bytes: int = 0

@@ -28,6 +28,9 @@ SCHEDULER_DEFAULTS = {"period_ms": 30, "band_wait_us": 500}
 
 @dataclass(frozen=True)
 class SweepPoint:
+    """One point of a model sweep: scenario, mode, policy, VM count and cost profile, a pure
+    function of which is its row."""
+
     scenario: str
     mode: str
     policy: str

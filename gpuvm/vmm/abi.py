@@ -135,6 +135,9 @@ WAIT_FAULT = 2  # a channel of this VM faulted while waiting
 
 
 class WaitRecord(ctypes.Structure):
+    """A guest's PORT_WAIT request: sleep until the u32 at a guest-physical address reaches a
+    value (a fence), so the vCPU does not spin while the GPU works."""
+
     _fields_ = [
         ("addr", ctypes.c_uint64),  # guest-physical address of a u32 fence word
         ("value", ctypes.c_uint32),
@@ -170,6 +173,9 @@ HM_HOW_NAMES = ("pinned", "staged", "chunks")
 
 
 class HostmemEvent(ctypes.Structure):
+    """One host-memory report of the guest runtime (alloc, pin, unpin, free of a range) to
+    PORT_HOSTMEM: how the VMM learns what a driver would pin."""
+
     _fields_ = [
         ("op", ctypes.c_uint32),
         ("arg", ctypes.c_uint32),

@@ -126,6 +126,9 @@ _u16, _u32, _u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
 
 class Header(ctypes.LittleEndianStructure):
+    """The vfio-user message header (msg_id, command, size, flags, error) as it goes on the
+    socket."""
+
     _pack_ = 1
     _fields_ = [("msg_id", _u16), ("command", _u16), ("size", _u32), ("flags", _u32),
                 ("error", _u32)]
@@ -138,12 +141,17 @@ class VersionPayload(ctypes.LittleEndianStructure):
 
 
 class DmaMap(ctypes.LittleEndianStructure):
+    """DMA_MAP's payload: a range of the client's memory the server may reach, by fd offset or
+    address."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("offset", _u64), ("address", _u64),
                 ("size", _u64)]
 
 
 class DmaUnmap(ctypes.LittleEndianStructure):
+    """DMA_UNMAP's payload: a range the server may no longer reach."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("address", _u64), ("size", _u64)]
 
@@ -187,6 +195,8 @@ class WireIrqInfo(ctypes.LittleEndianStructure):
 
 
 class IrqSet(ctypes.LittleEndianStructure):
+    """DEVICE_SET_IRQS' payload: which interrupts of an index to set up, then their eventfds."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("start", _u32),
                 ("count", _u32)]
@@ -268,6 +278,8 @@ class MessageHeader(NamedTuple):
 
 @dataclass(slots=True)
 class Message:
+    """One whole message read from a socket: its header, payload and the fds that came with it."""
+
     header: MessageHeader
     payload: bytes
     fds: list[int] = field(default_factory=list)

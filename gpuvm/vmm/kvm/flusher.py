@@ -22,6 +22,9 @@ FLUSH_PERIOD_S = 0.01
 
 
 class Ring(Protocol):
+    """A vCPU's coalesced-MMIO ring, as the flusher sees it: whether it holds stores not yet
+    handled."""
+
     def ring_state(self) -> tuple[int, int]: ...
 
 
