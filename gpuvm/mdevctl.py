@@ -20,7 +20,6 @@ The state directory is $GPUVM_STATE_DIR, else $XDG_STATE_HOME/gpuvm, else
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
@@ -32,18 +31,12 @@ from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionTable
+from gpuvm.state import state_dir
 
 PARENT_ADDRESS = "0000:01:00.0"  # the first emulated GPU's PCI address on the host
 DEFAULT_MODE = "fv-opt"
 HOST_FILE = "host.json"  # the host's settings: {"gpus": N}
 MAX_GPUS = 16
-
-
-def state_dir() -> Path:
-    if "GPUVM_STATE_DIR" in os.environ:
-        return Path(os.environ["GPUVM_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "gpuvm"
 
 
 @dataclass(frozen=True)

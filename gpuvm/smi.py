@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuvm.errors import UserError
-from gpuvm.run.observe import status_dir
+from gpuvm.state import status_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

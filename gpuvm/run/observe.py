@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from gpuvm.mdevctl import state_dir
 from gpuvm.run.spec import Machine, VmSpec
+from gpuvm.state import status_dir
 from gpuvm.vmm.guest_session import GuestSession
 
-STATUS_SUBDIR = "runs"  # under the state dir: one <pid>-<n>.json per running `gpuvm run`
 STATUS_PERIOD_S = 0.5  # how often the status file is rewritten
 PAGE = 4096
 
@@ -110,10 +109,6 @@ class RunStatus:
     engine_utilisation: float | None  # the compute engine (PGRAPH) over the same window
     vgpus: list[VgpuStatus] = field(default_factory=list)
     label: str = ""  # what the run is part of (an experiment's point), for smi's title
-
-
-def status_dir(state: Path | None = None) -> Path:
-    return (state or state_dir()) / STATUS_SUBDIR
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
