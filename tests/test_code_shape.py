@@ -176,6 +176,34 @@ def test_no_function_local_import_of_a_project_module() -> None:
                         "shared piece down):\n" + "\n".join(local)
 
 
+# Third-party modules a function may import on first use, each with a comment saying
+# why: optional ones (cupy and torch measure a real GPU where one is) and heavy ones a
+# command may not need (matplotlib for figures, distributed for a sweep on a cluster).
+LAZY_THIRD_PARTY = ("cupy", "torch", "matplotlib", "distributed")
+
+
+def test_a_function_imports_only_an_optional_or_heavy_module_and_says_why() -> None:
+    """Everything else is imported at the top, where a reader sees what a module needs."""
+    wrong = []
+    for path in _modules().values():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) \
+                    else [node.module or ""]
+                said = "#" in lines[node.lineno - 1] or \
+                    lines[node.lineno - 2].strip().startswith("#")
+                if not all(n.split(".")[0] in LAZY_THIRD_PARTY for n in names) or not said:
+                    wrong.append(f"{path.relative_to(REPO)}:{node.lineno}: "
+                                 f"{ast.unparse(node)}")
+    assert wrong == [], "import it at the top (or, optional or heavy, say why here):\n" \
+        + "\n".join(wrong)
+
+
 def test_lower_layers_import_nothing_above_them() -> None:
     upward = [_where(e) for e in _imports()
               if _in(e.source, LOWER) and _in(e.target, UPPER)]

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 from threadpoolctl import threadpool_limits
 
 from gpuvm.bench.timing import best_of
@@ -136,9 +138,6 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
 
 
 def print_device_bench(r: DeviceBench) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title="gpuvm bench device (one run, best of repeats)")
     t.add_column("measure")
     t.add_column("value", justify="right")

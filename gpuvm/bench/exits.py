@@ -28,8 +28,14 @@ import ctypes
 import fcntl
 import json
 import mmap
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
 
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
@@ -135,8 +141,6 @@ OVER_SOCKET = " over vfio-user"
 def serve_target(kind: str, fd: int) -> None:
     """Serve one bench target on the connected socket `fd` until the client hangs up
     (run in a process of its own by `served_target`)."""
-    import socket
-
     device, _, release = bench_target(kind)
     try:
         DeviceServer(socket.socket(fileno=fd), device, device, None, kind).serve()
@@ -147,10 +151,6 @@ def serve_target(kind: str, fd: int) -> None:
 def served_target(kind: str, poll_us: float | None = None):
     """(client device, release) for `kind` served by a child process; `poll_us` sets
     the child's poll time (protocol.SPIN_S; default: its own)."""
-    import socket
-    import subprocess
-    import sys
-
     ours, theirs = socket.socketpair()
     poll = "" if poll_us is None else \
         f"import gpuvm.vfio.user.protocol as p; p.SPIN_S = {poll_us * 1e-6!r}; "
@@ -259,9 +259,6 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
 
 def print_exit_bench(r: dict) -> None:
     """A rich table: µs per access and the ratios to raw."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"BAR0 store cost on KVM (min of {r['repeats']} VM runs each)")
     table.caption = ("each store: PMC_INTR_EN; dispatched = exit loop + device.write (VFIO region); "
                      "target <= 1.25x raw")
@@ -352,9 +349,6 @@ def run_mode_bench(size: int = 256, modes: tuple[str, ...] = MODE_BENCH_MODES,
 
 
 def print_mode_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     def span(xs: list[float], fmt: str) -> str:
         lo, hi = min(xs), max(xs)
         return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"

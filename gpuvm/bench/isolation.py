@@ -11,7 +11,11 @@ ways must do the same work.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+
+from rich.console import Console
+from rich.table import Table
 
 from gpuvm.errors import UserError
 from gpuvm.run import run_vms
@@ -43,9 +47,6 @@ def run_isolation_bench(vms: int = DEFAULT_VMS, benchmark: str = "mmul",
 
 
 def print_isolation_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"{r['vms']} VMs of {r['benchmark']} {r['params']} ({r['mode']}, "
                         f"{r['backend']}) on one GPU")
     table.add_column("VMs as")
@@ -71,8 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_isolation(args: argparse.Namespace) -> int:
-    import json
-
     if args.vms < 1:
         raise UserError("--vms must be at least 1")
     try:

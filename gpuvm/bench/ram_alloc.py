@@ -16,8 +16,14 @@ run: its pages made and freed each time, or kept and zeroed for the next VM
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 from dataclasses import dataclass
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
 from gpuvm.errors import UserError
 from gpuvm.mediator.modes import MODES
@@ -75,8 +81,6 @@ def measure(benchmark: str, params: tuple[int, ...], modes: list[str], counts: l
 def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
     """ms to build and close a VM's RAM of `size` bytes populated up front, by turns: made
     and freed each time ("fresh"), and taken from and given back to a pool ("kept")."""
-    import time
-
     out: dict[str, list[float]] = {"fresh": [], "kept": []}
     pools = {"fresh": RamPool(limit_bytes=0), "kept": RamPool()}
     GuestRam(size, prealloc=True, pool=pools["kept"]).close()  # one kept before
@@ -90,9 +94,6 @@ def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
 
 
 def print_build_table(times: dict[str, list[float]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=title)
     for col in ("RAM", "build + close ms\n(min-median-max)", "over fresh"):
         t.add_column(col, justify="right", overflow="fold")
@@ -105,10 +106,6 @@ def print_build_table(times: dict[str, list[float]], title: str) -> None:
 
 
 def print_table(runs: list[AllocRun], title: str) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # within 80 columns: headers on two lines, a cell too wide folds (never cut)
     for col in ("mode", "VMs", "immediate ms\nmin-median-max", "ondemand ms\nmin-median-max",
@@ -145,8 +142,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_ram_alloc(args: argparse.Namespace) -> int:
-    import os
-
     try:
         modes = parse_modes(args.modes)
         counts = [int(c) for c in args.vms.split(",")]

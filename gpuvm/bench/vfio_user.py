@@ -30,6 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 import gpuvm
 from gpuvm.errors import UserError
 from gpuvm.vfio.user import protocol
@@ -102,9 +105,6 @@ def run_vfio_user_bench(accesses: int = DEFAULT_ACCESSES, rounds: int = DEFAULT_
 
 
 def print_vfio_user_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"a BAR0 access over vfio-user vs in-process (µs, min of "
                         f"{r['rounds']} rounds of {r['accesses']:,})")
     paths = {row["checkout"]: row["path"] for row in r["rows"]}

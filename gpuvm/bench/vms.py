@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from rich.console import Console
+from rich.table import Table
+
 from gpuvm.errors import UserError
 from gpuvm.experiment.costs import mmio_exits
 from gpuvm.mediator.modes import MODES
@@ -74,9 +77,6 @@ def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
 
 
 def print_vms_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     for ring, p in r["passes"].items():
         n = len(p["vms"])

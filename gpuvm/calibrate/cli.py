@@ -13,6 +13,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from gpuvm.calibrate import gpu, mmu_v2
 from gpuvm.calibrate.cuda import NoGpu, find_backend
 from gpuvm.calibrate.footprint import build_and_count, footprint_table
@@ -181,10 +185,6 @@ def main_gpu(args: argparse.Namespace) -> int:
 
 
 def print_profile(profile) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     d = profile.device
     console = Console(width=140)
     console.print(escape(f"{d.gpu}, driver {d.driver}, CUDA {d.cuda_runtime}, {d.backend}, "
@@ -275,9 +275,6 @@ def main_footprint(args: argparse.Namespace) -> int:
                            "entry_bytes": r.entry_bytes,
                            "cross_checked": r in built} for r in rows], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=f"GPU page tables mapping {human(nbytes)} of pinned sysram "
                     f"(PDE covers 128 MiB; small PT 32768 entries, large PT 1024)")
     for col in ("page", "VMs", "mapping", "PTEs", "PDEs", "(PTEs+PDEs)×8", "tables",
@@ -312,9 +309,6 @@ def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) 
                            "pages_translated": f"{b.pages_translated}/{b.pages_checked}"
                            if b else None} for f, b in rows], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=f"version-2 GPU page tables mapping {human(nbytes)} of pinned sysram "
                     "(PD3/PD2/PD1/PD0 + 4K or 64K page tables; 2M pages in PD0)")
     for col in ("page", "spaces", "mapping", "page entries", "tables", "table bytes",

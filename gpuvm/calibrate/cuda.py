@@ -50,8 +50,9 @@ class CupyBackend:
     """cupy.cuda.runtime: thin wrappers over cudaMalloc/cudaMemcpy/cudaHostRegister."""
 
     def __init__(self) -> None:
+        # optional: only where the GPU is measured with cupy (see the module docstring)
         import cupy
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # with cupy
         self.rt = runtime
         self.name = f"cupy {cupy.__version__}"
         try:
@@ -116,7 +117,7 @@ class TorchBackend:
     caches_pinned_frees = True  # freed pinned tensors go to PyTorch's cache, not the driver
 
     def __init__(self) -> None:
-        import torch
+        import torch  # optional: only where the GPU is measured with PyTorch
         if not torch.cuda.is_available():
             raise NoGpu("PyTorch sees no CUDA GPU")
         self.torch = torch

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.host_driver import HostDriver, pte
@@ -124,8 +126,6 @@ class Built:
 def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = False,
                     va: int = DEFAULT_VA, phys: int = DEFAULT_PHYS) -> Built:
     """Build the tables with the host driver in a fresh emulated GPU and count them."""
-    import numpy as np
-
     expect = footprint(nbytes, page, spaces, shared, va)  # validates the arguments
     gpu = Gpu()
     try:

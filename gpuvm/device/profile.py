@@ -7,7 +7,7 @@ card is a copy and an edit, not a code change.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from gpuvm.device import regs
@@ -57,7 +57,6 @@ class DeviceProfile:
 
     def with_vram(self, vram_size: int) -> "DeviceProfile":
         """The same card with a different amount of VRAM (tests, small machines)."""
-        from dataclasses import replace
         return replace(self, vram_size=vram_size)
 
 

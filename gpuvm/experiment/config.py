@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -272,7 +272,6 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
     its vGPU type's partition and scheduler weight, its <memory> and its workload."""
     if not files:
         return []
-    from dataclasses import asdict
 
     base = Path(source).parent if source != "<config>" else Path.cwd()
     try:

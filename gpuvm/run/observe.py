@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
 
 from gpuvm.run.spec import Machine, VmSpec
 from gpuvm.state import status_dir
@@ -31,9 +33,6 @@ class ProgressObserver:
     a terminal; transient, so the tables that follow stand alone."""
 
     def __init__(self, total_vms: int, label: str, console: Any = None) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                                  TimeElapsedColumn(), TimeRemainingColumn(),

@@ -23,9 +23,9 @@ def pyplot():
     Imported here, when the first figure is drawn, not at the top of a module: matplotlib
     takes about a second to import, which every `gpuvm` command that only may draw (run,
     experiment, model, their --help) would otherwise pay before doing anything."""
-    import matplotlib
+    import matplotlib  # heavy: see above
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: see above
     return plt
 
 

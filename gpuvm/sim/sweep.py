@@ -139,6 +139,7 @@ def run_sweep(exp: Experiment, points: Sequence[SweepPoint],
             rows.append(run_point(p, vms, traces))
             done()
     else:
+        # heavy (a second or so), and needed only for a sweep on a cluster
         from distributed import Client, LocalCluster, as_completed
 
         if dask == "local":
