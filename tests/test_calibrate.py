@@ -297,13 +297,13 @@ def test_the_committed_h200_profile_measured_both_thp_modes_and_kept_every_repet
 
 
 def test_the_committed_smart_pinning_profile_and_its_crossover():
-    from gpuvm.calibrate.smart_pinning import POLICIES, crossover
+    from gpuvm.calibrate.smart_pinning import PIN_POLICIES, crossover
 
     profile = load(H200_SMART)
     sizes = sorted({r.nbytes for r in profile.smart})
     assert sizes[0] == 4096 and sizes[-1] == 1 << 30
     assert {(r.policy, r.nbytes) for r in profile.smart} == \
-        {(p, s) for p in POLICIES for s in sizes}
+        {(p, s) for p in PIN_POLICIES for s in sizes}
     assert all(len(r.seconds) == r.ms.n >= 5 for r in profile.smart)
     assert {r.pinned for r in profile.smart if r.policy == "smart"} == {2}  # 2 hot of 8
     assert crossover(profile.smart, "smart", "none") == 1 << 20

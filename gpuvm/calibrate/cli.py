@@ -28,7 +28,7 @@ from gpuvm.errors import UserError
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
 SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
-COSTS_DIR = Path("experiments") / "costs"
+DEFAULT_OUT_DIR = Path("experiments") / "costs"
 
 
 def parse_size(text: str) -> int:
@@ -173,7 +173,7 @@ def main_gpu(args: argparse.Namespace) -> int:
         print(f"gpuvm: error: calibrate --gpu: {exc}", file=sys.stderr)
         return EXIT_NO_GPU
     suffix = "-smart" if args.smart_pinning else ""
-    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
+    out = args.out or DEFAULT_OUT_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_toml(profile))
     if args.json:

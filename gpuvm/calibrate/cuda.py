@@ -185,7 +185,7 @@ class TorchBackend:
         self.torch.cuda.empty_cache()
 
 
-BACKENDS = {"cupy": CupyBackend, "torch": TorchBackend}
+CUDA_BACKENDS = {"cupy": CupyBackend, "torch": TorchBackend}
 
 
 def _cuda_version(encoded: int) -> str:
@@ -195,11 +195,11 @@ def _cuda_version(encoded: int) -> str:
 
 def find_backend(choice: str = "auto") -> CudaBackend:
     """The first backend that imports and sees a GPU, or NoGpu naming why none did."""
-    names = list(BACKENDS) if choice == "auto" else [choice]
+    names = list(CUDA_BACKENDS) if choice == "auto" else [choice]
     reasons = []
     for name in names:
         try:
-            return BACKENDS[name]()
+            return CUDA_BACKENDS[name]()
         except ImportError:
             reasons.append(f"{name} is not installed")
         except NoGpu as exc:

@@ -21,19 +21,20 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.host_fit import available_bytes, shortfall
+from gpuvm.run.isolated import run_isolated
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
-from gpuvm.run.isolated import run_isolated
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm import guest_programs
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
-from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
+from gpuvm.vmm.vfio_attach import AttachedDevice, attach
 
 POLL_S = 0.005  # how often the runner looks for VMs that ended or are due to start
 MachineFactory = Callable[[RunOptions, list[VmSpec]], Machine]

@@ -33,6 +33,7 @@ GUEST_RAM_MAX = 3 * regs.GiB  # RAM must end below the BAR windows
 GUEST_BAR0_BASE = 0xC0000000
 GUEST_BAR1_BASE = 0xD0000000
 GUEST_BAR3_BASE = 0xE0000000
+BAR_BASES = {regs.BAR0: GUEST_BAR0_BASE, regs.BAR1: GUEST_BAR1_BASE, regs.BAR3: GUEST_BAR3_BASE}
 GUEST_IDENTITY_MAP_TOP = 4 * regs.GiB
 
 # --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Iterator
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.vmm import abi
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
 from gpuvm.vmm.guest_thread import GuestThread
@@ -32,7 +33,6 @@ from gpuvm.vmm.kvm.vm import KvmError, KvmVm
 
 log = logging.getLogger(__name__)
 
-BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
 COALESCE_ENV = "GPUVM_COALESCE"  # 0: every access exits (before/after comparisons)
 
 
