@@ -72,7 +72,7 @@ DEFAULT_REPEATS = 3
 REMAP_FACTOR = 1000  # remapped stores are ~1e5x cheaper: run more so one exit is noise
 
 
-TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
+BENCH_TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
 
 
 def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
@@ -82,8 +82,8 @@ def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
     - vgpu: a full-virtualization vGPU in front of one (the store is trapped and
       emulated by the mediator, as every BAR0 access of an `fv` guest is);
     - registers: a dict-backed register file (the floor: a store and a count)."""
-    if kind not in TARGETS:
-        raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
+    if kind not in BENCH_TARGETS:
+        raise ValueError(f"target {kind!r} is not one of {', '.join(BENCH_TARGETS)}")
     if kind == "registers":
         return RegisterFileDevice(BAR_SIZES), "RegisterFile", lambda: None
     gpu = Gpu(vram_size=1 * regs.GiB)
@@ -377,7 +377,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trapped stores per loop (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help="VM runs; each figure is the minimum (default %(default)s)")
-    parser.add_argument("--target", choices=TARGETS, default="all",
+    parser.add_argument("--target", choices=BENCH_TARGETS, default="all",
                         help="dispatch target: all (the device and a mediated vGPU, side by "
                              "side), gpu, vgpu, or a dict-backed register file")
     parser.add_argument("--transport", choices=TRANSPORTS, default="inproc",

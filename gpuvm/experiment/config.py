@@ -77,7 +77,7 @@ from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
+EXPERIMENT_KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
 ORDERS = ("rounds", "points")  # the order of an experiment's runs (rundir.plan)
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
@@ -303,8 +303,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                    else "must be a non-empty name without '/'")
     result = dict(
         name=name,
-        kind=exp.get("kind", str, "benchmarks", check=lambda k: None if k in KINDS
-                     else f"must be one of {', '.join(KINDS)}"),
+        kind=exp.get("kind", str, "benchmarks", check=lambda k: None if k in EXPERIMENT_KINDS
+                     else f"must be one of {', '.join(EXPERIMENT_KINDS)}"),
         modes=tuple(exp.get("modes", list, ["fv-opt"], check=_names(list(MODES), "mode"))),
         policies=tuple(exp.get("policies", list, ["fifo"],
                                check=_names(sorted(POLICIES), "policy"))),
