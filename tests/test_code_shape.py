@@ -9,11 +9,14 @@ Why a test: the rules were written down, and 286 function-local imports grew any
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpuvm", "shadow", "scheduler")  # guest_tools/ and experiments/ hold no Python
@@ -251,6 +254,8 @@ TRANSCRIPTIONS = ("gpuvm/device/regs.py", "gpuvm/vfio/abi.py", "gpuvm/vmm/kvm/kv
 def test_no_dead_code() -> None:
     """vulture over the packages, the tests counting as users (tests/vulture_allow.py
     lists what is used where vulture cannot see it, each with how)."""
+    if importlib.util.find_spec("vulture") is None:
+        pytest.fail("vulture is missing: it is in the test extras (pip install -e '.[test]')")
     found = subprocess.run(
         [sys.executable, "-m", "vulture", *PACKAGES, "tests", "--min-confidence", "60"],
         cwd=REPO, capture_output=True, text=True)
