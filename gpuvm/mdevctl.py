@@ -20,17 +20,18 @@ The state directory is $GPUVM_STATE_DIR, else $XDG_STATE_HOME/gpuvm, else
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import uuid as uuidlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpuvm.device.profile import DeviceProfile, load_profile
+from gpuvm.errors import UserError
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
 from gpuvm.mediator.modes import MODES
-from gpuvm.mediator.partition import PartitionError, PartitionTable
+from gpuvm.mediator.partition import PartitionTable
+from gpuvm.state import state_dir
 
 PARENT_ADDRESS = "0000:01:00.0"  # the first emulated GPU's PCI address on the host
 DEFAULT_MODE = "fv-opt"
@@ -38,15 +39,11 @@ HOST_FILE = "host.json"  # the host's settings: {"gpus": N}
 MAX_GPUS = 16
 
 
-def state_dir() -> Path:
-    if "GPUVM_STATE_DIR" in os.environ:
-        return Path(os.environ["GPUVM_STATE_DIR"])
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "gpuvm"
-
-
 @dataclass(frozen=True)
 class MdevDefinition:
+    """One defined vGPU (mediated device) as mdevctl keeps it: type, parent GPU and mode,
+    persisted so runs, `gpuvm serve` and libvirt find the same vGPU."""
+
     uuid: str
     parent: str
     type_id: str
@@ -278,8 +275,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from gpuvm.errors import UserError
-
     store = MdevStore()
     try:
         if args.mdev_command == "types":

@@ -24,6 +24,9 @@ HC_MAX_ENTRIES = 2048  # one hypercall carries at most this many entries
 
 
 class HcallEntry(ctypes.Structure):
+    """One {va, pte} record of a PV page-table hypercall batch, laid out as the guest writes
+    it."""
+
     _fields_ = [("va", ctypes.c_uint64), ("pte", ctypes.c_uint64)]
 
 

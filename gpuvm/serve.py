@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuvm.errors import UserError
-from gpuvm.mdevctl import MdevDefinition, MdevStore, parent_index, state_dir
+from gpuvm.mdevctl import MdevDefinition, MdevStore, parent_index
+from gpuvm.state import state_dir
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.isolated import device_memory
 from gpuvm.run.mediated import MediatedMachine

@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from gpuvm.errors import UserError
+from gpuvm.state import status_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +55,6 @@ def _alive(pid: int) -> bool:
 
 def read_status(state: Path | None = None) -> list[dict[str, Any]]:
     """Every live run's status, oldest first; stale files are removed."""
-    from gpuvm.run.observe import status_dir
-
     runs = []
     directory = status_dir(state)
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
@@ -72,10 +76,6 @@ def _mib(n: int) -> str:
 def render(runs: list[dict[str, Any]]) -> list[object]:
     """A table per run, within 80 columns (wrapped, never cut): the vGPUs by VM and type;
     their UUIDs are in --json."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     if not runs:
         return [Text("no gpuvm run is going on")]
     out: list[object] = []
@@ -108,8 +108,6 @@ def render(runs: list[dict[str, Any]]) -> list[object]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     console = Console()  # the terminal's width; piped, $COLUMNS or 80
     try:
         while True:

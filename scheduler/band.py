@@ -28,6 +28,10 @@ from scheduler.policy import NO_VM
 
 
 class BandPolicy(CreditPolicy):
+    """BAND (Gdev): CREDIT that demotes a VM only when it is also over its share of measured
+    use, and holds the engine briefly before a switch, so bursty non-preemptive work keeps
+    its shares."""
+
     name = "band"
 
     def __init__(self, params: SchedulerParams | None = None) -> None:

@@ -12,6 +12,9 @@ from scheduler.policy import Policy
 
 
 class FifoPolicy(Policy):
+    """FIFO, the baseline: fair in turns, not in GPU time, so a VM of long kernels takes most
+    of the GPU."""
+
     name = "fifo"
 
     def _should_demote(self, vm: VmId, now: int) -> bool:

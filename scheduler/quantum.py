@@ -22,6 +22,9 @@ from scheduler.policy import NO_VM, Policy
 
 
 class QuantumPolicy(Policy):
+    """QUANTUM (nvshare): one VM holds the GPU for a quantum, so oversubscribed memory is made
+    resident once per turn instead of every few milliseconds."""
+
     name = "quantum"
 
     def __init__(self, params: SchedulerParams | None = None) -> None:

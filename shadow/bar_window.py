@@ -33,6 +33,10 @@ NOT_VRAM = -1  # host_pages entry of a page that is absent, refused, or in sysra
 
 
 class BarWindow:
+    """The shadow of one VM's BAR1 or BAR3 VM: its arena in the physical BAR page table, filled
+    from the guest's own BAR VM after validation, and the host pages BAR remap may map into
+    the guest."""
+
     def __init__(self, vram: Vram, policy: EntryPolicy, count: Count, phys_pt: int,
                  first_index: int, pages: int, guest_ram: DmaPort | None = None,
                  engine_writes: EngineWriteLog | None = None) -> None:

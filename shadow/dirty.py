@@ -25,6 +25,9 @@ DENSE_SHARE = 8
 
 
 class WriteTracker:
+    """Which entries of one guest table changed since its last sync, from trapped stores and
+    the engine write log, so an incremental resync costs what changed."""
+
     def __init__(self, guest: int, entries: int, log: EngineWriteLog | None) -> None:
         self.guest = guest  # guest VRAM address of entry 0
         self.entries = entries

@@ -19,6 +19,9 @@ from gpuvm.device import layout, regs
 
 @dataclass(frozen=True)
 class EntryPolicy:
+    """What a VM's page-table entries may point at (its VRAM slice, its DMA mappings) and how
+    guest addresses become host ones: every shadow entry is checked and translated by it."""
+
     vram_base: int  # host VRAM address of the VM's guest VRAM address 0
     vram_size: int  # the slice's size: guest VRAM addresses must stay below it
     sys_base: int  # device bus address of the VM's iova 0

@@ -41,7 +41,6 @@ from shadow.page_table import LARGE, ShadowSpace
 
 NOT_RESIDENT = -1
 PAGE = regs.SMALL_PAGE
-LARGE_SPAN = regs.LARGE_PAGE // regs.SMALL_PAGE  # small pages in one large page
 
 _PAGE_SHIFT = np.uint64(regs.SMALL_PAGE_SHIFT)
 

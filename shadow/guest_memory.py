@@ -23,6 +23,9 @@ SYSRAM_TARGETS = (regs.TARGET_SYSRAM, regs.TARGET_SYSRAM_NOSNOOP)
 
 @dataclass(frozen=True)
 class GuestMemory:
+    """The guest's page tables as the shadow reads them, in its VRAM slice or its RAM, refusing
+    a table that is not wholly the VM's own."""
+
     vram: Vram
     policy: EntryPolicy
     ram: DmaPort = field(default_factory=NoSysram)  # the VM's RAM at guest-physical 0

@@ -60,6 +60,8 @@ class _ShadowPt:
 
 @dataclass
 class SyncStats:
+    """What a shadow sync did: entries scanned, written and refused, for the counters."""
+
     pdes_scanned: int = 0
     ptes_scanned: int = 0
     ptes_written: int = 0

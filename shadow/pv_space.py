@@ -20,6 +20,9 @@ _SMALL_MASK = regs.SMALL_PTES_PER_PT - 1
 
 
 class PvSpace:
+    """A paravirtual address space: tables the hypervisor owns, filled by hypercall batches
+    each entry of which is validated as it is written."""
+
     def __init__(self, vram: Vram, policy: EntryPolicy, pool: VramPool, key: int,
                  count: Count) -> None:
         self.vram = vram

@@ -56,7 +56,7 @@ class VramPool:
                 merged.append((a, n))
         self._free = merged
 
-    def __deepcopy__(self, memo: dict) -> "VramPool":
+    def __deepcopy__(self, _memo: dict) -> "VramPool":
         """A copy for planning (what would fit): same ranges, and it scrubs nothing."""
         twin = VramPool(self.base, self.size, self.name)
         twin._free, twin._used = list(self._free), dict(self._used)
@@ -72,7 +72,3 @@ class VramPool:
         start = starts[i]
         size = self._used.get(start)
         return size is not None and hi <= start + size
-
-    @property
-    def used_bytes(self) -> int:
-        return sum(self._used.values())

@@ -17,9 +17,9 @@ from hypothesis import given, strategies as st
 from gpuvm import cli
 from gpuvm.calibrate import hostmem
 from gpuvm import host_pages
-from gpuvm.calibrate.command import model_slug, parse_size
+from gpuvm.calibrate.cli import model_slug, parse_size
 from gpuvm.calibrate.gpu import chunks
-from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
+from gpuvm.calibrate.profile import (Bandwidth, CopyInto, GpuProfile, MeasurementSetup, PinCost,
                                      from_toml, load, to_toml)
 from gpuvm.calibrate.stats import Spread
 
@@ -218,8 +218,9 @@ def test_spread_keeps_min_below_max_when_inverted():
 # ------------------------------------------------------------------ profiles
 def sample_profile() -> GpuProfile:
     sp = Spread(1.5, 1.25, 2.0, 7)
-    info = DeviceInfo("NVIDIA Test \"GPU\"", "1.2.3", "13.0", "cupy 0", "2026-01-01T00:00:00Z",
-                      "gpuvm calibrate --gpu", "6.1", "advise", "madvise", 7, 4 << 20, 1 << 20)
+    info = MeasurementSetup("NVIDIA Test \"GPU\"", "1.2.3", "13.0", "cupy 0",
+                            "2026-01-01T00:00:00Z", "gpuvm calibrate --gpu", "6.1", "advise",
+                            "madvise", 7, 4 << 20, 1 << 20)
     return GpuProfile(info,
                       [Bandwidth("h2d", "pinned", 1 << 30, sp, "advise", [0.5, 0.6]),
                        Bandwidth("d2h", "pageable", 64 << 20, sp)],
@@ -296,13 +297,13 @@ def test_the_committed_h200_profile_measured_both_thp_modes_and_kept_every_repet
 
 
 def test_the_committed_smart_pinning_profile_and_its_crossover():
-    from gpuvm.calibrate.smart_pinning import POLICIES, crossover
+    from gpuvm.calibrate.smart_pinning import PIN_POLICIES, crossover
 
     profile = load(H200_SMART)
     sizes = sorted({r.nbytes for r in profile.smart})
     assert sizes[0] == 4096 and sizes[-1] == 1 << 30
     assert {(r.policy, r.nbytes) for r in profile.smart} == \
-        {(p, s) for p in POLICIES for s in sizes}
+        {(p, s) for p in PIN_POLICIES for s in sizes}
     assert all(len(r.seconds) == r.ms.n >= 5 for r in profile.smart)
     assert {r.pinned for r in profile.smart if r.policy == "smart"} == {2}  # 2 hot of 8
     assert crossover(profile.smart, "smart", "none") == 1 << 20

@@ -11,7 +11,7 @@ from gpuvm.device.gpu import Gpu
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
-from gpuvm.vmm.inproc.bar_pages import BAR_BASES
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.inproc.runner import InprocRunner
 from gpuvm.vfio.passthrough import PassthroughGpu
 from vfio_doubles import attached

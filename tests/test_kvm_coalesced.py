@@ -10,7 +10,7 @@ from gpuvm.errors import UserError
 from gpuvm.experiment.costs import load_costs, mmio_exits
 from gpuvm.mediator.modes import MODES
 from gpuvm.run import run_vms
-from gpuvm.run.command import COST_PROFILE
+from gpuvm.run.cli import COST_PROFILE
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.vmm.kvm import kvm_usable
 from gpuvm.vmm.kvm.runner import coalescing_default

@@ -13,8 +13,8 @@ import pytest
 from gpuvm.libvirt import nodedev
 from gpuvm.mdevctl import MdevStore, parent_address, parent_index
 from gpuvm.run import RunOptions, run_vms
-from gpuvm.run import command as run_command
-from gpuvm.run.command import machine_gpus, specs_from_args
+from gpuvm.run import cli as run_cli
+from gpuvm.run.cli import machine_gpus, specs_from_args
 
 FIRST, SECOND = "0000:01:00.0", "0000:02:00.0"
 ONE_Q = "gpuvm-Q6000-1Q"  # one instance per GPU
@@ -118,7 +118,7 @@ def test_run_mdev_runs_on_the_mdevs_parent_gpu(state, gpuvm_cli, placement_watch
     store.create(ONE_Q)  # fills the first GPU
     on_second = store.create(ONE_Q).uuid
     parser = argparse.ArgumentParser()
-    run_command.add_arguments(parser)
+    run_cli.add_arguments(parser)
     args = parser.parse_args(["-b", "madd", "--size", "16", "--mdev", on_second])
     [spec] = specs_from_args(args)
     assert spec.gpu == 1 and machine_gpus(args.gpus, [spec]) == 2
@@ -148,7 +148,7 @@ def test_a_domain_starts_on_its_mdevs_parent(state, monkeypatch):
         seen["spec"], seen["options"] = specs[0], options
         raise RunError("stopped before running")
 
-    monkeypatch.setattr("gpuvm.run.run_vms", run_nothing)
+    monkeypatch.setattr("gpuvm.libvirt.host.run_vms", run_nothing)
     spec = domain_xml.parse(domain_text("vm", d.uuid, "madd", "16"), "vm.xml")
     parent = store.parent_of(d.parent)
     result, _ = run_on_vgpu(spec, d, parent.types()[d.type_id], parent,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gpuvm.experiment.execute import rows_for
-from gpuvm.experiment.config import Scenario, VmConfig, Experiment
+from gpuvm.experiment.config import ScenarioConfig, VmConfig, Experiment
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.execute import specs_for
@@ -19,7 +19,7 @@ from gpuvm.run.spec import RunOptions
 from gpuvm.run import run_vms
 from gpuvm.vmm.kvm import kvm_usable
 
-SCENARIO = Scenario("2vm", (VmConfig("A", "loop", (2_000_000, 400)),
+SCENARIO = ScenarioConfig("2vm", (VmConfig("A", "loop", (2_000_000, 400)),
                             VmConfig("B", "loop", (20_000_000, 30), start_s=0.4)))
 EXP = Experiment("t", "isolation", (SCENARIO,))
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"

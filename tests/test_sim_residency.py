@@ -9,8 +9,8 @@ import pytest
 from gpuvm.device import regs
 from gpuvm.experiment.costs import load_costs
 from gpuvm.sim.stream_replay import VmStream, replay
-from gpuvm.sim.residency import (COUNTER_NAMES, Residency, ResidencyCosts, ResidencyError,
-                                 residency_for)
+from gpuvm.sim.residency import (COUNTER_NAMES, ResidencyCosts, ResidencyError,
+                                 ResidencyModel, residency_for)
 from scheduler import SchedulerConfig, SchedulerParams
 
 MiB = regs.MiB
@@ -19,7 +19,7 @@ XEN = load_costs("xen-2014")
 
 
 def test_a_switch_evicts_the_least_recently_run_and_brings_back_only_evicted_pages():
-    r = Residency(100 * MiB, ResidencyCosts(switch_ns=1000, page_ns=10, byte_ns=0.5))
+    r = ResidencyModel(100 * MiB, ResidencyCosts(switch_ns=1000, page_ns=10, byte_ns=0.5))
     for vm in "ABC":
         r.add_vm(vm, 40 * MiB)
     assert r.make_resident("A") == 0 and r.make_resident("B") == 0  # fresh pages, room

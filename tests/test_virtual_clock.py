@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuvm.device.clock import DeviceClock, VirtualClock
-from gpuvm.experiment.config import ConfigError, Experiment, Scenario, VmConfig, parse
+from gpuvm.experiment.config import ConfigError, Experiment, ScenarioConfig, VmConfig, parse
 from gpuvm.experiment.costs import load_costs
 from gpuvm.experiment.execute import rows_for, specs_for
 from gpuvm.experiment.report import shares_in_window
@@ -193,7 +193,7 @@ def test_experiment_files_choose_the_clock():
 
 
 # ------------------------------------------------------------------ real guests, BAND
-SCENARIO = Scenario("2vm", (VmConfig("A", "loop", (2_000_000, 300)),
+SCENARIO = ScenarioConfig("2vm", (VmConfig("A", "loop", (2_000_000, 300)),
                             VmConfig("B", "loop", (20_000_000, 25), start_s=0.1)))
 EXP = Experiment("t", "isolation", (SCENARIO,), clock="virtual")
 BACKEND = "kvm" if kvm_usable()[0] else "inproc"

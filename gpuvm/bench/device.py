@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 from threadpoolctl import threadpool_limits
 
 from gpuvm.bench.timing import best_of
@@ -35,6 +37,10 @@ KERNEL_PAUSE_S = 1e-3  # an engine idle between a VM's kernels
 
 @dataclass
 class DeviceBench:
+    """One `gpuvm bench device` measurement of the emulator's own speed: rates of its hot paths
+    (register access, translation, copies) and how many host cores its kernels keep busy,
+    compared within one run, never as a result."""
+
     reg_accesses_per_s: float
     range_translations_per_s: float  # 4 KiB pages per second, vectorized walk
     bar_translations_per_s: float  # single-page walks (the BAR1/BAR3 path)
@@ -132,9 +138,6 @@ def run_device_bench(repeat: int = 5, accesses: int = 100_000, seed: int = 0) ->
 
 
 def print_device_bench(r: DeviceBench) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title="gpuvm bench device (one run, best of repeats)")
     t.add_column("measure")
     t.add_column("value", justify="right")

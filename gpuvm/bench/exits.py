@@ -38,25 +38,38 @@ import fcntl
 import json
 import mmap
 import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from rich.console import Console
+from rich.table import Table
+
 from gpuvm.device import regs
+from gpuvm.device.gpu import Gpu
+from gpuvm.errors import UserError
 from gpuvm.experiment.costs import load_costs, mmio_exits
+from gpuvm.mediator.mediator import Mediator
+from gpuvm.mediator.modes import MODES
+from gpuvm.mediator.partition import PartitionSpec
+from gpuvm.run import run_vms
+from gpuvm.run.cli import COST_PROFILE
+from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
+from gpuvm.vfio.passthrough import PassthroughGpu
+from gpuvm.vfio.register_file import RegisterFileDevice
+from gpuvm.vfio.user.client import VfioUserDevice
+from gpuvm.vfio.user.server import DeviceServer
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_build import GuestTarget, build_flat
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.kvm import kvm_api as api
-from gpuvm.vmm.kvm.runner import coalescing
+from gpuvm.vmm.kvm import kvm_usable
+from gpuvm.vmm.kvm.runner import KvmRunner, coalescing
 from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES, ExitLoop
-from gpuvm.mediator.modes import MODES
-from gpuvm.run import run_vms
-from gpuvm.run.command import COST_PROFILE
-from gpuvm.run.spec import GpuDevice, RunOptions, VmSpec
-from gpuvm.vfio.passthrough import PassthroughGpu
-from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vmm.vfio_attach import AttachedDevice, attach
 
 GUEST = GuestTarget("bench_exits", ["bench_exits.c"])
@@ -70,7 +83,7 @@ DEFAULT_REPEATS = 3
 REMAP_FACTOR = 1000  # remapped stores are ~1e5x cheaper: run more so one exit is noise
 
 
-TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
+BENCH_TARGETS = ("all", "auto", "gpu", "vgpu", "registers")
 
 
 def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
@@ -80,17 +93,13 @@ def bench_target(kind: str) -> tuple[GpuDevice, str, Callable[[], None]]:
     - vgpu: a full-virtualization vGPU in front of one (the store is trapped and
       emulated by the mediator, as every BAR0 access of an `fv` guest is);
     - registers: a dict-backed register file (the floor: a store and a count)."""
-    if kind not in TARGETS:
-        raise ValueError(f"target {kind!r} is not one of {', '.join(TARGETS)}")
+    if kind not in BENCH_TARGETS:
+        raise ValueError(f"target {kind!r} is not one of {', '.join(BENCH_TARGETS)}")
     if kind == "registers":
         return RegisterFileDevice(BAR_SIZES), "RegisterFile", lambda: None
-    from gpuvm.device.gpu import Gpu
     gpu = Gpu(vram_size=1 * regs.GiB)
     if kind == "gpu":
         return PassthroughGpu(gpu), "Gpu", gpu.release_memory
-    from gpuvm.mediator.mediator import Mediator
-    from gpuvm.mediator.modes import MODES
-    from gpuvm.mediator.partition import PartitionSpec
     med = Mediator(gpu.start())
     vgpu = med.add_vm("bench", MODES["fv"], PartitionSpec(vram_size=256 * regs.MiB))
 
@@ -162,9 +171,6 @@ OVER_SOCKET = " over vfio-user"
 def serve_target(kind: str, fd: int) -> None:
     """Serve one bench target on the connected socket `fd` until the client hangs up
     (run in a process of its own by `served_target`)."""
-    import socket
-
-    from gpuvm.vfio.user.server import DeviceServer
     device, _, release = bench_target(kind)
     try:
         DeviceServer(socket.socket(fileno=fd), device, device, None, kind).serve()
@@ -175,11 +181,6 @@ def serve_target(kind: str, fd: int) -> None:
 def served_target(kind: str, poll_us: float | None = None):
     """(client device, release) for `kind` served by a child process; `poll_us` sets
     the child's poll time (protocol.SPIN_S; default: its own)."""
-    import socket
-    import subprocess
-    import sys
-
-    from gpuvm.vfio.user.client import VfioUserDevice
     ours, theirs = socket.socketpair()
     poll = "" if poll_us is None else \
         f"import gpuvm.vfio.user.protocol as p; p.SPIN_S = {poll_us * 1e-6!r}; "
@@ -198,8 +199,6 @@ def served_target(kind: str, poll_us: float | None = None):
 
 def _one_run(image: Path, iterations: int, remap_iterations: int,
              kind: str, transport: str = "inproc") -> dict[str, float | int | str]:
-    from gpuvm.vmm.kvm.runner import KvmRunner
-
     class BenchRunner(KvmRunner):
         loop_class = RawThenDispatchLoop
 
@@ -335,9 +334,6 @@ TRAP_GOAL = 1.1  # issue 77: a mediated trap within 1.1x of a raw exit
 
 def print_exit_bench(r: dict) -> None:
     """A rich table: µs per access and the ratios to raw, in wall and CPU time."""
-    from rich.console import Console
-    from rich.table import Table
-
     runs = f", {r['runs']} runs: lowest-highest" if r["runs"] > 1 else ""
     table = Table(title=f"BAR0 store cost on KVM, {r['iterations']:,} stores a loop "
                         f"(min of {r['repeats']} VM runs each{runs})")
@@ -446,9 +442,6 @@ def run_mode_bench(size: int = 256, modes: tuple[str, ...] = MODE_BENCH_MODES,
 
 
 def print_mode_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"{MODE_BENCH} n={r['size']} on KVM, coalesced MMIO off (before) "
                         f"and on (after), {r['repeats']} runs each, back to back")
     table.caption = ("traps: accesses the model counts (the same either way); exits: KVM's "
@@ -523,9 +516,6 @@ def judge_goals(trap: dict, mmul: dict) -> dict:
 
 
 def print_goals(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     print_exit_bench(r["trap"])
     print_mode_bench(r["mmul"])
     table = Table(title=f"issue 77 on this host ({r['host']['cores']} cores, load "
@@ -544,7 +534,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trapped stores per loop (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help="VM runs; each figure is the minimum (default %(default)s)")
-    parser.add_argument("--target", choices=TARGETS, default="all",
+    parser.add_argument("--target", choices=BENCH_TARGETS, default="all",
                         help="dispatch target: all (the device and a mediated vGPU, side by "
                              "side), gpu, vgpu, or a dict-backed register file")
     parser.add_argument("--transport", choices=TRANSPORTS, default="inproc",
@@ -569,9 +559,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_exits(args: argparse.Namespace) -> int:
     """Entry point for `gpuvm bench exits`."""
-    from gpuvm.errors import UserError
-    from gpuvm.vmm.kvm import kvm_usable
-
     ok, why = kvm_usable()
     if not ok:
         raise UserError(f"bench exits needs KVM: {why}")

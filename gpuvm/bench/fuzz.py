@@ -406,6 +406,10 @@ class World:
 
 @dataclass
 class FuzzResult:
+    """What one fuzz campaign came to: the operations it made, per kind, and every escape (a VM
+    reaching what is not its own) and traceback it provoked; the campaign passes only with
+    none of either."""
+
     operations: int = 0
     escapes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)

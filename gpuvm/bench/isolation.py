@@ -11,9 +11,15 @@ ways must do the same work.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
-from gpuvm.run.spec import RunOptions, VmSpec
+from rich.console import Console
+from rich.table import Table
+
+from gpuvm.errors import UserError
+from gpuvm.run import run_vms
+from gpuvm.run.spec import RunError, RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS
 
 DEFAULT_VMS = 8
@@ -22,8 +28,6 @@ DEFAULT_VMS = 8
 def run_isolation_bench(vms: int = DEFAULT_VMS, benchmark: str = "mmul",
                         params: tuple[int, ...] = (128,), mode: str = "fv-opt",
                         backend: str = "auto") -> dict:
-    from gpuvm.run import run_vms
-
     specs = [VmSpec(f"vm{i}", benchmark, list(params)) for i in range(vms)]
     out: dict = {"vms": vms, "benchmark": benchmark, "params": list(params), "mode": mode}
     counts = {}
@@ -43,9 +47,6 @@ def run_isolation_bench(vms: int = DEFAULT_VMS, benchmark: str = "mmul",
 
 
 def print_isolation_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"{r['vms']} VMs of {r['benchmark']} {r['params']} ({r['mode']}, "
                         f"{r['backend']}) on one GPU")
     table.add_column("VMs as")
@@ -71,11 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_isolation(args: argparse.Namespace) -> int:
-    import json
-
-    from gpuvm.errors import UserError
-    from gpuvm.run.spec import RunError
-
     if args.vms < 1:
         raise UserError("--vms must be at least 1")
     try:

@@ -16,11 +16,24 @@ run: its pages made and freed each time, or kept and zeroed for the next VM
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 from dataclasses import dataclass
 
-from gpuvm.vmm.guest_ram import ALLOCATIONS
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from gpuvm.errors import UserError
+from gpuvm.mediator.modes import MODES
+from gpuvm.run import RunError, VmSpec, run_vms
+from gpuvm.run.cli import parse_modes
+from gpuvm.run.spec import RunOptions
+from gpuvm.vmm.abi import GUEST_RAM_DEFAULT
 from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, GuestRam
+from gpuvm.vmm.ram_pool import RamPool
 
 DEFAULT_MODES = "pv,fv-opt"
 DEFAULT_VMS = "1,2,4,8"
@@ -28,6 +41,9 @@ DEFAULT_VMS = "1,2,4,8"
 
 @dataclass(frozen=True)
 class AllocRun:
+    """One run of `gpuvm bench ram-alloc`: how long a run of `vms` VMs took with guest RAM
+    allocated one way, so the two ways compare within one run."""
+
     mode: str
     vms: int
     alloc: str
@@ -38,10 +54,6 @@ class AllocRun:
 
 def measure(benchmark: str, params: tuple[int, ...], modes: list[str], counts: list[int],
             repeat: int, backend: str = "auto") -> list[AllocRun]:
-    from gpuvm.mediator.modes import MODES
-    from gpuvm.run import RunError, VmSpec, run_vms
-    from gpuvm.run.spec import RunOptions
-
     def run(mode: str, n: int, alloc: str) -> tuple[float, float]:
         specs = [VmSpec(f"vm{i}", benchmark, list(params), paravirtual=MODES[mode].pv,
                         ram_alloc=alloc) for i in range(n)]
@@ -69,11 +81,6 @@ def measure(benchmark: str, params: tuple[int, ...], modes: list[str], counts: l
 def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
     """ms to build and close a VM's RAM of `size` bytes populated up front, by turns: made
     and freed each time ("fresh"), and taken from and given back to a pool ("kept")."""
-    import time
-
-    from gpuvm.vmm.guest_ram import GuestRam
-    from gpuvm.vmm.ram_pool import RamPool
-
     out: dict[str, list[float]] = {"fresh": [], "kept": []}
     pools = {"fresh": RamPool(limit_bytes=0), "kept": RamPool()}
     GuestRam(size, prealloc=True, pool=pools["kept"]).close()  # one kept before
@@ -87,9 +94,6 @@ def measure_build(size: int, repeat: int) -> dict[str, list[float]]:
 
 
 def print_build_table(times: dict[str, list[float]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=title)
     for col in ("RAM", "build + close ms\n(min-median-max)", "over fresh"):
         t.add_column(col, justify="right", overflow="fold")
@@ -102,10 +106,6 @@ def print_build_table(times: dict[str, list[float]], title: str) -> None:
 
 
 def print_table(runs: list[AllocRun], title: str) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # within 80 columns: headers on two lines, a cell too wide folds (never cut)
     for col in ("mode", "VMs", "immediate ms\nmin-median-max", "ondemand ms\nmin-median-max",
@@ -142,12 +142,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_ram_alloc(args: argparse.Namespace) -> int:
-    import os
-
-    from gpuvm.errors import UserError
-    from gpuvm.run import RunError
-    from gpuvm.run.command import parse_modes
-
     try:
         modes = parse_modes(args.modes)
         counts = [int(c) for c in args.vms.split(",")]
@@ -158,7 +152,6 @@ def main_ram_alloc(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.repeat < 1:
         raise UserError(f"bench ram-alloc: VM counts >= 1 and --repeat >= 1 (got --vms "
                         f"{args.vms} --repeat {args.repeat})")
-    from gpuvm.vmm.abi import GUEST_RAM_DEFAULT
 
     load = os.getloadavg()[0]
     builds = 4 * args.repeat

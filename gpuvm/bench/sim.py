@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from gpuvm.errors import UserError
 from gpuvm.sim.model import simulate
 from gpuvm.sim.scenarios import S, Scenario
 from gpuvm.sim.workload import Dist, WorkloadSpec
@@ -34,7 +35,6 @@ def scenario(vms: int, seconds: float) -> Scenario:
 
 
 def main_sim(args: argparse.Namespace) -> int:
-    from gpuvm.errors import UserError
     try:
         counts = [int(v) for v in args.vms.split(",")]
     except ValueError:

@@ -30,11 +30,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 import gpuvm
 from gpuvm.errors import UserError
 from gpuvm.vfio.user import protocol
 
-KINDS = ("registers", "vgpu")
+DEVICE_KINDS = ("registers", "vgpu")
 DEFAULT_ACCESSES = 20_000
 DEFAULT_ROUNDS = 3
 PROBE = Path(__file__).with_name("vfio_user_probe.py")
@@ -61,7 +64,7 @@ def _probe(root: Path, kind: str, accesses: int, poll_us: float) -> dict:
 
 
 def run_vfio_user_bench(accesses: int = DEFAULT_ACCESSES, rounds: int = DEFAULT_ROUNDS,
-                        poll_us: float | None = None, kinds: tuple[str, ...] = KINDS,
+                        poll_us: float | None = None, kinds: tuple[str, ...] = DEVICE_KINDS,
                         baseline: Path | None = None) -> dict:
     """{accesses, rounds, poll_us, load_before, load_after, rows: [{checkout ("this" or
     "baseline"), path, kind,
@@ -102,9 +105,6 @@ def run_vfio_user_bench(accesses: int = DEFAULT_ACCESSES, rounds: int = DEFAULT_
 
 
 def print_vfio_user_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"a BAR0 access over vfio-user vs in-process (µs, min of "
                         f"{r['rounds']} rounds of {r['accesses']:,})")
     paths = {row["checkout"]: row["path"] for row in r["rows"]}
@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help="measurements per checkout and target; figures are the "
                              "minimum (default %(default)s)")
-    parser.add_argument("--target", choices=("all",) + KINDS, default="all",
+    parser.add_argument("--target", choices=("all",) + DEVICE_KINDS, default="all",
                         help="registers (a dict-backed register file), vgpu (the fv vGPU "
                              "of `bench exits`), or all")
     parser.add_argument("--poll-us", type=float, default=None,
@@ -143,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_vfio_user(args: argparse.Namespace) -> int:
     """Entry point for `gpuvm bench vfio-user`."""
-    kinds = KINDS if args.target == "all" else (args.target,)
+    kinds = DEVICE_KINDS if args.target == "all" else (args.target,)
     result = run_vfio_user_bench(args.accesses, args.rounds, args.poll_us, kinds,
                                  args.baseline)
     if args.json:

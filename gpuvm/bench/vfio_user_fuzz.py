@@ -452,6 +452,10 @@ def open_fds() -> int:
 
 @dataclass
 class FuzzReport:
+    """What the hostile vfio-user client campaign came to: the tally of what it sent, escapes
+    and server thread errors (both must be none), whether the server leaked fds, and whether
+    a VM on another vGPU ran through it and the server still serves."""
+
     tally: Tally
     seconds: float
     escapes: list[str]

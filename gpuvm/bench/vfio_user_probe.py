@@ -19,6 +19,10 @@ import gc
 import json
 import time
 
+import gpuvm
+import gpuvm.vfio.user.protocol as p
+from gpuvm.bench.exits import bench_target, served_target
+
 REGISTER = 0x140  # PMC_INTR_EN: the register `gpuvm bench exits` stores to
 
 
@@ -52,9 +56,6 @@ def _per_access_us(device, accesses: int, write: bool) -> float:
 
 
 def measure(kind: str, accesses: int, poll_us: float) -> dict:
-    import gpuvm
-    import gpuvm.vfio.user.protocol as p
-    from gpuvm.bench.exits import bench_target, served_target
     p.SPIN_S = poll_us * 1e-6
     result = {"kind": kind, "accesses": accesses, "poll_us": poll_us,
               "gpuvm": gpuvm.__file__}

@@ -14,8 +14,13 @@ from __future__ import annotations
 import argparse
 import time
 
+from rich.console import Console
+from rich.table import Table
+
+from gpuvm.errors import UserError
 from gpuvm.experiment.costs import mmio_exits
 from gpuvm.mediator.modes import MODES
+from gpuvm.run import run_vms
 from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS, resolve_backend
 from gpuvm.vmm.kvm.runner import coalescing
@@ -37,8 +42,6 @@ def kvm_exits(result) -> int:
 
 
 def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
-    from gpuvm.run import run_vms
-
     alone = {}
     for spec in specs:
         if spec.benchmark in alone:
@@ -77,9 +80,6 @@ def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
 
 
 def print_vms_bench(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     for ring, p in r["passes"].items():
         n = len(p["vms"])
@@ -123,8 +123,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_vms(args: argparse.Namespace) -> int:
-    from gpuvm.errors import UserError
-
     benchmarks = tuple(b for b in args.benchmarks.split(",") if b)
     if not benchmarks:
         raise UserError("--benchmarks: name at least one benchmark")

@@ -18,6 +18,9 @@ class NoGpu(Exception):
 
 
 class CudaBackend(Protocol):
+    """The few CUDA runtime calls the measurements make, so either library that offers them
+    (cupy or torch) can be the one that makes them."""
+
     name: str
 
     def device_alloc(self, nbytes: int) -> int: ...
@@ -47,8 +50,9 @@ class CupyBackend:
     """cupy.cuda.runtime: thin wrappers over cudaMalloc/cudaMemcpy/cudaHostRegister."""
 
     def __init__(self) -> None:
+        # optional: only where the GPU is measured with cupy (see the module docstring)
         import cupy
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # with cupy
         self.rt = runtime
         self.name = f"cupy {cupy.__version__}"
         try:
@@ -113,7 +117,7 @@ class TorchBackend:
     caches_pinned_frees = True  # freed pinned tensors go to PyTorch's cache, not the driver
 
     def __init__(self) -> None:
-        import torch
+        import torch  # optional: only where the GPU is measured with PyTorch
         if not torch.cuda.is_available():
             raise NoGpu("PyTorch sees no CUDA GPU")
         self.torch = torch
@@ -181,7 +185,7 @@ class TorchBackend:
         self.torch.cuda.empty_cache()
 
 
-BACKENDS = {"cupy": CupyBackend, "torch": TorchBackend}
+CUDA_BACKENDS = {"cupy": CupyBackend, "torch": TorchBackend}
 
 
 def _cuda_version(encoded: int) -> str:
@@ -191,11 +195,11 @@ def _cuda_version(encoded: int) -> str:
 
 def find_backend(choice: str = "auto") -> CudaBackend:
     """The first backend that imports and sees a GPU, or NoGpu naming why none did."""
-    names = list(BACKENDS) if choice == "auto" else [choice]
+    names = list(CUDA_BACKENDS) if choice == "auto" else [choice]
     reasons = []
     for name in names:
         try:
-            return BACKENDS[name]()
+            return CUDA_BACKENDS[name]()
         except ImportError:
             reasons.append(f"{name} is not installed")
         except NoGpu as exc:

@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpuvm.device import layout, regs
+from gpuvm.device.gpu import Gpu
+from gpuvm.device.host_driver import HostDriver
+from gpuvm.device.mmu import Space
 
 PAGE_SIZES = {"4k": regs.SMALL_PAGE, "128k": regs.LARGE_PAGE}
 ENTRIES_PER_PT = {"4k": regs.SMALL_PTES_PER_PT, "128k": regs.LARGE_PTES_PER_PT}
@@ -121,12 +126,6 @@ class Built:
 def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = False,
                     va: int = DEFAULT_VA, phys: int = DEFAULT_PHYS) -> Built:
     """Build the tables with the host driver in a fresh emulated GPU and count them."""
-    import numpy as np
-
-    from gpuvm.device.gpu import Gpu
-    from gpuvm.device.host_driver import HostDriver
-    from gpuvm.device.mmu import Space
-
     expect = footprint(nbytes, page, spaces, shared, va)  # validates the arguments
     gpu = Gpu()
     try:

@@ -27,7 +27,7 @@ from typing import Callable
 from gpuvm.calibrate import hostmem, smart_pinning
 from gpuvm import host_pages
 from gpuvm.calibrate.cuda import CudaBackend, driver_version
-from gpuvm.calibrate.profile import (Bandwidth, CopyInto, DeviceInfo, GpuProfile, PinCost,
+from gpuvm.calibrate.profile import (Bandwidth, CopyInto, GpuProfile, MeasurementSetup, PinCost,
                                      ThpSetting)
 from gpuvm.calibrate.stats import Spread
 
@@ -41,6 +41,9 @@ D2H_MODES = ("pageable", "chunk-pinned", "registered")
 
 @dataclass(frozen=True)
 class Plan:
+    """What one `gpuvm calibrate --gpu` run measures (sizes, repetitions, THP modes) and the
+    command line that asked for it, recorded with the results."""
+
     sizes: list[int]  # bandwidth sizes
     pin_bytes: int  # region size for the pinning and memfd copy measurements
     chunk_bytes: int
@@ -233,7 +236,7 @@ def calibrate(cuda: CudaBackend, plan: Plan,
     smart = smart_pinning.measure(cuda, plan.smart_sizes, plan.reps, progress) \
         if plan.smart_sizes else []
     cuda.release()
-    info = DeviceInfo(
+    info = MeasurementSetup(
         gpu=cuda.device_name(), driver=driver_version(), cuda_runtime=cuda.runtime_version(),
         backend=cuda.name, date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         command=plan.command, kernel=platform.release(),

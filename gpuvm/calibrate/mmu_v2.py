@@ -82,7 +82,7 @@ def span(level_index: int) -> int:
 
 
 @dataclass(frozen=True)
-class Footprint:
+class V2Footprint:
     """Exact counts for mapping `nbytes` with `page` pages in `spaces` address spaces."""
 
     page: str
@@ -104,7 +104,7 @@ class Footprint:
 
 
 def footprint(nbytes: int, page: str, spaces: int = 1, shared: bool = False,
-              va: int = 0) -> Footprint:
+              va: int = 0) -> V2Footprint:
     """The counts, by arithmetic, for [va, va + nbytes)."""
     size = PAGE_SIZES.get(page)
     if size is None:
@@ -129,7 +129,7 @@ def footprint(nbytes: int, page: str, spaces: int = 1, shared: bool = False,
         tables[page] = covering(21) * owners
         entries["pd0"] = covering(21) * owners
     entries["pte"] = nbytes // size * owners
-    return Footprint(page, nbytes, spaces, shared, tables, entries)
+    return V2Footprint(page, nbytes, spaces, shared, tables, entries)
 
 
 class Builder:
@@ -310,7 +310,7 @@ def build(nbytes: int, page: str, spaces: int = 1, shared: bool = False,
         vram.close()
 
 
-def vram_needed(f: Footprint) -> int:
+def vram_needed(f: V2Footprint) -> int:
     """Emulated VRAM a build of `f` takes: every table in its own 4 KiB (the entries hold
     table addresses >> 12)."""
     return 4096 * sum(f.tables.values())
@@ -320,7 +320,7 @@ SEED_PTE_BYTES = 8  # the seed's arithmetic: one 8-byte entry per page, nothing 
 
 
 def study(nbytes: int, counts: list[int], build_limit: int, va: int = 1 << 38
-          ) -> list[tuple[Footprint, ReadBack | None]]:
+          ) -> list[tuple[V2Footprint, ReadBack | None]]:
     """Every page size x space count (x own / shared tables where several): the counts,
     and the tables built and read back where their VRAM fits `build_limit` (None: not
     built)."""
@@ -335,7 +335,7 @@ def study(nbytes: int, counts: list[int], build_limit: int, va: int = 1 << 38
     return rows
 
 
-def agrees(f: Footprint, b: ReadBack) -> bool:
+def agrees(f: V2Footprint, b: ReadBack) -> bool:
     """Whether what was read back is what the arithmetic says, every page translated."""
     return b.tables == f.tables and b.entries == f.entries and \
         b.table_bytes == f.table_bytes and b.pages_translated == b.pages_checked

@@ -17,7 +17,11 @@ MiB = 1 << 20
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
+class MeasurementSetup:
+    """What a profile was measured on and how (GPU, driver, runtime, kernel, THP modes,
+    the command): without it a profile's numbers could not be told apart from another
+    machine's, nor the run repeated."""
+
     gpu: str
     driver: str
     cuda_runtime: str
@@ -122,7 +126,10 @@ class SmartPin:
 
 @dataclass(frozen=True)
 class GpuProfile:
-    device: DeviceInfo
+    """Everything one calibration run measured on a real GPU, with where and how: the file
+    experiments read host-memory costs from, so a cost traces back to a measurement."""
+
+    device: MeasurementSetup
     bandwidth: list[Bandwidth] = field(default_factory=list)
     pin: list[PinCost] = field(default_factory=list)
     d2h_into: list[CopyInto] = field(default_factory=list)
@@ -229,7 +236,7 @@ def _spreads(table: dict) -> dict:
 def from_toml(text: str) -> GpuProfile:
     data = tomllib.loads(text)
     return GpuProfile(
-        DeviceInfo(**data["device"]),
+        MeasurementSetup(**data["device"]),
         [Bandwidth(**_spreads(t)) for t in data.get("bandwidth", [])],
         [PinCost(**_spreads(t)) for t in data.get("pin", [])],
         [CopyInto(**_spreads(t)) for t in data.get("d2h_into", [])],

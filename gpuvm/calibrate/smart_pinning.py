@@ -21,11 +21,11 @@ from gpuvm.calibrate.cuda import CudaBackend, NoGpu
 from gpuvm.calibrate.profile import SmartPin
 from gpuvm.calibrate.stats import MIN_REPS, Spread
 
-ALLOCATIONS = 8
+ALLOCATIONS_PER_RUN = 8
 ROUNDS = 8
 STRIDE = 4
 HOT_THRESHOLD = 2  # copies; the emulator's experiment uses the same (hot_threshold = 2)
-POLICIES = ("none", "smart", "all")
+PIN_POLICIES = ("none", "smart", "all")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.malloc.restype = ctypes.c_void_p
@@ -39,7 +39,7 @@ def hot_allocations(copies: dict[int, int], threshold: int = HOT_THRESHOLD) -> s
 
 
 def run_once(cuda: CudaBackend, nbytes: int, dev: int, pin: set[int],
-             allocations: int = ALLOCATIONS, rounds: int = ROUNDS,
+             allocations: int = ALLOCATIONS_PER_RUN, rounds: int = ROUNDS,
              stride: int = STRIDE) -> tuple[float, dict[int, int]]:
     """One life of the workload: seconds from the first allocation to the last free, and
     the copies made per allocation (the transfer history a profile run records)."""
@@ -81,23 +81,23 @@ def measure(cuda: CudaBackend, sizes: tuple[int, ...] | list[int], reps: int = M
                     "caches freed pinned memory, so its frees would time nothing")
     rows = []
     for nbytes in sizes:
-        progress(f"smart pinning: {nbytes} B x {ALLOCATIONS} allocations")
+        progress(f"smart pinning: {nbytes} B x {ALLOCATIONS_PER_RUN} allocations")
         dev = cuda.device_alloc(nbytes)
         try:
             _, history = run_once(cuda, nbytes, dev, set())  # warm-up and first profile
             pins = {"none": set(), "smart": hot_allocations(history),
-                    "all": set(range(ALLOCATIONS))}
-            for policy in POLICIES[1:]:
+                    "all": set(range(ALLOCATIONS_PER_RUN))}
+            for policy in PIN_POLICIES[1:]:
                 run_once(cuda, nbytes, dev, pins[policy])  # warm-up
-            seconds: dict[str, list[float]] = {p: [] for p in POLICIES}
+            seconds: dict[str, list[float]] = {p: [] for p in PIN_POLICIES}
             for _ in range(reps):
-                for policy in POLICIES:
+                for policy in PIN_POLICIES:
                     took, copies = run_once(cuda, nbytes, dev, pins[policy])
                     seconds[policy].append(took)
                     if policy == "none":  # the profile run: its history picks smart's pins
                         pins["smart"] = hot_allocations(copies)
-            for policy in POLICIES:
-                rows.append(SmartPin(policy, nbytes, ALLOCATIONS, ROUNDS, STRIDE,
+            for policy in PIN_POLICIES:
+                rows.append(SmartPin(policy, nbytes, ALLOCATIONS_PER_RUN, ROUNDS, STRIDE,
                                      len(pins[policy]), Spread.of(seconds[policy]).scaled(1e3),
                                      seconds[policy]))
         finally:

@@ -10,6 +10,9 @@ from collections import defaultdict
 
 
 class Counters:
+    """The device's event counts, device-wide and per channel: the project's exact,
+    deterministic result, so plain integers kept under the device lock."""
+
     def __init__(self) -> None:
         self.total: defaultdict[str, int] = defaultdict(int)
         self.per_channel: defaultdict[int, defaultdict[str, int]] = \

@@ -17,6 +17,9 @@ import numpy as np
 
 
 class DmaPort(Protocol):
+    """Where the device reaches system memory (the VM's RAM through its IOMMU mappings): a view
+    of a range when one buffer holds it all, so copies are array operations."""
+
     def region(self, addr: int, length: int) -> np.ndarray | None:
         """A writable uint8 view of [addr, addr+length) if one backing buffer holds it all."""
         ...

@@ -10,6 +10,9 @@ from gpuvm.device import regs
 
 @dataclass
 class Engine:
+    """One engine's occupancy: GPU work is not preempted, so the engine is busy until the end
+    of the work it accepted, and what it ran and for how long is counted for the scheduler."""
+
     name: str
     fault_unit: int
     enable_bit: int
@@ -31,6 +34,9 @@ class Engine:
 
 @dataclass
 class Engines:
+    """The GPU's three engines (graph and two copy engines), each with its fault unit and PMC
+    enable bit."""
+
     graph: Engine
     copy0: Engine
     copy1: Engine

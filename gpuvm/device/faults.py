@@ -62,6 +62,9 @@ def fault_flags(unit: int, reason: int, write: bool) -> int:
 
 @dataclass(frozen=True)
 class ChannelFault:
+    """A fault that stopped a channel (a VM fault, a bad method, an engine error), with what
+    the hardware reports of it: how a failed run says why."""
+
     chid: int  # the channel id as whoever reads this knows it (physical on the device)
     reason: str  # e.g. "vm-fault: page not present", "bad method header"
     address: int = 0  # faulting GPU VA (VM faults) or the offending value

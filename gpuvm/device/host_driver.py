@@ -17,6 +17,8 @@ from gpuvm.device import layout, regs
 
 
 class MmioTarget(Protocol):
+    """What the host driver programs: the bare device or a vGPU, through BAR accesses alone."""
+
     def mmio_read(self, bar: int, offset: int, size: int) -> int: ...
 
     def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None: ...
@@ -24,12 +26,18 @@ class MmioTarget(Protocol):
 
 @dataclass
 class AddressSpace:
+    """A GPU address space the host driver built: its page directory and small page tables in
+    VRAM."""
+
     pd: int  # VRAM address of the page directory
     pts: dict[int, int] = field(default_factory=dict)  # PDE index -> small PT address
 
 
 @dataclass
 class HostChannel:
+    """A channel the host driver set up, with the VRAM and GPU virtual addresses of its USERD,
+    ring and push buffer, so a test can submit to it."""
+
     chid: int
     space: AddressSpace
     inst: int
@@ -50,6 +58,10 @@ def method(subc: int, mthd: int, *values: int, kind: int = regs.MTHD_TYPE_INC) -
 
 
 class HostDriver:
+    """A driver in Python that stands the device up as the guest driver does (page tables
+    through PRAMIN, BAR1 USERD, RAMIN, runlist, doorbell), for the device tests and `gpuvm
+    bench device`, without a guest."""
+
     PUSHBUF_BYTES = 64 * 1024
     GPFIFO_LOG2 = 9
 

@@ -32,6 +32,9 @@ MAX_MMUL_N = 4096
 
 
 class KernelMemory(Protocol):
+    """A kernel's view of GPU memory: its channel's address space, so a kernel can only touch
+    what the channel maps."""
+
     def read(self, va: int, length: int) -> np.ndarray: ...
 
     def write(self, va: int, data: np.ndarray) -> None: ...
@@ -39,6 +42,9 @@ class KernelMemory(Protocol):
 
 @dataclass(frozen=True)
 class Kernel:
+    """One kernel of the compute engine's library: what a guest's kernel object names, run with
+    numpy, returning the device time the profile prices it at."""
+
     kernel_id: int
     name: str
     param_words: int

@@ -56,6 +56,9 @@ class RegisterBlock:
 
 
 class MmioBus:
+    """BAR0 as a table of register blocks, one list index per access, so the trap path finds a
+    register's block without a search."""
+
     def __init__(self, counters: Counters) -> None:
         self.counters = counters
         self._slots: list[RegisterBlock | None] = [None] * (regs.BAR0_SIZE >> _GRAIN_SHIFT)

@@ -108,6 +108,9 @@ class Pages:
 
 
 class Mmu:
+    """The GPU's page-table walker and TLB: every engine and BAR1/BAR3 access is translated and
+    checked here, over whole ranges at once."""
+
     def __init__(self, vram: Vram, counters: Counters) -> None:
         self.vram = vram
         self.counters = counters

@@ -7,7 +7,7 @@ card is a copy and an edit, not a code change.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from gpuvm.device import regs
@@ -22,6 +22,8 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class CopyCosts:
+    """What a copy costs on the modelled GPU: a launch, then bytes at VRAM or PCIe speed."""
+
     launch_ns: int
     vram_bytes_per_s: float
     pcie_bytes_per_s: float
@@ -29,6 +31,9 @@ class CopyCosts:
 
 @dataclass(frozen=True)
 class ComputeCosts:
+    """What a kernel costs on the modelled GPU: a launch, then its flops, bytes and loop
+    iterations at the GPU's rates."""
+
     launch_ns: int
     flops_per_s: float
     bytes_per_s: float
@@ -37,6 +42,9 @@ class ComputeCosts:
 
 @dataclass(frozen=True)
 class DeviceProfile:
+    """One GPU model (PCI id, VRAM, BAR sizes, partitions, engine costs) loaded from a TOML
+    profile, so the device and the mdev types follow the card named, not constants."""
+
     name: str
     pci_device: int
     boot0: int
@@ -49,7 +57,6 @@ class DeviceProfile:
 
     def with_vram(self, vram_size: int) -> "DeviceProfile":
         """The same card with a different amount of VRAM (tests, small machines)."""
-        from dataclasses import replace
         return replace(self, vram_size=vram_size)
 
 

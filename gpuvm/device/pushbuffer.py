@@ -27,6 +27,8 @@ from gpuvm.device.faults import ChannelError
 
 @dataclass(frozen=True)
 class MethodCall:
+    """One method a push buffer carries to an engine: subchannel, method offset and value."""
+
     subc: int
     method: int  # byte offset of the method
     value: int

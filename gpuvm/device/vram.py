@@ -63,6 +63,9 @@ def _reservation_type(size: int) -> type:
 
 
 class Vram:
+    """The GPU's VRAM: one sealed memfd mapped once, viewed as a numpy array, so BAR pages can
+    be mapped into guests and engines copy with array operations."""
+
     def __init__(self, size: int) -> None:
         if size <= 0 or size % regs.SMALL_PAGE:
             raise ValueError(f"VRAM size {size:#x} is not a positive multiple of 4 KiB")

@@ -25,6 +25,9 @@ _SHIFT = regs.SMALL_PAGE_SHIFT
 
 
 class EngineWriteLog:
+    """Which VRAM pages the engines wrote and when: engine writes are not trapped, and this is
+    how an incremental shadow resync still sees them."""
+
     def __init__(self, vram_size: int) -> None:
         # zero-filled pages cost nothing until an engine writes there
         self._seq = np.zeros((vram_size + regs.SMALL_PAGE - 1) >> _SHIFT, dtype=np.int64)

@@ -29,6 +29,8 @@ def directory() -> Path:
 
 @dataclass(frozen=True)
 class Shipped:
+    """An experiment file that ships with gpuvm, as `gpuvm experiment --list` shows it."""
+
     name: str  # the file's stem: what `gpuvm experiment NAME` takes
     path: Path
     kind: str

@@ -57,24 +57,27 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
-from gpuvm.experiment.costs import load_costs
+from gpuvm.errors import UserError
+from gpuvm.experiment.costs import load_costs, load_hostmem_costs
+from gpuvm.libvirt.placement import domain_vms
+from gpuvm.mdevctl import MdevStore
 from gpuvm.mediator.mdev_types import MdevTypeError, lookup
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.mediated import gpu_types, machine_profile
 from gpuvm.run.spec import RunOptions
 from gpuvm.vmm import abi, guest_programs
-from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from gpuvm.vmm.backends import BACKENDS
+from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
 from scheduler import POLICIES, SchedulerParams
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
+EXPERIMENT_KINDS = ("benchmarks", "isolation", "hostmem", "scaling", "oversubscription", "suite")
 ORDERS = ("rounds", "points")  # the order of an experiment's runs (rundir.plan)
 PARTITION_KEYS = {"vram_mib": "vram_size", "channels": "channels", "bar1_mib": "bar1_size",
                   "bar3_mib": "bar3_size", "shadow_mib": "shadow_size"}
@@ -86,6 +89,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class VmConfig:
+    """One VM of an experiment file's scenario: its benchmark and parameters, share, start, RAM
+    and vGPU, checked when the file is loaded."""
+
     name: str
     benchmark: str
     params: tuple[int, ...] = ()
@@ -112,16 +118,21 @@ class VmConfig:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class ScenarioConfig:
+    """A named set of VMs that run at once, under each mode and policy of its experiment."""
+
     name: str
     vms: tuple[VmConfig, ...]
 
 
 @dataclass(frozen=True)
 class Experiment:
+    """An experiment file, parsed and checked whole before anything runs: its scenarios, modes,
+    policies, repetitions and where results go."""
+
     name: str
     kind: str
-    scenarios: tuple[Scenario, ...]
+    scenarios: tuple[ScenarioConfig, ...]
     modes: tuple[str, ...] = ("fv-opt",)
     policies: tuple[str, ...] = ("fifo",)
     backend: str = "auto"
@@ -261,11 +272,6 @@ def _domain_vms(files: list[str], source: str, where: str) -> list[VmConfig]:
     its vGPU type's partition and scheduler weight, its <memory> and its workload."""
     if not files:
         return []
-    from dataclasses import asdict
-
-    from gpuvm.errors import UserError
-    from gpuvm.libvirt.placement import domain_vms
-    from gpuvm.mdevctl import MdevStore
 
     base = Path(source).parent if source != "<config>" else Path.cwd()
     try:
@@ -297,8 +303,8 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                    else "must be a non-empty name without '/'")
     result = dict(
         name=name,
-        kind=exp.get("kind", str, "benchmarks", check=lambda k: None if k in KINDS
-                     else f"must be one of {', '.join(KINDS)}"),
+        kind=exp.get("kind", str, "benchmarks", check=lambda k: None if k in EXPERIMENT_KINDS
+                     else f"must be one of {', '.join(EXPERIMENT_KINDS)}"),
         modes=tuple(exp.get("modes", list, ["fv-opt"], check=_names(list(MODES), "mode"))),
         policies=tuple(exp.get("policies", list, ["fifo"],
                                check=_names(sorted(POLICIES), "policy"))),
@@ -331,8 +337,6 @@ def parse(text: str, source: str = "<config>") -> Experiment:
         raise ConfigError(f"{source}: experiment.backend: an isolation experiment needs "
                           f"kvm (in-process guests are not confined from one another)")
     if result["kind"] == "hostmem" or "hostmem_profiles" in exp.data:
-        from gpuvm.experiment.costs import load_hostmem_costs
-
         for profile in result["hostmem_profiles"]:
             try:
                 load_hostmem_costs(profile)
@@ -358,7 +362,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
             raise ConfigError(f"{source}: scenario[{i}].vm: needs at least one [[scenario.vm]]")
         if len({v.name for v in vms}) != len(vms):
             raise ConfigError(f"{source}: scenario[{i}].vm: VM names repeat")
-        scenarios.append(Scenario(sname, tuple(vms)))
+        scenarios.append(ScenarioConfig(sname, tuple(vms)))
     if len({s.name for s in scenarios}) != len(scenarios):
         raise ConfigError(f"{source}: scenario: names repeat")
     _check_types(scenarios, result["vram_mib"], source)
@@ -373,7 +377,7 @@ def parse(text: str, source: str = "<config>") -> Experiment:
     return Experiment(scenarios=tuple(scenarios), **result)
 
 
-def _check_types(scenarios: list[Scenario], vram_mib: int | None, source: str) -> None:
+def _check_types(scenarios: list[ScenarioConfig], vram_mib: int | None, source: str) -> None:
     """Every VM's vGPU type must be one the experiment's GPU has (as `gpuvm run --type`
     is checked), before anything runs rather than as a run that fails."""
     types = None

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from gpuvm.experiment.config import Experiment, Scenario
+from gpuvm.experiment.config import Experiment, ScenarioConfig
 from gpuvm.calibrate.footprint import vm_pt_footprint
 from gpuvm.experiment.costs import CostProfile, HostMemCosts, load_costs, load_hostmem_costs
 from gpuvm.experiment.rundir import RunDir, RunKey, plan, write_atomically
@@ -78,7 +79,18 @@ class VmRow:
 DEFAULT_TYPE = mdev_types.default_type_id(gpu_types(load_profile()))
 
 
-def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> list[VmSpec]:
+def makespan_ms(rs: list[VmRow]) -> float:
+    """Mean over repetitions of one run's span in modelled time: its VMs run at once, so
+    this -- not the sum of their times -- is how long the run took."""
+    by_rep: dict[int, list[VmRow]] = defaultdict(list)
+    for r in rs:
+        by_rep[r.rep].append(r)
+    spans = [max(r.start_s * 1e3 + r.total_modelled_ns / 1e6 for r in run)
+             - min(r.start_s * 1e3 for r in run) for run in by_rep.values()]
+    return sum(spans) / len(spans) if spans else 0.0
+
+
+def specs_for(scenario: ScenarioConfig, hot_masks: dict[str, int] | None = None) -> list[VmSpec]:
     """The scenario's VMs; one that names no partition gets the GPU's default vGPU type
     (so native VMs see that type's GPU and ×native compares like with like).  A VM in
     `hot_masks` gets that mask as params[3] (smart pinning's use run)."""
@@ -99,7 +111,7 @@ def specs_for(scenario: Scenario, hot_masks: dict[str, int] | None = None) -> li
     return specs
 
 
-def hot_masks_for(scenario: Scenario, key: RunKey, rows: list[dict[str, Any]]
+def hot_masks_for(scenario: ScenarioConfig, key: RunKey, rows: list[dict[str, Any]]
                   ) -> dict[str, int]:
     """Smart pinning: each VM with pin_hot_from gets the hot mask of that VM's history in
     the same mode, policy and repetition (allocations transferred > hot_threshold times)."""
@@ -154,7 +166,7 @@ def without_delivery(counters: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in counters.items() if k not in DELIVERY}
 
 
-def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: int,
+def rows_for(exp: Experiment, scenario: ScenarioConfig, mode: str, policy: str, rep: int,
              results: list[VmResult], costs: CostProfile,
              hostmem_costs: list[HostMemCosts] = ()) -> list[VmRow]:
     total_share = sum(vm.share for vm in scenario.vms)
@@ -200,7 +212,7 @@ def rows_for(exp: Experiment, scenario: Scenario, mode: str, policy: str, rep: i
     return rows
 
 
-def not_run_rows(exp: Experiment, scenario: Scenario, key: RunKey, error: str) -> list[VmRow]:
+def not_run_rows(exp: Experiment, scenario: ScenarioConfig, key: RunKey, error: str) -> list[VmRow]:
     """A run that could not be made (a RunError) is recorded as failed VM runs, so the
     report says so and the command fails, instead of a report of zero runs."""
     total_share = sum(vm.share for vm in scenario.vms)

@@ -24,12 +24,12 @@ from typing import Callable
 
 from gpuvm.device import regs
 from gpuvm.device.profile import load_profile
-from gpuvm.experiment.config import Experiment, Scenario, VmConfig
+from gpuvm.experiment.config import Experiment, ScenarioConfig, VmConfig
 from gpuvm.experiment.costs import CostProfile, load_costs
-from gpuvm.experiment.execute import VmRow
-from gpuvm.experiment.report import _makespan_ms
+from gpuvm.experiment.execute import VmRow, makespan_ms
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mediator import HYP_GLOBAL
+from gpuvm.sim.figure import pyplot
 from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.traces import TraceKey, load_trace
 from gpuvm.sim.residency import COUNTER_NAMES, residency_for
@@ -125,7 +125,7 @@ def emulator_point(rows: list[VmRow], policy: str, mode: str) -> Point:
             {r.rep for r in good}) for name in COUNTER_NAMES}
     note = "" if counts is not None else \
         "no residency counters: this emulator build does not switch residency"
-    return Point(policy, mode, EMULATOR, _makespan_ms(good), counts, passed, note)
+    return Point(policy, mode, EMULATOR, makespan_ms(good), counts, passed, note)
 
 
 def default_trace_loader(backend: str, profile: str) -> TraceLoader:
@@ -134,14 +134,14 @@ def default_trace_loader(backend: str, profile: str) -> TraceLoader:
     return load
 
 
-def model_streams(exp: Experiment, scenario: Scenario, mode: str, load: TraceLoader,
+def model_streams(exp: Experiment, scenario: ScenarioConfig, mode: str, load: TraceLoader,
                   policy: str) -> list[VmStream]:
     return [load(vm, mode, policy).placed(vm.name, round(vm.start_s * 1e9), vm.share,
                                           working_set_bytes(vm, exp))
             for vm in scenario.vms]
 
 
-def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
+def model_point(exp: Experiment, scenario: ScenarioConfig, policy: str, mode: str,
                 costs: CostProfile, load: TraceLoader) -> Point:
     streams = model_streams(exp, scenario, mode, load, policy)
     config = SchedulerConfig.from_dict({**exp.scheduler, "policy": policy})
@@ -151,7 +151,7 @@ def model_point(exp: Experiment, scenario: Scenario, policy: str, mode: str,
     return Point(policy, mode, MODEL, result.makespan_ns / 1e6, counts)
 
 
-def points_for(exp: Experiment, scenario: Scenario, rows: list[VmRow], costs: CostProfile,
+def points_for(exp: Experiment, scenario: ScenarioConfig, rows: list[VmRow], costs: CostProfile,
                load: TraceLoader) -> list[Point]:
     by: dict[tuple[str, str], list[VmRow]] = defaultdict(list)
     for r in rows:
@@ -175,10 +175,8 @@ def _cell(value: float | int | None, fmt: str) -> str:
 def _figure(scenario: str, points: list[Point], path: Path) -> Path:
     """Makespan per policy from each source on its own axis, and the pages moved side by
     side."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    plt = pyplot()
+    import matplotlib.ticker  # with pyplot, lazily: see gpuvm.sim.figure.pyplot
 
     labels = list(dict.fromkeys((p.policy, p.mode) for p in points))
     names = [p.upper() if len({m for _, m in labels}) == 1 else f"{p.upper()}\n{m}"

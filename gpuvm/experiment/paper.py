@@ -18,8 +18,10 @@ from pathlib import Path
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import CostProfile, load_costs, mmio_exits
 from gpuvm.experiment.execute import VmRow
+from gpuvm.experiment.oversub_report import oversubscription_report
 from gpuvm.experiment.report import PHASES, reprice, shares_in_window
 from gpuvm.experiment.rundir import write_atomically
+from gpuvm.sim.figure import pyplot
 from gpuvm.sim.stream_replay import VmStream, replay, replicate
 
 
@@ -212,8 +214,7 @@ class ScalePoint:
     vms: int
     vm_ms: float          # the emulator: mean per-VM virtual time
     makespan_ms: float    # the emulator: the last VM's end
-    model_vm_ms: float    # the model (gpuvm.sim.stream_replay)
-    model_makespan_ms: float
+    model_makespan_ms: float  # the model (gpuvm.sim.stream_replay): its last VM's end
     lock_wait_ms: float   # the emulator: mean per-VM wait for the mediator's lock
 
     @property
@@ -241,16 +242,13 @@ def scale_points(part: SuitePart) -> list[ScalePoint]:
         ends = [round(r.start_s * 1e9) + _vm_ns(r) for r in rows]
         points.append(ScalePoint(
             mode, len(rows), statistics.mean(_vm_ns(r) for r in rows) / 1e6, max(ends) / 1e6,
-            statistics.mean(model.end_ns.values()) / 1e6, model.makespan_ns / 1e6,
+            model.makespan_ns / 1e6,
             statistics.mean(r.counters.get("mediator_lock.wait_ns", 0) for r in rows) / 1e6))
     return sorted(points, key=lambda p: (p.mode, p.vms))
 
 
 def _scaling_figure(points: list[ScalePoint], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for i, mode in enumerate(sorted({p.mode for p in points})):
         ps = [p for p in points if p.mode == mode]
@@ -357,7 +355,6 @@ def write_paper_report(exp: Experiment, parts: list[SuitePart], out: Path) -> Pa
         elif part.exp.kind == "isolation":
             md += isolation_section(part)
         elif part.exp.kind == "oversubscription":
-            from gpuvm.experiment.oversub_report import oversubscription_report
             md += ["## Oversubscription: QUANTUM vs BAND", "", f"Rows: `{part.path}`.", ""]
             md += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
                    for line in oversubscription_report(part.exp, part.rows, out)]

@@ -19,11 +19,13 @@ from pathlib import Path
 
 from gpuvm.experiment.config import Experiment
 from gpuvm.experiment.costs import load_costs
-from gpuvm.experiment.execute import VmRow
+from gpuvm.experiment.execute import VmRow, makespan_ms
+from gpuvm.experiment.hostmem_report import hostmem_report
+from gpuvm.experiment.oversub_report import oversubscription_report
 from gpuvm.experiment.rundir import (REPORT_RECORD, config_hash, planned_vm_runs,
                                      write_atomically)
 from gpuvm.mediator.modes import MODES
-from gpuvm.sim.figure import UtilisationPanel, render_panels
+from gpuvm.sim.figure import UtilisationPanel, pyplot, render_panels
 from scheduler.metrics import VmMetrics
 
 REPORT = "report.md"
@@ -76,6 +78,9 @@ def _init_close(r: VmRow) -> float:
 # ------------------------------------------------------------------------- benchmarks
 @dataclass
 class ModeLine:
+    """One mode's line of a benchmarks report: the means over repetitions of its VMs' modelled
+    time and counts, which say where the time went."""
+
     mode: str
     vms: int
     passed: int
@@ -88,17 +93,6 @@ class ModeLine:
     hypercalls: int
     phase_modelled_ms: dict[str, float]
     makespan_ms: float = 0.0  # first VM start to last VM end of a run (mean over reps)
-
-
-def _makespan_ms(rs: list[VmRow]) -> float:
-    """Mean over repetitions of one run's span in modelled time: its VMs run at once, so
-    this -- not the sum of their times -- is how long the run took."""
-    by_rep: dict[int, list[VmRow]] = defaultdict(list)
-    for r in rs:
-        by_rep[r.rep].append(r)
-    spans = [max(r.start_s * 1e3 + r.total_modelled_ns / 1e6 for r in run)
-             - min(r.start_s * 1e3 for r in run) for run in by_rep.values()]
-    return sum(spans) / len(spans) if spans else 0.0
 
 
 def mode_lines(rows: list[VmRow]) -> list[ModeLine]:
@@ -122,15 +116,12 @@ def mode_lines(rows: list[VmRow]) -> list[ModeLine]:
             int(per_run(lambda r: r.counters.get("shadow.ptes_scanned", 0))),
             int(per_run(lambda r: r.counters.get("hcall.calls", 0))),
             {p: per_run(lambda r: r.modelled_ns.get(p, 0)) / 1e6 for p in PHASES},
-            _makespan_ms(rs)))
+            makespan_ms(rs)))
     return out
 
 
 def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 1, figsize=(6.5, 3.8), squeeze=False)
     axes = axes[0]
     names = [l.mode for l in lines]
@@ -350,10 +341,8 @@ def write_report(exp: Experiment, rows: list[VmRow], out: Path, complete: bool =
         md += ["Failed VMs:", ""] + [f"- {r.scenario}/{r.mode}/{r.policy}/{r.vm}: {r.error}"
                                      for r in failed] + [""]
     if exp.kind == "hostmem":
-        from gpuvm.experiment.hostmem_report import hostmem_report
         md += hostmem_report(exp, rows, out)
     elif exp.kind == "oversubscription":
-        from gpuvm.experiment.oversub_report import oversubscription_report
         md += oversubscription_report(exp, rows, out)
     else:
         md += (isolation_report if exp.kind == "isolation" else benchmarks_report)(exp, rows,

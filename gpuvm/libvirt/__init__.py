@@ -25,7 +25,7 @@ therefore starts with the same domains in the same states.  Writing them into th
 rather than replaying defineXML into each new connection, is what lets a plain `virsh`
 on the file see them too.
 
-Layout (under $GPUVM_STATE_DIR, see gpuvm.mdevctl.state_dir):
+Layout (under $GPUVM_STATE_DIR, see gpuvm.state.state_dir):
     libvirt/host.xml              the driver file (derived: never edit it)
     libvirt/domains/NAME.xml      a defined domain, as libvirt wrote it
     libvirt/domains/NAME.state    its last run state (shut off / running) as JSON

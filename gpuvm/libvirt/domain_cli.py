@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuvm.libvirt import domain_xml
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
 from gpuvm.errors import UserError
+from gpuvm.libvirt import domain_xml
 from gpuvm.libvirt.host import Host, RunSettings, real_driver, state_name, what_works_on
 from gpuvm.vmm.backends import BACKENDS
 
@@ -49,10 +53,6 @@ def _summary(result: domain_xml.RunResult) -> str:
 def _list(host: Host, conn) -> None:
     """Every domain on one line of at most 80 columns (wrapped, never cut): its vGPU by
     type and mode; the vGPU's UUID is in `gpuvm mdev list` and the domain's XML."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"domains on {host.uri}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, caption="vGPU UUIDs: gpuvm mdev list, or gpuvm domain "
                   "dumpxml NAME", caption_justify="left")

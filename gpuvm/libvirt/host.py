@@ -22,6 +22,7 @@ from gpuvm.libvirt.domain_xml import DomainSpec, DomainXmlError, RunResult
 from gpuvm.mdevctl import MdevDefinition, MdevStore, ParentGpu
 from gpuvm.mediator import mdev_types
 from gpuvm.mediator.mdev_types import MdevType, MdevTypeError
+from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
 
 STATE_NAMES = {
     libvirt.VIR_DOMAIN_NOSTATE: "no state", libvirt.VIR_DOMAIN_RUNNING: "running",
@@ -79,6 +80,9 @@ def what_works_on(uri: str, driver: str) -> str:
 # ------------------------------------------------------------------------------ running
 @dataclass(frozen=True)
 class RunSettings:
+    """How a libvirt domain's guest is run on gpuvm's VMM (backend, clock scale, timeout): what
+    the domain XML does not say."""
+
     backend: str = "auto"  # kvm | inproc | auto
     time_scale: float = 1.0
     timeout: float = 600.0  # seconds for the guest
@@ -89,8 +93,6 @@ def run_on_vgpu(spec: DomainSpec, mdev: MdevDefinition, mdev_type: MdevType,
     """Run one domain's guest on gpuvm's VMM with its vGPU; (the result, whether the
     guest ended by itself).  The only place this package reaches the run API: the vGPU's
     mode and type become the run's mode, partition and scheduler weight."""
-    from gpuvm.run import RunError, RunOptions, VmSpec, run_vms
-
     # the machine has GPUs up to the mdev's parent, and the vGPU goes on that one
     vm = VmSpec(name=spec.name, benchmark=spec.workload.benchmark,
                 params=list(spec.workload.params), inject=spec.workload.inject,

@@ -19,21 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
-from gpuvm.device.faults import ChannelFault
 from gpuvm.mediator.modes import MODES
 from gpuvm.run.host_fit import available_bytes, shortfall
+from gpuvm.run.isolated import run_isolated
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
-from gpuvm.run.spec import Machine, RunError, RunOptions, ServedTime, VmSpec
+from gpuvm.run.result import VmResult
+from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
 from gpuvm.vfio.device import VfioError
 from gpuvm.vmm import guest_programs
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.backends import GuestRunner, make_runner, resolve_backend
 from gpuvm.vmm.guest_build import BuildError
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
-from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, boot_params_for
+from gpuvm.vmm.guest_session import GuestSession, boot_params_for
 from gpuvm.vmm.hostmem import HostMemTracker
-from gpuvm.vmm.vfio_attach import BAR_BASES, AttachedDevice, attach
-from scheduler.metrics import VmMetrics
+from gpuvm.vmm.vfio_attach import AttachedDevice, attach
 
 POLL_S = 0.005  # how often the runner looks for VMs that ended or are due to start
 MachineFactory = Callable[[RunOptions, list[VmSpec]], Machine]
@@ -42,42 +43,6 @@ MachineFactory = Callable[[RunOptions, list[VmSpec]], Machine]
 def machine_for(mode: str) -> MachineFactory:
     """The machine a mode runs on: a GPU per VM (native) or one shared GPU."""
     return MediatedMachine if MODES[mode].mediated else NativeMachine
-
-
-@dataclass
-class VmResult:
-    spec: VmSpec
-    outcome: GuestOutcome
-    faults: list[ChannelFault]
-    scheduler: VmMetrics | None = None  # what the GPU scheduler saw (mediated modes)
-    served: ServedTime | None = None  # a VM in its own process: the server's time on it
-
-    @property
-    def session(self) -> GuestSession:
-        return self.outcome.session
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome.passed
-
-    @property
-    def wall_ns(self) -> int:
-        """The guest's phases' wall time, summed: the VM's own run, without its set-up
-        (a run's makespan is the most of its VMs')."""
-        return sum(p.wall_ns for p in self.session.phases)
-
-    @property
-    def record(self) -> dict[str, str]:
-        """The guest's last result record ({} when it reported none)."""
-        return self.session.results[-1] if self.session.results else {}
-
-    def error(self) -> str | None:
-        """One line saying why this VM failed (its first channel fault if it had one)."""
-        if self.passed:
-            return None
-        if self.faults:
-            return f"{self.spec.name}: {self.faults[0]}"
-        return self.outcome.describe_failure()
 
 
 class RunObserver(Protocol):
@@ -135,7 +100,6 @@ def run_vms(specs: list[VmSpec], options: RunOptions | None = None,
         built = (machine or machine_for(options.mode))(options, specs)
         # VMs in processes of their own report only when they end: observers (progress,
         # smi's status file, traces) follow in-process runs
-        from gpuvm.run.isolated import run_isolated
         return run_isolated(built, boot, programs, backend, options)
     with one_core(len(specs) > 1 and options.clock != "wall"):
         built = (machine or machine_for(options.mode))(options, specs)

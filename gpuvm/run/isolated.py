@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 from gpuvm.vmm import vm_process
@@ -66,6 +67,9 @@ def device_memory(device: Any) -> SharedMemory | None:
 
 @dataclass
 class VmProcess:
+    """A VM running in its own VMM process: the process, the server thread answering its
+    device, its deadline and the output it sends while it runs."""
+
     spec: VmSpec
     process: subprocess.Popen
     server: DeviceServer
@@ -244,8 +248,6 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                  on_spawn: Callable[[VmProcess], None] | None = None) -> list:
     """Run each VM of `boot` in its own process against `machine` (see the docstring);
     `on_spawn` sees each VM process as it starts (tests kill one)."""
-    from gpuvm.run.execute import VmResult
-
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
     results: dict[str, VmResult] = {}

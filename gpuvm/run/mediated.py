@@ -9,7 +9,7 @@ The VMM attaches each vGPU through its VFIO interface like any other device.
 from __future__ import annotations
 
 import uuid as uuidlib
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from gpuvm.device import regs
 from gpuvm.device.clock import GuestParty
@@ -178,8 +178,6 @@ class MediatedMachine:
 
 def guest_for_mode(spec: VmSpec, mode_name: str) -> VmSpec:
     """The spec with the driver build its mode runs (the PV build for pv modes)."""
-    from dataclasses import replace
-
     mode = MODE_TABLE.get(spec.mode or mode_name)
     if mode is None or not mode.pv or spec.paravirtual:
         return spec

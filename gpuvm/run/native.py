@@ -18,6 +18,9 @@ from gpuvm.vfio.passthrough import PassthroughGpu
 
 
 class NativeMachine:
+    """The native baseline: a whole emulated GPU per VM, no mediator, as vfio-pci passes a card
+    through."""
+
     paravirtual = False  # whether the PV driver may run here (it needs a hypercall port)
 
     def __init__(self, options: RunOptions, specs: list[VmSpec]) -> None:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
 
 from gpuvm.run.spec import Machine, VmSpec
+from gpuvm.state import status_dir
 from gpuvm.vmm.guest_session import GuestSession
 
-STATUS_SUBDIR = "runs"  # under the state dir: one <pid>-<n>.json per running `gpuvm run`
 STATUS_PERIOD_S = 0.5  # how often the status file is rewritten
 PAGE = 4096
 
@@ -31,9 +33,6 @@ class ProgressObserver:
     a terminal; transient, so the tables that follow stand alone."""
 
     def __init__(self, total_vms: int, label: str, console: Any = None) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
-
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
                                  TimeElapsedColumn(), TimeRemainingColumn(),
@@ -97,6 +96,9 @@ class VgpuStatus:
 
 @dataclass
 class RunStatus:
+    """What a running `gpuvm run` publishes for `gpuvm smi`: one JSON file per run, rewritten
+    as it goes."""
+
     pid: int
     started: float  # unix time
     updated: float
@@ -106,12 +108,6 @@ class RunStatus:
     engine_utilisation: float | None  # the compute engine (PGRAPH) over the same window
     vgpus: list[VgpuStatus] = field(default_factory=list)
     label: str = ""  # what the run is part of (an experiment's point), for smi's title
-
-
-def status_dir(state: Path | None = None) -> Path:
-    from gpuvm.mdevctl import state_dir
-
-    return (state or state_dir()) / STATUS_SUBDIR
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

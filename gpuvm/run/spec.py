@@ -101,13 +101,12 @@ class ServedTime:
     access_ns: int
     engine_ns: int
 
-    @property
-    def total_ns(self) -> int:
-        return self.access_ns + self.engine_ns
-
 
 @dataclass
 class RunOptions:
+    """How a run is made (mode, backend, clock, limits, scheduler, GPUs), apart from what each
+    VM runs."""
+
     mode: str = "native"
     backend: str = "auto"  # kvm | inproc | auto
     timeout: float = 600.0  # per VM, wall seconds

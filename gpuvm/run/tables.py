@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpuvm.run.execute import VmResult
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from gpuvm.mediator import mdev_types
+from gpuvm.run.mediated import gpu_types, machine_profile
+from gpuvm.run.result import VmResult
+from gpuvm.run.spec import RunOptions
 from gpuvm.vmm.guest_session import PhaseRecord
 
 
@@ -62,9 +69,6 @@ def _total(phases: list[PhaseRecord]) -> PhaseRecord:
 
 def render(result: VmResult, backend: str, mode: str) -> list[object]:
     """rich renderables describing one VM's run: phases, MMIO by block, driver counts."""
-    from rich.table import Table
-    from rich.text import Text
-
     s = result.session
     rec = result.record
     status = Text("PASS", style="bold green") if result.passed else Text("FAIL", style="bold red")
@@ -121,8 +125,6 @@ def totals(result: VmResult) -> PhaseRecord:
 
 def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object:
     """One row per mode (summed over its VMs): where the time and the traps went."""
-    from rich.table import Table
-
     table = Table(title=f"{benchmark}: modes compared (sums over each mode's VMs)",
                   title_justify="left")
     for col in ("Mode", "VMs pass", "Wall ms", "Init+Close %", "Exits", "Traps",
@@ -155,10 +157,6 @@ def _ms(ns: float) -> str:
 
 
 def _vram_of(spec: object) -> str:
-    from gpuvm.mediator import mdev_types
-    from gpuvm.run.mediated import gpu_types, machine_profile
-    from gpuvm.run.spec import RunOptions
-
     try:
         t = mdev_types.lookup(gpu_types(machine_profile(RunOptions())), spec.mdev_type)
     except Exception:  # a custom partition or a type of another GPU size
@@ -171,9 +169,6 @@ RESULT_KEYS = ("maxerr", "faulted", "refused", "vector", "n", "bytes", "iteratio
 
 def render_vms(runs: dict[str, list[VmResult]], rows: list) -> list[object]:
     """What each VM ran and the GPU it saw (one line per VM; modes share it)."""
-    from rich import box
-    from rich.table import Table
-
     first = next(iter(runs.values()))
     t = Table(title="VMs (each sees the GPU of its vGPU type, native ones too)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -208,10 +203,6 @@ def render_summary(rows: list, profile: str) -> list[object]:
     """One table, VM x mode x phase: modelled, device and wall time, xnative, traps,
     syncs, hypercalls.  Narrow on purpose (about 75 columns), so a pipe or an 80-column
     terminal shows every column whole."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     native = {(r.vm, p): ns for r in rows if r.mode == "native"
               for p, ns in [*r.modelled_ns.items(), ("all", r.total_modelled_ns)]}
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Summary", title_justify="left")

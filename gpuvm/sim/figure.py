@@ -12,14 +12,21 @@ from typing import Sequence
 
 import numpy as np
 
-import matplotlib
+from gpuvm.sim.results import SimResult
+from scheduler.metrics import VmMetrics
+from scheduler.params import MS
 
-matplotlib.use("Agg")  # files only; never a display
-import matplotlib.pyplot as plt  # noqa: E402
 
-from gpuvm.sim.results import SimResult  # noqa: E402
-from scheduler.metrics import VmMetrics  # noqa: E402
-from scheduler.params import MS  # noqa: E402
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (the Agg backend, never a display).
+
+    Imported here, when the first figure is drawn, not at the top of a module: matplotlib
+    takes about a second to import, which every `gpuvm` command that only may draw (run,
+    experiment, model, their --help) would otherwise pay before doing anything."""
+    import matplotlib  # heavy: see above
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy: see above
+    return plt
 
 
 @dataclass
@@ -43,6 +50,7 @@ def render_panels(panels: Sequence[UtilisationPanel], path: str | Path,
         raise ValueError("results: nothing to plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)),
                              sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):

@@ -14,7 +14,7 @@ from typing import Generator
 import numpy as np
 import simpy
 
-from gpuvm.sim.residency import Residency
+from gpuvm.sim.residency import ResidencyModel
 from gpuvm.sim.results import SimResult
 from gpuvm.sim.scenarios import Scenario
 from gpuvm.sim.workload import WorkloadSpec
@@ -23,7 +23,7 @@ from scheduler.dispatcher import Dispatcher
 
 
 @dataclass
-class Kernel:
+class KernelRun:
     """One submission: how long it holds the engine, and the event its VM waits on."""
 
     vm: str
@@ -40,18 +40,18 @@ class EngineModel:
     time, so the policy sees the same work as on a GPU with room for everyone."""
 
     def __init__(self, env: simpy.Environment, scheduler: SchedulerConfig,
-                 residency: Residency | None = None) -> None:
+                 residency: ResidencyModel | None = None) -> None:
         self.env = env
         self.policy = scheduler.build()
         self.residency = residency
-        self.dispatcher: Dispatcher[Kernel] = Dispatcher(self.policy, self._start,
-                                                         self._request_wakeup)
+        self.dispatcher: Dispatcher[KernelRun] = Dispatcher(self.policy, self._start,
+                                                            self._request_wakeup)
 
-    def _start(self, vm: object, kernel: Kernel) -> None:
+    def _start(self, vm: object, kernel: KernelRun) -> None:
         switch = self.residency.make_resident(vm) if self.residency is not None else 0
         self.env.process(self._run(kernel, switch))
 
-    def _run(self, kernel: Kernel, switch_ns: int) -> Generator[simpy.Event, None, None]:
+    def _run(self, kernel: KernelRun, switch_ns: int) -> Generator[simpy.Event, None, None]:
         yield self.env.timeout(switch_ns + kernel.duration_ns)
         self.dispatcher.complete(self.env.now, used=kernel.duration_ns)
         kernel.done.succeed()
@@ -84,7 +84,7 @@ def _vm(env: simpy.Environment, engine: EngineModel, spec: WorkloadSpec,
             yield env.timeout(think)
         if stopped():
             break
-        kernel = Kernel(spec.name, max(1, spec.kernel.sample(rng)), env.event())
+        kernel = KernelRun(spec.name, max(1, spec.kernel.sample(rng)), env.event())
         dispatcher.submit(spec.name, kernel, env.now)
         outstanding.append(kernel.done)
     if outstanding:

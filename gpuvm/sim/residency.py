@@ -56,6 +56,9 @@ class ResidencyCosts:
 
 @dataclass
 class ResidencyCounters:
+    """The residency model's counts, named as the mediator's counters are, so model and
+    emulator rows compare."""
+
     residency_pages_in: int = 0
     residency_pages_out: int = 0
     residency_bytes: int = 0
@@ -66,7 +69,7 @@ class ResidencyCounters:
         return asdict(self)
 
 
-class Residency:
+class ResidencyModel:
     """Resident and evicted pages of every VM on one GPU (see the module docstring)."""
 
     def __init__(self, vram_bytes: int, costs: ResidencyCosts,
@@ -155,9 +158,9 @@ class Residency:
 
 
 def residency_for(profile: CostProfile, vram_bytes: int,
-                  page_bytes: int = regs.SMALL_PAGE) -> Residency:
+                  page_bytes: int = regs.SMALL_PAGE) -> ResidencyModel:
     """A GPU of `vram_bytes` whose switches are priced by a cost profile's residency_*
     keys (experiments/costs/*.toml)."""
-    return Residency(vram_bytes, ResidencyCosts(profile.residency_switch_ns,
-                                                profile.residency_page_ns,
-                                                profile.residency_byte_ns), page_bytes)
+    return ResidencyModel(vram_bytes, ResidencyCosts(profile.residency_switch_ns,
+                                                     profile.residency_page_ns,
+                                                     profile.residency_byte_ns), page_bytes)

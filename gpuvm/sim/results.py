@@ -39,6 +39,8 @@ class VmSummary:
 
 @dataclass
 class SimResult:
+    """What one simulation came to: per-VM metrics and policy counters over the run."""
+
     scenario: Scenario
     policy: str
     seed: int

@@ -31,8 +31,8 @@ from typing import Any, Generator, Iterator, Sequence
 
 import simpy
 
-from gpuvm.sim.model import EngineModel, Kernel
-from gpuvm.sim.residency import Residency
+from gpuvm.sim.model import EngineModel, KernelRun
+from gpuvm.sim.residency import ResidencyModel
 from scheduler.config import SchedulerConfig
 from scheduler.metrics import VmMetrics
 
@@ -174,7 +174,7 @@ def _vm(env: simpy.Environment, lock: LockModel, engine: EngineModel, stream: Vm
             yield env.timeout(start + ns - env.now)
         elif kind == _GPU:
             done = env.event()
-            engine.dispatcher.submit(stream.name, Kernel(stream.name, ns, done), env.now)
+            engine.dispatcher.submit(stream.name, KernelRun(stream.name, ns, done), env.now)
             outstanding.append(done)
         elif outstanding:
             yield env.all_of(outstanding)
@@ -188,7 +188,7 @@ def _vm(env: simpy.Environment, lock: LockModel, engine: EngineModel, stream: Vm
 
 def replay(streams: Sequence[VmStream], grain_ns: int = 0,
            scheduler: SchedulerConfig | None = None,
-           residency: Residency | None = None) -> ReplayResult:
+           residency: ResidencyModel | None = None) -> ReplayResult:
     """Replay `streams` together (see the module docstring), the GPU scheduled by
     `scheduler` (default FIFO) with each VM's share; with a `residency` the GPU has that
     much VRAM and each VM's working set must be resident while its work runs

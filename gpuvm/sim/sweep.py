@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from gpuvm.experiment.config import Experiment, Scenario
+from gpuvm.experiment.config import Experiment, ScenarioConfig
 from gpuvm.mediator.modes import MODES
 from gpuvm.sim.stream_replay import VmStream, replay
 from gpuvm.sim.traces import TraceKey, load_trace
@@ -28,6 +28,9 @@ SCHEDULER_DEFAULTS = {"period_ms": 30, "band_wait_us": 500}
 
 @dataclass(frozen=True)
 class SweepPoint:
+    """One point of a model sweep: scenario, mode, policy, VM count and cost profile, a pure
+    function of which is its row."""
+
     scenario: str
     mode: str
     policy: str
@@ -43,7 +46,7 @@ def points_for(exp: Experiment, vm_counts: Sequence[int] = (0,),
             for n in vm_counts for prof in (profiles or (exp.cost_profile,))]
 
 
-def _vms_of(scenario: Scenario, count: int) -> list:
+def _vms_of(scenario: ScenarioConfig, count: int) -> list:
     vms = list(scenario.vms)
     return vms if not count else [vms[i % len(vms)] for i in range(count)]
 
@@ -136,6 +139,7 @@ def run_sweep(exp: Experiment, points: Sequence[SweepPoint],
             rows.append(run_point(p, vms, traces))
             done()
     else:
+        # heavy (a second or so), and needed only for a sweep on a cluster
         from distributed import Client, LocalCluster, as_completed
 
         if dask == "local":

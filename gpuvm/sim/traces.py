@@ -34,6 +34,9 @@ FORMAT = 7
 
 @dataclass(frozen=True)
 class TraceKey:
+    """What a recorded event stream depends on (benchmark, parameters, mode, driver, cost
+    profile): the cache key, so a stream is recorded once."""
+
     benchmark: str
     params: tuple[int, ...]
     mode: str

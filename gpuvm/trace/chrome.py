@@ -30,6 +30,9 @@ COUNTER_PERIOD_S = 0.05
 
 
 class TraceRecorder:
+    """A run observer that writes the run as Chrome trace-event JSON (Perfetto opens it): guest
+    phases, engine slices and counters per VM."""
+
     def __init__(self, time_scale: float = 1.0) -> None:
         self.time_scale = time_scale
         self.t0 = time.monotonic_ns()

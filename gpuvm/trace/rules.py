@@ -25,7 +25,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-PHASES = set("BEXiICbnesStTpFfPONDMVvRc()") | {"I"}
+EVENT_PHASES = set("BEXiICbnesStTpFfPONDMVvRc()") | {"I"}
 METADATA = {"process_name": "name", "thread_name": "name", "process_labels": "labels",
             "process_sort_index": "sort_index", "thread_sort_index": "sort_index"}
 
@@ -41,7 +41,7 @@ def _event_problems(n: int, e: Any) -> list[str]:
     where = f"event {n} ({e.get('ph')!r} {e.get('name')!r})"
     out = []
     ph = e.get("ph")
-    if ph not in PHASES:
+    if ph not in EVENT_PHASES:
         return [f"{where}: unknown phase"]
     if not isinstance(e.get("name"), str):
         out.append(f"{where}: name must be a string")

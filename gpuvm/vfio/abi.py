@@ -149,33 +149,47 @@ class VfioInfoCapHeader(ctypes.Structure):
 
 
 class VfioGroupStatus(ctypes.Structure):
+    """struct vfio_group_status (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32)]
 
 
 class VfioDeviceInfo(ctypes.Structure):
+    """struct vfio_device_info (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("num_regions", _u32),
                 ("num_irqs", _u32), ("cap_offset", _u32)]
 
 
 class VfioRegionInfo(ctypes.Structure):
+    """struct vfio_region_info (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("cap_offset", _u32),
                 ("size", _u64), ("offset", _u64)]
 
 
 class VfioRegionSparseMmapArea(ctypes.Structure):
+    """struct vfio_region_sparse_mmap_area (linux/vfio.h)."""
+
     _fields_ = [("offset", _u64), ("size", _u64)]
 
 
 class VfioRegionInfoCapSparseMmap(ctypes.Structure):
+    """struct vfio_region_info_cap_sparse_mmap (linux/vfio.h)."""
+
     _fields_ = [("header", VfioInfoCapHeader), ("nr_areas", _u32), ("reserved", _u32)]
     _flexible_ = ("areas", VfioRegionSparseMmapArea)
 
 
 class VfioRegionInfoCapType(ctypes.Structure):
+    """struct vfio_region_info_cap_type (linux/vfio.h)."""
+
     _fields_ = [("header", VfioInfoCapHeader), ("type", _u32), ("subtype", _u32)]
 
 
 class VfioIrqInfo(ctypes.Structure):
+    """struct vfio_irq_info (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
 
@@ -189,42 +203,60 @@ class VfioIrqSet(ctypes.Structure):
 
 
 class VfioIommuType1Info(ctypes.Structure):
+    """struct vfio_iommu_type1_info (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("iova_pgsizes", _u64),
                 ("cap_offset", _u32)]
 
 
 class VfioIommuType1DmaMap(ctypes.Structure):
+    """struct vfio_iommu_type1_dma_map (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("vaddr", _u64), ("iova", _u64),
                 ("size", _u64)]
 
 
 class VfioIommuType1DmaUnmap(ctypes.Structure):
+    """struct vfio_iommu_type1_dma_unmap (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("iova", _u64), ("size", _u64)]
     _flexible_ = ("data", _u8)
 
 
 class VfioDeviceBindIommufd(ctypes.Structure):
+    """struct vfio_device_bind_iommufd (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("iommufd", _s32), ("out_devid", _u32)]
 
 
 class VfioDeviceAttachIommufdPt(ctypes.Structure):
+    """struct vfio_device_attach_iommufd_pt (linux/vfio.h)."""
+
     _fields_ = [("argsz", _u32), ("flags", _u32), ("pt_id", _u32)]
 
 
 class IommuIoasAlloc(ctypes.Structure):
+    """struct iommu_ioas_alloc (linux/iommufd.h)."""
+
     _fields_ = [("size", _u32), ("flags", _u32), ("out_ioas_id", _u32)]
 
 
 class IommuIoasMap(ctypes.Structure):
+    """struct iommu_ioas_map (linux/iommufd.h)."""
+
     _fields_ = [("size", _u32), ("flags", _u32), ("ioas_id", _u32), ("__reserved", _u32),
                 ("user_va", _u64), ("length", _u64), ("iova", _u64)]
 
 
 class IommuIoasUnmap(ctypes.Structure):
+    """struct iommu_ioas_unmap (linux/iommufd.h)."""
+
     _fields_ = [("size", _u32), ("ioas_id", _u32), ("iova", _u64), ("length", _u64)]
 
 
 class IommuDestroy(ctypes.Structure):
+    """struct iommu_destroy (linux/iommufd.h)."""
+
     _fields_ = [("size", _u32), ("id", _u32)]
 
 

@@ -181,12 +181,6 @@ class Type1Container:
         """Once the first group is in the container."""
         _call(self.ioctl, self.fd, abi.VFIO_SET_IOMMU, self.iommu_type, "the container")
 
-    def iova_page_sizes(self) -> int:
-        info = abi.VfioIommuType1Info(argsz=ctypes.sizeof(abi.VfioIommuType1Info))
-        buf = bytearray(info)
-        _call(self.ioctl, self.fd, abi.VFIO_IOMMU_GET_INFO, buf, "the container")
-        return abi.VfioIommuType1Info.from_buffer(buf).iova_pgsizes
-
     def map(self, vaddr: int, iova: int, size: int, flags: int) -> None:
         arg = abi.VfioIommuType1DmaMap(argsz=ctypes.sizeof(abi.VfioIommuType1DmaMap),
                                        flags=flags, vaddr=vaddr, iova=iova, size=size)

@@ -15,6 +15,9 @@ _WRITABLE_COMMAND = regs.PCI_COMMAND_IO | regs.PCI_COMMAND_MEMORY | regs.PCI_COM
 
 
 class PciConfig:
+    """A device's PCI configuration space (IDs, BARs and their sizing, command register), so a
+    VMM attaches the emulated GPU as it would a real card."""
+
     def __init__(self, device_id: int, bars: dict[int, tuple[int, bool]],
                  revision: int = regs.PCI_REVISION_QUADRO_6000) -> None:
         """`bars`: BAR index -> (size, is_io_port)."""

@@ -21,6 +21,10 @@ _CONFIG = abi.VFIO_PCI_CONFIG_REGION_INDEX
 
 
 class RegisterFileDevice:
+    """A VFIO device whose BARs are plain register files: the floor of the trap path that
+    `gpuvm bench exits` compares the GPU against, and a device for VMM tests with no GPU
+    behind it."""
+
     def __init__(self, bar_sizes: dict[int, int]) -> None:
         self.bar_sizes = dict(bar_sizes)
         self.registers: dict[tuple[int, int], int] = {}

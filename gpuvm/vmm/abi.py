@@ -33,6 +33,7 @@ GUEST_RAM_MAX = 3 * regs.GiB  # RAM must end below the BAR windows
 GUEST_BAR0_BASE = 0xC0000000
 GUEST_BAR1_BASE = 0xD0000000
 GUEST_BAR3_BASE = 0xE0000000
+BAR_BASES = {regs.BAR0: GUEST_BAR0_BASE, regs.BAR1: GUEST_BAR1_BASE, regs.BAR3: GUEST_BAR3_BASE}
 GUEST_IDENTITY_MAP_TOP = 4 * regs.GiB
 
 # --------------------------------------------------------------------------------------
@@ -135,6 +136,9 @@ WAIT_FAULT = 2  # a channel of this VM faulted while waiting
 
 
 class WaitRecord(ctypes.Structure):
+    """A guest's PORT_WAIT request: sleep until the u32 at a guest-physical address reaches a
+    value (a fence), so the vCPU does not spin while the GPU works."""
+
     _fields_ = [
         ("addr", ctypes.c_uint64),  # guest-physical address of a u32 fence word
         ("value", ctypes.c_uint32),
@@ -170,6 +174,9 @@ HM_HOW_NAMES = ("pinned", "staged", "chunks")
 
 
 class HostmemEvent(ctypes.Structure):
+    """One host-memory report of the guest runtime (alloc, pin, unpin, free of a range) to
+    PORT_HOSTMEM: how the VMM learns what a driver would pin."""
+
     _fields_ = [
         ("op", ctypes.c_uint32),
         ("arg", ctypes.c_uint32),

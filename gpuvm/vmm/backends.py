@@ -7,6 +7,9 @@ from typing import Protocol
 
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession
+from gpuvm.vmm.inproc.runner import InprocRunner
+from gpuvm.vmm.kvm import kvm_usable
+from gpuvm.vmm.kvm.runner import KvmRunner
 
 BACKENDS = ("kvm", "inproc", "auto")
 
@@ -27,11 +30,6 @@ class GuestRunner(Protocol):
     def join(self, timeout: float | None = None) -> GuestOutcome: ...
 
 
-def kvm_usable() -> tuple[bool, str]:
-    from gpuvm.vmm.kvm import kvm_usable as probe
-    return probe()
-
-
 def resolve_backend(requested: str) -> str:
     """'auto' -> 'kvm' when /dev/kvm is usable, else 'inproc'; 'kvm' without KVM -> error."""
     if requested not in BACKENDS:
@@ -50,9 +48,7 @@ def make_runner(backend: str, name: str, flat_image: Path, shared_lib: Path, ram
                 session: GuestSession, bar_sizes: dict[int, int]) -> GuestRunner:
     """A runner for an already resolved backend ('kvm' or 'inproc')."""
     if backend == "kvm":
-        from gpuvm.vmm.kvm.runner import KvmRunner
         return KvmRunner(name, flat_image, ram, session, bar_sizes)
     if backend == "inproc":
-        from gpuvm.vmm.inproc.runner import InprocRunner
         return InprocRunner(name, shared_lib, ram, session, bar_sizes)
     raise ValueError(f"backend {backend!r} must be resolved first (kvm or inproc)")

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuvm.errors import UserError
 from gpuvm.vmm.guest_build import BuildError, GuestTarget, build_flat, build_shared
 
 # params[7] of the boot parameters belongs to the driver: in the PV build, the entries
@@ -39,7 +40,7 @@ _COMMON = [
 DRIVER = GuestTarget("driver", [*_COMMON, "driver/pt_direct.c"])
 DRIVER_PV = GuestTarget("driver_pv", [*_COMMON, "driver/pt_pv.c"], defines={"GPUVM_PV": ""})
 TARGETS: dict[str, GuestTarget] = {t.name: t for t in (DRIVER, DRIVER_PV)}
-KINDS = ("flat", "shared")
+IMAGE_KINDS = ("flat", "shared")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class GuestProgram:
     shared: Path | None
 
 
-def build(target: GuestTarget, kinds: tuple[str, ...] = KINDS) -> GuestProgram:
+def build(target: GuestTarget, kinds: tuple[str, ...] = IMAGE_KINDS) -> GuestProgram:
     """Build `target` in the given forms (each skipped when already up to date)."""
     return GuestProgram(target.name,
                         build_flat(target) if "flat" in kinds else None,
@@ -59,7 +60,7 @@ def build(target: GuestTarget, kinds: tuple[str, ...] = KINDS) -> GuestProgram:
 
 
 def build_all(names: list[str] | None = None,
-              kinds: tuple[str, ...] = KINDS) -> dict[str, GuestProgram]:
+              kinds: tuple[str, ...] = IMAGE_KINDS) -> dict[str, GuestProgram]:
     """Build the named targets (all by default); raises BuildError with one line."""
     unknown = [n for n in names or [] if n not in TARGETS]
     if unknown:
@@ -75,9 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpuvm.errors import UserError
-
-    kinds = KINDS if args.kind == "both" else (args.kind,)
+    kinds = IMAGE_KINDS if args.kind == "both" else (args.kind,)
     try:
         programs = build_all(args.target, kinds)
     except BuildError as exc:

@@ -90,6 +90,9 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 @dataclass
 class GuestRam:
+    """A VM's RAM: one memfd mapping shared by the vCPUs, the device's DMA and (isolated) the
+    VMM process."""
+
     size: int
     backing: str = "anon"
     # every page allocated and mapped now (see the module); None: default_allocation()

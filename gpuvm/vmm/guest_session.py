@@ -34,6 +34,9 @@ class GuestFailed(Exception):
 
 @dataclass
 class PhaseRecord:
+    """One phase of a guest's benchmark (Init, HtoD, ...): its wall and device time and the
+    counters it moved."""
+
     name: str
     wall_ns: int = 0
     device_ns: int = 0

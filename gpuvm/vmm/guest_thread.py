@@ -17,6 +17,9 @@ STOP_GRACE_S = 5.0
 
 
 class GuestThread:
+    """A guest on a thread of its own, whichever backend runs it: start, deadline, stop; the
+    subclass says how to run and stop it."""
+
     name: str
     backend: str
     session: GuestSession

@@ -39,6 +39,9 @@ HUGE_PAGE = 2 * regs.MiB
 
 @dataclass
 class HostMemTracker:
+    """What one guest's host-memory reports add up to: pins and allocations counted and kept as
+    a history, priced later by the cost profile."""
+
     ram: GuestRam
     nohugepage_pinned: bool = False
     clock: Callable[[], int] = time.perf_counter_ns

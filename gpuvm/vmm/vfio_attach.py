@@ -29,10 +29,9 @@ from gpuvm.errors import UserError
 from gpuvm.vfio import abi as vfio
 from gpuvm.vfio.device import DeviceStats, RegionInfo, VfioDevice, VfioError
 from gpuvm.vmm import abi
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.guest_ram import GuestRam
 
-BAR_BASES = {regs.BAR0: abi.GUEST_BAR0_BASE, regs.BAR1: abi.GUEST_BAR1_BASE,
-             regs.BAR3: abi.GUEST_BAR3_BASE}
 MEMORY_BARS = tuple(BAR_BASES)
 WAIT_SLICE_S = 0.05  # a wait re-checks at least this often (events nobody signals)
 

@@ -30,10 +30,11 @@ from typing import Any, TextIO
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.vcpu_clock import RemoteVcpu
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.backends import make_runner
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
-from gpuvm.vmm.vfio_attach import BAR_BASES, attach
+from gpuvm.vmm.vfio_attach import attach
 
 READY, GO = "ready\n", "go\n"  # a held job's lines (see the module docstring)
 

@@ -46,7 +46,7 @@ CLIENT_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
                        "max_data_xfer_size": p.MAX_DATA_XFER_SIZE}
 
 # The only replies that bring fds (a mappable region's memory, io fds); others are read
-# without room for ancillary data (protocol.Channel._read)
+# without room for ancillary data (protocol.MessageReader._read)
 REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO, p.DEVICE_GET_REGION_IO_FDS})
 
 # The per-access path's layouts and constants, bound here once: looking each up in
@@ -65,7 +65,7 @@ class VfioUserDevice:
         self.name = name
         self.asked = tuple(extensions)  # the gpuvm extensions this client offers
         self._lock = threading.RLock()
-        self._channel = p.Channel(sock, spin_s=p.SPIN_S)
+        self._channel = p.MessageReader(sock, spin_s=p.SPIN_S)
         self._msg_id = 0
         self._shared: list[SharedMemory] = []
         self._listener: MappingListener | None = None
@@ -74,7 +74,6 @@ class VfioUserDevice:
         self._region_maps: dict[int, tuple[mmap.mmap, int]] = {}  # fd -> (map, address)
         self._dma: dict[int, tuple[int, int, int]] = {}  # iova -> (address, size, flags)
         self._closed = False
-        self.served_requests = 0  # DMA_READ/WRITE the server asked of this client
         self.server_capabilities = self._negotiate()
         offered = self.server_capabilities.get(p.EXTENSIONS_KEY, [])
         # used only when both sides offered it
@@ -194,7 +193,6 @@ class VfioUserDevice:
                                            p.TYPE_REPLY | p.FLAG_ERROR,
                                            getattr(exc, "errno", None) or errno.EINVAL))
             return
-        self.served_requests += 1
         if not h.flags & p.FLAG_NO_REPLY:
             p.send(self.sock, p.encode(h.msg_id, h.command, reply, p.TYPE_REPLY))
 
@@ -278,17 +276,17 @@ class VfioUserDevice:
 
     # ---------------------------------------------------------------- VfioDevice
     def get_info(self) -> DeviceInfo:
-        size = ctypes.sizeof(p.DeviceInfo)
-        reply = self._call(p.DEVICE_GET_INFO, bytes(p.DeviceInfo(argsz=size)))
-        info = p.unpack(p.DeviceInfo, reply.payload, "DEVICE_GET_INFO reply")
+        size = ctypes.sizeof(p.WireDeviceInfo)
+        reply = self._call(p.DEVICE_GET_INFO, bytes(p.WireDeviceInfo(argsz=size)))
+        info = p.unpack(p.WireDeviceInfo, reply.payload, "DEVICE_GET_INFO reply")
         return DeviceInfo(info.flags, info.num_regions, info.num_irqs)
 
     def get_region_info(self, index: int) -> RegionInfo:
         argsz = caps.REGION_INFO_SIZE
         for _ in range(2):  # ask again when the reply needs more than was asked for
             reply = self._call(p.DEVICE_GET_REGION_INFO,
-                               bytes(p.RegionInfo(argsz=argsz, index=index)))
-            fixed = p.unpack(p.RegionInfo, reply.payload, "DEVICE_GET_REGION_INFO reply")
+                               bytes(p.WireRegionInfo(argsz=argsz, index=index)))
+            fixed = p.unpack(p.WireRegionInfo, reply.payload, "DEVICE_GET_REGION_INFO reply")
             if fixed.argsz > argsz:  # with or without the CAPS flag (the spec's argsz)
                 argsz = fixed.argsz
                 for fd in reply.fds:
@@ -399,8 +397,8 @@ class VfioUserDevice:
 
     def get_irq_info(self, index: int) -> IrqInfo:
         reply = self._call(p.DEVICE_GET_IRQ_INFO,
-                           bytes(p.IrqInfo(argsz=ctypes.sizeof(p.IrqInfo), index=index)))
-        info = p.unpack(p.IrqInfo, reply.payload, "DEVICE_GET_IRQ_INFO reply")
+                           bytes(p.WireIrqInfo(argsz=ctypes.sizeof(p.WireIrqInfo), index=index)))
+        info = p.unpack(p.WireIrqInfo, reply.payload, "DEVICE_GET_IRQ_INFO reply")
         return IrqInfo(info.index, info.count, info.flags)
 
     def set_irqs(self, index: int, start: int, eventfds: list[int]) -> None:

@@ -80,7 +80,6 @@ VERSION_MAJOR = 0
 VERSION_MINOR = 1
 MAX_DATA_XFER_SIZE = 1 << 20  # the spec's default max_data_xfer_size
 MAX_MSG_FDS = 8
-DEFAULT_PEER_MSG_FDS = 1  # what a peer that did not say takes (the spec)
 MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
 EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
 EXTENSIONS = ("mapping", "stats", "clock")
@@ -128,6 +127,9 @@ _u16, _u32, _u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
 
 class Header(ctypes.LittleEndianStructure):
+    """The vfio-user message header (msg_id, command, size, flags, error) as it goes on the
+    socket."""
+
     _pack_ = 1
     _fields_ = [("msg_id", _u16), ("command", _u16), ("size", _u32), ("flags", _u32),
                 ("error", _u32)]
@@ -140,12 +142,17 @@ class VersionPayload(ctypes.LittleEndianStructure):
 
 
 class DmaMap(ctypes.LittleEndianStructure):
+    """DMA_MAP's payload: a range of the client's memory the server may reach, by fd offset or
+    address."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("offset", _u64), ("address", _u64),
                 ("size", _u64)]
 
 
 class DmaUnmap(ctypes.LittleEndianStructure):
+    """DMA_UNMAP's payload: a range the server may no longer reach."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("address", _u64), ("size", _u64)]
 
@@ -164,25 +171,33 @@ class RegionIoFds(ctypes.LittleEndianStructure):
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
 
-class DeviceInfo(ctypes.LittleEndianStructure):
+class WireDeviceInfo(ctypes.LittleEndianStructure):
+    """struct vfio_device_info as DEVICE_GET_INFO carries it (argsz first); the device
+    API's own answer is gpuvm.vfio.device.DeviceInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("num_regions", _u32),
                 ("num_irqs", _u32)]
 
 
-class RegionInfo(ctypes.LittleEndianStructure):
-    """struct vfio_region_info; a reply may carry its capability chain after it."""
+class WireRegionInfo(ctypes.LittleEndianStructure):
+    """struct vfio_region_info as DEVICE_GET_REGION_INFO carries it; a reply may carry its
+    capability chain after it.  The device API's own answer is
+    gpuvm.vfio.device.RegionInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("cap_offset", _u32),
                 ("size", _u64), ("offset", _u64)]
 
 
-class IrqInfo(ctypes.LittleEndianStructure):
+class WireIrqInfo(ctypes.LittleEndianStructure):
+    """struct vfio_irq_info as DEVICE_GET_IRQ_INFO carries it; the device API's own
+    answer is gpuvm.vfio.device.IrqInfo."""
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("count", _u32)]
 
 
 class IrqSet(ctypes.LittleEndianStructure):
+    """DEVICE_SET_IRQS' payload: which interrupts of an index to set up, then their eventfds."""
+
     _pack_ = 1
     _fields_ = [("argsz", _u32), ("flags", _u32), ("index", _u32), ("start", _u32),
                 ("count", _u32)]
@@ -293,6 +308,8 @@ class MessageHeader(NamedTuple):
 
 @dataclass(slots=True)
 class Message:
+    """One whole message read from a socket: its header, payload and the fds that came with it."""
+
     header: MessageHeader
     payload: bytes
     fds: list[int] = field(default_factory=list)
@@ -359,7 +376,7 @@ def receive(sock: socket.socket, max_size: int = MAX_MESSAGE_SIZE) -> Message:
     return Message(header, payload, fds)
 
 
-class Channel:
+class MessageReader:
     """Messages from one socket, read with as few system calls as possible: one recvmsg
     usually brings a whole message (often the next one's start too, which waits in the
     buffer).  Fds arrive with the first byte of the message they belong to; the sender

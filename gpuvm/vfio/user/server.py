@@ -118,7 +118,7 @@ class DeviceServer:
         self._num_irqs = 0
         self.refusals = 0  # commands answered with an error (or dropped replies)
         self._send_lock = threading.Lock()
-        self.channel = p.Channel(sock, spin_s=p.SPIN_S)  # serve(): poll, then sleep
+        self.channel = p.MessageReader(sock, spin_s=p.SPIN_S)  # serve(): poll, then sleep
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
         self._irq_fds: dict[tuple[int, int], int] = {}  # (index, vector) -> eventfd
         self._irq_lock = threading.Lock()  # _irq_fds against a clock's waker
@@ -545,26 +545,26 @@ class DeviceServer:
         return msg.payload[:ctypes.sizeof(p.DmaUnmap)], []
 
     def _get_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
-        req = p.unpack(p.DeviceInfo, msg.payload, "DEVICE_GET_INFO")
-        self._argsz(req.argsz, ctypes.sizeof(p.DeviceInfo), "DEVICE_GET_INFO")
+        req = p.unpack(p.WireDeviceInfo, msg.payload, "DEVICE_GET_INFO")
+        self._argsz(req.argsz, ctypes.sizeof(p.WireDeviceInfo), "DEVICE_GET_INFO")
         info = self.device.get_info()
-        return bytes(p.DeviceInfo(ctypes.sizeof(p.DeviceInfo), info.flags, info.num_regions,
-                                  info.num_irqs)), []
+        return bytes(p.WireDeviceInfo(ctypes.sizeof(p.WireDeviceInfo), info.flags,
+                                      info.num_regions, info.num_irqs)), []
 
     def _get_region_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
         """argsz in the reply is the size the whole answer needs; when the client's argsz
         is smaller only the structure comes (the client asks again), and the region's
         fd comes only with the whole answer."""
-        req = p.unpack(p.RegionInfo, msg.payload, "DEVICE_GET_REGION_INFO")
+        req = p.unpack(p.WireRegionInfo, msg.payload, "DEVICE_GET_REGION_INFO")
         self._argsz(req.argsz, caps.REGION_INFO_SIZE, "DEVICE_GET_REGION_INFO")
         self._region(req.index, "DEVICE_GET_REGION_INFO")
         info = self._wire_region_info(self.device.get_region_info(req.index))
         whole = caps.encode_region_info(info, 1 << 16)
         if req.argsz < len(whole):
-            fixed = p.RegionInfo.from_buffer_copy(whole)
+            fixed = p.WireRegionInfo.from_buffer_copy(whole)
             fixed.argsz, fixed.cap_offset = len(whole), 0
             return bytes(fixed), []
-        fixed = p.RegionInfo.from_buffer_copy(whole)
+        fixed = p.WireRegionInfo.from_buffer_copy(whole)
         fixed.argsz = len(whole)
         fds = [self.memory.fd] if info.mappable and self.memory is not None else []
         return bytes(fixed) + whole[caps.REGION_INFO_SIZE:], fds
@@ -577,13 +577,13 @@ class DeviceServer:
         return bytes(p.RegionIoFds(ctypes.sizeof(p.RegionIoFds), 0, req.index, 0)), []
 
     def _get_irq_info(self, msg: p.Message) -> tuple[bytes, list[int]]:
-        req = p.unpack(p.IrqInfo, msg.payload, "DEVICE_GET_IRQ_INFO")
-        self._argsz(req.argsz, ctypes.sizeof(p.IrqInfo), "DEVICE_GET_IRQ_INFO")
+        req = p.unpack(p.WireIrqInfo, msg.payload, "DEVICE_GET_IRQ_INFO")
+        self._argsz(req.argsz, ctypes.sizeof(p.WireIrqInfo), "DEVICE_GET_IRQ_INFO")
         if req.index >= self._num_irqs:
             raise _errno(VfioError(f"DEVICE_GET_IRQ_INFO: no IRQ index {req.index} (the "
                                    f"device has {self._num_irqs})"), errno.EINVAL)
         info = self.device.get_irq_info(req.index)
-        return bytes(p.IrqInfo(ctypes.sizeof(p.IrqInfo), info.flags, info.index,
+        return bytes(p.WireIrqInfo(ctypes.sizeof(p.WireIrqInfo), info.flags, info.index,
                                info.count)), []
 
     def _set_irqs(self, msg: p.Message) -> tuple[bytes, list[int]]:

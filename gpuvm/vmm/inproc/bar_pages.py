@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuvm.vmm import abi
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.kvm import kvm_api
 from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
 
 PAGE = 0x1000
 # The guest-physical BAR windows, as the KVM backend places them (and as boot params name them)
-BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
 
 
 @dataclass
@@ -52,10 +52,6 @@ class BarPageSink:
                 self.windows.append(_Window(bar, BAR_BASES[bar], size,
                                             np.zeros(size // PAGE, dtype=np.uint64)))
         self._slots: dict[int, tuple[_Window, int, int]] = {}
-
-    def table_address(self, bar: int) -> int:
-        """Host address of BAR `bar`'s page table (0 when the BAR has none)."""
-        return next((w.address for w in self.windows if w.bar == bar), 0)
 
     def _window(self, gpa: int, size: int) -> _Window:
         for w in self.windows:

@@ -22,6 +22,9 @@ FLUSH_PERIOD_S = 0.01
 
 
 class Ring(Protocol):
+    """A vCPU's coalesced-MMIO ring, as the flusher sees it: whether it holds stores not yet
+    handled."""
+
     def ring_state(self) -> tuple[int, int]: ...
 
 
@@ -30,7 +33,6 @@ class RingFlusher:
 
     def __init__(self, period_s: float = FLUSH_PERIOD_S) -> None:
         self.period_s = period_s
-        self.kicks = 0
         self._rings: dict[int, Ring] = {}  # vCPU thread ident -> its loop
         self._seen: dict[int, tuple[int, int]] = {}  # its ring's (first, last) last look
         self._lock = threading.Condition()
@@ -60,7 +62,6 @@ class RingFlusher:
                     state = ring.ring_state()
                     if state[0] != state[1] and self._seen.get(ident) == state:
                         kick(ident)  # under the lock: the thread is still in its loop
-                        self.kicks += 1
                     self._seen[ident] = state
             time.sleep(self.period_s)
 

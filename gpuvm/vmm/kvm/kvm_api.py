@@ -38,12 +38,16 @@ def _ior(nr: int, ctype: type) -> int:
 # Structs
 # --------------------------------------------------------------------------------------
 class KvmRegs(ctypes.Structure):
+    """struct kvm_regs (linux/kvm.h): a vCPU's general registers."""
+
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rsp", "rbp",
         "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "rip", "rflags")]
 
 
 class KvmSegment(ctypes.Structure):
+    """struct kvm_segment (linux/kvm.h): one segment register."""
+
     _fields_ = [
         ("base", ctypes.c_uint64),
         ("limit", ctypes.c_uint32),
@@ -62,6 +66,8 @@ class KvmSegment(ctypes.Structure):
 
 
 class KvmDtable(ctypes.Structure):
+    """struct kvm_dtable (linux/kvm.h): the GDT or IDT base and limit."""
+
     _fields_ = [
         ("base", ctypes.c_uint64),
         ("limit", ctypes.c_uint16),
@@ -70,6 +76,9 @@ class KvmDtable(ctypes.Structure):
 
 
 class KvmSregs(ctypes.Structure):
+    """struct kvm_sregs (linux/kvm.h): segment and control registers, set once to enter 64-bit
+    mode."""
+
     _fields_ = [
         ("cs", KvmSegment), ("ds", KvmSegment), ("es", KvmSegment), ("fs", KvmSegment),
         ("gs", KvmSegment), ("ss", KvmSegment), ("tr", KvmSegment), ("ldt", KvmSegment),
@@ -82,6 +91,9 @@ class KvmSregs(ctypes.Structure):
 
 
 class KvmUserspaceMemoryRegion(ctypes.Structure):
+    """struct kvm_userspace_memory_region (linux/kvm.h): a memslot, guest RAM or a BAR page
+    mapped straight into the guest."""
+
     _fields_ = [
         ("slot", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),

@@ -68,7 +68,6 @@ class MemslotTable:
     def __init__(self, first_slot: int = 1,
                  reserved: tuple[tuple[int, int], ...] = ()) -> None:
         self._lock = threading.Lock()
-        self._first_slot = first_slot
         self._reserved = reserved  # (gpa, size) ranges owned by someone else (RAM)
         self._maps: list[Mapping] = []  # sorted by gpa, non-overlapping
         self._starts: list[int] = []  # gpa of each entry of _maps, for bisect

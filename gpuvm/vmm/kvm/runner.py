@@ -20,6 +20,7 @@ from typing import Iterator
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.vmm import abi
+from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
 from gpuvm.vmm.guest_thread import GuestThread
@@ -27,12 +28,11 @@ from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm import long_mode
 from gpuvm.vmm.kvm.kick import ensure_kick_handler, kick
 from gpuvm.vmm.kvm.memslots import MemslotError, MemslotTable
-from gpuvm.vmm.kvm.vcpu import BarWindow, DirectAccesses, ExitCounters, ExitLoop
+from gpuvm.vmm.kvm.vcpu import BarRange, DirectAccesses, ExitCounters, ExitLoop
 from gpuvm.vmm.kvm.vm import KvmError, KvmVm
 
 log = logging.getLogger(__name__)
 
-BAR_BASES = {0: abi.GUEST_BAR0_BASE, 1: abi.GUEST_BAR1_BASE, 3: abi.GUEST_BAR3_BASE}
 COALESCE_ENV = "GPUVM_COALESCE"  # 0: every access exits (before/after comparisons)
 
 
@@ -61,7 +61,7 @@ def coalescing(on: bool) -> Iterator[None]:
             os.environ[COALESCE_ENV] = before
 
 
-def coalesced_zones(windows: tuple[BarWindow, ...], apertures_mapped: bool = False
+def coalesced_zones(windows: tuple[BarRange, ...], apertures_mapped: bool = False
                     ) -> list[tuple[int, int]]:
     """The guest-physical ranges whose stores take effect only at a later trapped access,
     as (gpa, size): the PRAMIN window of BAR0 (plain VRAM stores; PRAMIN's base is a
@@ -85,7 +85,7 @@ class GuestImageError(ValueError):
     """The flat image cannot be loaded (missing, too big for the layout or the RAM)."""
 
 
-def bar_windows(bar_sizes: dict[int, int], ram_size: int) -> tuple[BarWindow, ...]:
+def bar_windows(bar_sizes: dict[int, int], ram_size: int) -> tuple[BarRange, ...]:
     """The guest-physical BAR windows for `bar_sizes`, checked against the layout."""
     windows = []
     for bar, size in sorted(bar_sizes.items()):
@@ -98,7 +98,7 @@ def bar_windows(bar_sizes: dict[int, int], ram_size: int) -> tuple[BarWindow, ..
         if size <= 0 or base + size > limit:
             raise ValueError(f"BAR{bar} size {size:#x} does not fit its window at "
                              f"{base:#x} (at most {limit - base:#x})")
-        windows.append(BarWindow(bar, base, size))
+        windows.append(BarRange(bar, base, size))
     if ram_size > min(BAR_BASES.values()):
         raise ValueError(f"guest RAM of {ram_size:#x} bytes overlaps the BAR windows")
     return tuple(windows)

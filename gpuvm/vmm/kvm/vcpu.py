@@ -38,7 +38,7 @@ def _no_tick() -> None:
 
 
 @dataclass(frozen=True)
-class BarWindow:
+class BarRange:
     """Where the guest finds one BAR (guest-physical)."""
 
     bar: int
@@ -59,7 +59,7 @@ class ExitCounters:
     counted from the guest's own counts (neither had a KVM exit of its own): KVM's
     exits are the sum of exits.* less these two."""
 
-    def __init__(self, windows: tuple[BarWindow, ...]) -> None:
+    def __init__(self, windows: tuple[BarRange, ...]) -> None:
         self.names = ["exits.io"]
         for w in windows:
             self.names += [f"exits.mmio.bar{w.bar}.read", f"exits.mmio.bar{w.bar}.write"]
@@ -85,7 +85,7 @@ class DirectAccesses:
 class ExitLoop:
     """Runs one vCPU until the guest exits (None) or must stop (a one-line reason)."""
 
-    def __init__(self, vm: KvmVm, session: GuestSession, windows: tuple[BarWindow, ...],
+    def __init__(self, vm: KvmVm, session: GuestSession, windows: tuple[BarRange, ...],
                  counters: ExitCounters, stop_reason: Callable[[], str | None],
                  coalesced: bool = False, direct: DirectAccesses | None = None) -> None:
         assert vm.run is not None
@@ -238,7 +238,7 @@ class ExitLoop:
         counts = self.counters.slots
         # The first window (BAR0: registers, the hot one) is tested inline; the others
         # go through a short scan.  Entries: (base, end, bar, read slot, write slot).
-        first = self.windows[0] if self.windows else BarWindow(-1, 0, 0)  # matches nothing
+        first = self.windows[0] if self.windows else BarRange(-1, 0, 0)  # matches nothing
         base0, size0, bar0 = first.base, first.size, first.bar
         others = tuple((w.base, w.end, w.bar, 1 + 2 * i, 2 + 2 * i)
                        for i, w in enumerate(self.windows) if i > 0)

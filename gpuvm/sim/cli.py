@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _quiet_dask(verbose: bool) -> None:
     """Dask logs every worker's start and stop at INFO (its own logging config, set as
     `distributed` is imported): kept for -v, else only its warnings."""
-    import distributed  # noqa: F401  (sets the levels this then overrides)
+    # heavy, and only for --dask; importing it sets the levels this then overrides
+    import distributed  # noqa: F401
 
     level = logging.INFO if verbose else logging.WARNING
     for name in ("distributed", "distributed.scheduler", "distributed.nanny",

@@ -13,13 +13,22 @@ import shlex
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpuvm.calibrate import gpu, mmu_v2
+from gpuvm.calibrate.cuda import NoGpu, find_backend
+from gpuvm.calibrate.footprint import build_and_count, footprint_table
+from gpuvm.calibrate.profile import load, to_json_dict, to_toml
+from gpuvm.calibrate.smart_pinning import crossover
 from gpuvm.calibrate.stats import MIN_REPS
 from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 EXIT_NO_GPU = 3
 SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
-COSTS_DIR = Path("experiments") / "costs"
+DEFAULT_OUT_DIR = Path("experiments") / "costs"
 
 
 def parse_size(text: str) -> int:
@@ -107,8 +116,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_show(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate.profile import load, to_json_dict
-
     try:
         profile = load(args.show)
     except FileNotFoundError:
@@ -132,10 +139,6 @@ def model_slug(gpu_name: str) -> str:
 
 
 def main_gpu(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate import gpu
-    from gpuvm.calibrate.cuda import NoGpu, find_backend
-    from gpuvm.calibrate.profile import to_json_dict, to_toml
-
     if args.reps < MIN_REPS:
         raise UserError(f"--reps {args.reps}: need at least {MIN_REPS} for a median and spread")
     sizes, pin_bytes, chunk = parse_sizes(args.sizes), parse_size(args.pin_size), \
@@ -170,7 +173,7 @@ def main_gpu(args: argparse.Namespace) -> int:
         print(f"gpuvm: error: calibrate --gpu: {exc}", file=sys.stderr)
         return EXIT_NO_GPU
     suffix = "-smart" if args.smart_pinning else ""
-    out = args.out or COSTS_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
+    out = args.out or DEFAULT_OUT_DIR / f"gpu-{model_slug(profile.device.gpu)}{suffix}.toml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(to_toml(profile))
     if args.json:
@@ -182,12 +185,6 @@ def main_gpu(args: argparse.Namespace) -> int:
 
 
 def print_profile(profile) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    from gpuvm.calibrate.smart_pinning import crossover
-
     d = profile.device
     console = Console(width=140)
     console.print(escape(f"{d.gpu}, driver {d.driver}, CUDA {d.cuda_runtime}, {d.backend}, "
@@ -259,8 +256,6 @@ def _kib(kib: int) -> str:
 
 # ------------------------------------------------------------------ --pt-footprint
 def main_footprint(args: argparse.Namespace) -> int:
-    from gpuvm.calibrate.footprint import build_and_count, footprint_table
-
     nbytes, counts = parse_size(args.map_size), parse_counts(args.vms or "1,8")
     if args.mmu == "v2":
         return main_footprint_v2(args, nbytes, counts)
@@ -280,9 +275,6 @@ def main_footprint(args: argparse.Namespace) -> int:
                            "entry_bytes": r.entry_bytes,
                            "cross_checked": r in built} for r in rows], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=f"GPU page tables mapping {human(nbytes)} of pinned sysram "
                     f"(PDE covers 128 MiB; small PT 32768 entries, large PT 1024)")
     for col in ("page", "VMs", "mapping", "PTEs", "PDEs", "(PTEs+PDEs)×8", "tables",
@@ -297,8 +289,6 @@ def main_footprint(args: argparse.Namespace) -> int:
 
 
 def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) -> int:
-    from gpuvm.calibrate import mmu_v2
-
     limit = 0 if args.no_cross_check else parse_size(args.build_limit)
     try:
         rows = mmu_v2.study(nbytes, counts, limit)
@@ -319,9 +309,6 @@ def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) 
                            "pages_translated": f"{b.pages_translated}/{b.pages_checked}"
                            if b else None} for f, b in rows], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=f"version-2 GPU page tables mapping {human(nbytes)} of pinned sysram "
                     "(PD3/PD2/PD1/PD0 + 4K or 64K page tables; 2M pages in PD0)")
     for col in ("page", "spaces", "mapping", "page entries", "tables", "table bytes",

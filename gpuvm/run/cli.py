@@ -12,18 +12,32 @@ import argparse
 import json
 import math
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from rich.console import Console
 
 from gpuvm.device import regs
 from gpuvm.device.clock import CLOCKS
 from gpuvm.errors import UserError
+from gpuvm.experiment import cli as experiment_cli
+from gpuvm.experiment.config import Experiment, ScenarioConfig, VmConfig
+from gpuvm.experiment.costs import load_costs
+from gpuvm.experiment.execute import rows_for
+from gpuvm.mdevctl import MdevStore
+from gpuvm.mediator import mdev_types
+from gpuvm.mediator.mdev_types import MdevTypeError
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
-from gpuvm.run.execute import VmResult, run_vms
+from gpuvm.run.execute import run_vms
+from gpuvm.run.mediated import gpu_types, machine_profile
+from gpuvm.run.observe import ProgressObserver, StatusWriter
+from gpuvm.run.result import VmResult
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
-from gpuvm.run.tables import TABLE_WIDTH, render, render_comparison, \
-    render_summary, render_vms
+from gpuvm.run.tables import (TABLE_WIDTH, render, render_comparison, render_summary,
+                              render_vms)
+from gpuvm.trace import TraceRecorder
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
@@ -31,7 +45,6 @@ from scheduler import POLICIES
 
 PINNED_BENCHMARKS = ("vecadd", "madd", "mmul", "fmadd", "memcpy")  # params[1] = pinned
 COST_PROFILE = "xen-2014"
-PROGRESS_AFTER_VMS = 2  # a progress display for runs of more VMs than this, or all modes
 
 
 # ------------------------------------------------------------------------ values
@@ -254,15 +267,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------ specs
 def _default_type(vram_size: int | None) -> str:
-    from gpuvm.mediator import mdev_types
-    from gpuvm.run.mediated import gpu_types, machine_profile
     return mdev_types.default_type_id(gpu_types(machine_profile(RunOptions(vram_size=vram_size))))
 
 
 def _type_vram(type_id: str, vram_size: int | None) -> int:
-    from gpuvm.mediator import mdev_types
-    from gpuvm.mediator.mdev_types import MdevTypeError
-    from gpuvm.run.mediated import gpu_types, machine_profile
     types = gpu_types(machine_profile(RunOptions(vram_size=vram_size)))
     try:
         return mdev_types.lookup(types, type_id).partition.vram_size
@@ -283,8 +291,6 @@ def _probe_params(req: VmRequest, params: list[int], vram: int) -> list[int]:
 def _mdev_fields(uuid: str) -> dict[str, object]:
     """A defined mdev's type, mode and UUID, and the GPU it is on: its parent's index
     among the host's GPUs (the run gets at least that many)."""
-    from gpuvm.mdevctl import MdevStore
-    from gpuvm.mediator.mdev_types import MdevTypeError
     try:
         store = MdevStore()
         d = store.get(uuid)
@@ -365,17 +371,13 @@ _DEFAULTS = {"policy": "fifo", "benchmark": None, "vm": [], "size": [], "pinned"
 # ------------------------------------------------------------------------ rows
 def experiment_rows(args: argparse.Namespace, runs: dict[str, list[VmResult]]) -> list:
     """The rows an experiment of this run would write (one per VM and mode)."""
-    from gpuvm.experiment.config import Experiment, Scenario, VmConfig
-    from gpuvm.experiment.costs import load_costs
-    from gpuvm.experiment.execute import rows_for
-
     costs = load_costs(COST_PROFILE)
     rows = []
     for mode, results in runs.items():
         vms = tuple(VmConfig(r.spec.name, r.spec.benchmark, tuple(r.spec.params),
                              share=r.spec.share or 1.0, inject=r.spec.inject)
                     for r in results)
-        scenario = Scenario("cli", vms)
+        scenario = ScenarioConfig("cli", vms)
         exp = Experiment("gpuvm-run", "benchmarks", (scenario,), modes=tuple(runs),
                          backend=args.backend, cost_profile=COST_PROFILE)
         rows += rows_for(exp, scenario, mode, args.policy, 0, results, costs)
@@ -388,17 +390,14 @@ def _trace_path(base: Path, mode: str, several: bool) -> Path:
 
 # ------------------------------------------------------------------------ main
 def main(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     if args.config is not None:
         conflicts = _config_conflicts(args, _DEFAULTS)
         if conflicts:
             raise UserError(f"--config runs the file's scenarios; it takes no "
                             f"{', '.join(conflicts)}")
-        from gpuvm import experiment
-        return experiment.main(argparse.Namespace(config=args.config, report=None,
-                                                  backend=None if args.backend == "auto"
-                                                  else args.backend))
+        return experiment_cli.main(argparse.Namespace(config=args.config, report=None,
+                                                      backend=None if args.backend == "auto"
+                                                      else args.backend))
     if not args.benchmark and not args.vm:
         raise UserError("--benchmark (or --vm, or --config) is required")
     # the terminal's width, or when piped $COLUMNS else 80: the tables are built to fit 80
@@ -433,11 +432,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes: int,
               console: object) -> list[VmResult]:
-    from contextlib import ExitStack
-
-    from gpuvm.experiment.costs import load_costs
-    from gpuvm.run.observe import ProgressObserver, StatusWriter
-
     prices = load_costs(COST_PROFILE).event_prices(MODES[mode].mediated)
     options = RunOptions(mode=mode, prices=prices, backend=args.backend, timeout=args.timeout,
                          time_scale=args.time_scale, gpus=machine_gpus(args.gpus, specs),
@@ -448,12 +442,10 @@ def _run_mode(args: argparse.Namespace, mode: str, specs: list[VmSpec], n_modes:
     observers: list[object] = [StatusWriter(mode, args.policy)]
     trace = None
     if args.trace is not None:
-        from gpuvm.trace import TraceRecorder
         trace = TraceRecorder(args.time_scale)
         observers.append(trace)
     with ExitStack() as stack:
         if sys.stdout.isatty() and sys.stderr.isatty() and not args.json:
-            from rich.console import Console
             observers.append(stack.enter_context(ProgressObserver(
                 len(specs), f"{mode}: VMs done", Console(stderr=True))))
         results = run_vms(specs, options, observers=observers)
@@ -480,7 +472,6 @@ def _write_rows(out: Path, rows: list) -> None:
 def _print_tables(console: object, args: argparse.Namespace,
                   runs: dict[str, list[VmResult]], rows: list) -> None:
     if args.detail:
-        from rich.console import Console
         wide = Console(width=None if sys.stdout.isatty() else TABLE_WIDTH)
         for mode, results in runs.items():
             for r in results:
