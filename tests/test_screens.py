@@ -35,8 +35,10 @@ def piped(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None,
 @pytest.mark.kvm
 @pytest.mark.slow
 def test_run_tables_fit_80_columns() -> None:
-    out = piped("run", "-b", "mmul", "--size", "64", "--mode", "native,fv-opt")
-    for words in ("Guest says", "maxerr=", "Hcalls", "vm0 fv-opt", "xen-2014"):
+    out = piped("run", "-b", "mmul", "--size", "64", "--mode", "native,fv-opt", "--detail")
+    for words in ("Guest says", "maxerr=", "Hcalls", "vm0 fv-opt", "xen-2014",
+                  "(fv-opt, kvm) PASS", "PTEs scanned", "Copied bytes", "bar0.pramin",
+                  "modes compared", "Remap maps", "driver: pte_writes="):
         assert words in out
     probe = piped("run", "--vm", "bench=probe", "--mode", "fv-opt")
     assert "faulted=" in probe and "vector=channel_pt" in probe
@@ -69,9 +71,13 @@ def test_smi_fits_80_columns_with_an_experiment_run_shown(tmp_path) -> None:
     assert "123/512" in out and "12.5" in out and "12,345" in out and "Launch" in out
 
 
-def test_mdev_types_fit_80_columns(tmp_path) -> None:
-    out = piped("mdev", "types", env={"GPUVM_STATE_DIR": str(tmp_path)})
+def test_mdev_types_and_list_fit_80_columns(tmp_path) -> None:
+    env = {"GPUVM_STATE_DIR": str(tmp_path)}
+    out = piped("mdev", "types", env=env)
     assert "gpuvm-Q6000-8Q" in out and "max_instance=8" in out
+    # the longest line: the longest type id, the longest mode
+    piped("mdev", "create", "gpuvm-Q6000-150-OS", "--mode", "pv-naive", env=env)
+    assert "gpuvm-Q6000-150-OS pv-naive" in piped("mdev", "list", env=env)
 
 
 def test_the_isolation_model_fits_80_columns(tmp_path) -> None:
