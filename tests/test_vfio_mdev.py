@@ -189,7 +189,7 @@ def test_dma_mappings_confine_sysram_a_channel_outside_them_faults_alone():
 
 # ------------------------------------------------------------------------------ sharing
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fv-opt", "pv"])
+@pytest.mark.parametrize("mode", ["pv"])  # fv-opt: test_run_cli_eight_vms_fv_opt
 def test_eight_default_type_vgpus_fit_and_pass(mode):
     """The paper's largest configuration: eight VMs with the default type on one GPU
     (what `gpuvm run -b madd --vms 8 --mode MODE` runs)."""
@@ -224,9 +224,13 @@ def test_native_and_mediated_vms_cannot_share_a_run():
 
 
 def test_run_cli_eight_vms_fv_opt(tmp_path):
-    """The command line itself: `gpuvm run -b madd --vms 8 --mode fv-opt` passes."""
+    """The command line itself: `gpuvm run -b madd --vms 8 --mode fv-opt` passes -- the
+    paper's largest configuration, eight VMs of the default type on one GPU (the device's
+    clock 1000x wall time, as in test_eight_default_type_vgpus_fit_and_pass: its GPU work
+    then takes 1/1000 of its modelled time in wall time)."""
     proc = subprocess.run([sys.executable, "-m", "gpuvm", "run", "-b", "madd", "--vms", "8",
-                           "--mode", "fv-opt", "--backend", "inproc", "--size", "16"],
+                           "--mode", "fv-opt", "--backend", "inproc", "--size", "16",
+                           "--time-scale", "1000"],
                           capture_output=True, text=True, timeout=600,
                           env={"GPUVM_STATE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
