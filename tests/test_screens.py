@@ -87,14 +87,17 @@ def test_the_isolation_model_fits_80_columns(tmp_path) -> None:
 
 @pytest.mark.kvm
 @pytest.mark.slow
-def test_domain_list_fits_80_columns(tmp_path) -> None:
-    env = {"GPUVM_STATE_DIR": str(tmp_path)}
+def test_domain_list_fits_80_columns(state, gpuvm_cli) -> None:
+    # the host made in this process (mdevs, domains, a finished start); the screen piped
     for name, uid in (("madd", "9284dd17-6194-58a0-866a-2c207a7de3a6"),
                       ("mmul", "80bfa6c6-bae3-548f-9693-6f50791b76bc")):
-        piped("mdev", "create", "gpuvm-Q6000-8Q", "--uuid", uid, "--mode", "fv-opt", env=env)
-        piped("domain", "define", f"experiments/domains/{name}.xml", env=env)
-    piped("domain", "start", "madd", env=env)
-    out = piped("domain", "list", env=env)
+        assert gpuvm_cli("mdev", "create", "gpuvm-Q6000-8Q", "--uuid", uid, "--mode",
+                         "fv-opt")[0] == 0
+        domain = REPO / "experiments" / "domains" / f"{name}.xml"
+        assert gpuvm_cli("domain", "define", str(domain))[0] == 0
+    rc, _, err = gpuvm_cli("domain", "start", "madd")
+    assert rc == 0, err
+    out = piped("domain", "list", env={"GPUVM_STATE_DIR": str(state)})
     words = " ".join(out.split())
     for w in ("Name", "Last result", "madd", "mmul", "gpuvm-Q6000-8Q", "PASS n=256"):
         assert w in words, out
