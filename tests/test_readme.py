@@ -1,7 +1,8 @@
 """README.md's shell blocks run as written: every command of every ```sh block, in order,
 as a user would type it (`gpuvm` on the PATH, one shell per line, `CMD &` left running
 in the background), from an empty directory with a state directory of its own, so
-nothing in the repository or on the host changes.  The long commands are listed below,
+nothing in the repository or on the host changes; what each prints, piped at 80 columns,
+is whole.  The long commands are listed below,
 each with why and with what runs the same code in the suite; a command that is neither
 run nor listed fails the test, and so does a listed command the README no longer has."""
 
@@ -103,6 +104,9 @@ def test_readme_commands_run_as_written(user_shell) -> None:
                                capture_output=True, timeout=TIMEOUT)
             if p.returncode != EXIT_CODES.get(command, 0):
                 failed.append(f"{command}: exit {p.returncode}: {p.stderr[-2000:]}")
+            wide = [line for line in p.stdout.splitlines() if len(line) > 80]
+            if wide or "…" in p.stdout:  # every screen whole at 80 columns, piped
+                failed.append(f"{command}: cut or wider than 80 columns: {wide[:3]}")
     finally:
         for command, p in background:
             p.send_signal(signal.SIGTERM)
