@@ -149,3 +149,14 @@ def test_the_list_of_shipped_experiments_fits_80_columns(tmp_path) -> None:
     out = piped("experiment", "--list", cwd=tmp_path)
     names = {line.split()[0] for line in out.splitlines()[2:] if line[:1].strip()}
     assert {"default", "paper", "isolation", "quick"} <= names
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["calibrate", "--pt-footprint"], ["2,097,152", "16.0005", "built"]),
+    (["calibrate", "--show", "experiments/costs/gpu-h200.toml"],
+     ["copy bandwidth", "chunked pin/unpin", "50.98 [50.26–51.15]"]),
+])
+def test_calibrate_tables_fold_within_80_columns(argv: list[str], words: list[str]) -> None:
+    out = piped(*argv)
+    for w in words:
+        assert w in " ".join(out.split())
