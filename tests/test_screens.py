@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuvm import cli
+from gpuvm.bench.command import BENCHES
 from gpuvm.run.observe import RunStatus, VgpuStatus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,3 +162,13 @@ def test_calibrate_tables_fold_within_80_columns(argv: list[str], words: list[st
     out = piped(*argv)
     for w in words:
         assert w in " ".join(out.split())
+
+
+def test_every_help_fits_80_columns(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # what argparse wraps to
+    helps = [[], *([c] for c in cli.COMMANDS), *(["bench", b] for b in BENCHES)]
+    for argv in helps:
+        with pytest.raises(SystemExit):
+            cli.main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert "usage: gpuvm" in out and max(map(len, out.splitlines())) <= 80, (argv, out)
