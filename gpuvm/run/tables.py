@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
 from gpuvm.run.execute import VmResult
 from gpuvm.vmm.guest_session import PhaseRecord
 
@@ -64,9 +68,6 @@ def _by_phase(title: object, rows: list[PhaseRecord],
               times: bool = False) -> object:
     """Phases across, counts down: at most six columns of numbers, so the table fits 80
     columns however many counts a mode adds (a wide number folds, it is never cut)."""
-    from rich import box
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("", no_wrap=True)
     for p in rows:
@@ -82,10 +83,6 @@ def _by_phase(title: object, rows: list[PhaseRecord],
 
 def render(result: VmResult, backend: str, mode: str) -> list[object]:
     """rich renderables describing one VM's run: phases, MMIO by block, driver counts."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     s = result.session
     rec = result.record
     status = Text("PASS", style="bold green") if result.passed else Text("FAIL", style="bold red")
@@ -151,9 +148,6 @@ def _compared(results: list[VmResult]) -> list[str]:
 def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object:
     """One column per mode (summed over its VMs): where the time and the traps went.
     Modes across, so all seven fit 80 columns (a header or a wide number folds)."""
-    from rich import box
-    from rich.table import Table
-
     table = Table(title=f"{benchmark}: modes compared (sums over each mode's VMs)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 0))
@@ -190,9 +184,6 @@ RESULT_KEYS = ("maxerr", "faulted", "refused", "vector", "n", "bytes", "iteratio
 
 def render_vms(runs: dict[str, list[VmResult]], rows: list) -> list[object]:
     """What each VM ran and the GPU it saw (one line per VM; modes share it)."""
-    from rich import box
-    from rich.table import Table
-
     first = next(iter(runs.values()))
     t = Table(title="VMs (each sees the GPU of its vGPU type, native ones too)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -227,10 +218,6 @@ def render_summary(rows: list, profile: str) -> list[object]:
     """One table, VM x mode x phase: modelled, device and wall time, xnative, traps,
     syncs, hypercalls.  Narrow on purpose (about 75 columns), so a pipe or an 80-column
     terminal shows every column whole."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
     native = {(r.vm, p): ns for r in rows if r.mode == "native"
               for p, ns in [*r.modelled_ns.items(), ("all", r.total_modelled_ns)]}
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="Summary", title_justify="left")
