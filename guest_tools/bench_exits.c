@@ -6,6 +6,10 @@
  *   HtoD   (a) raw:      BAR0 stores; the host re-enters without handling them
  *   Launch (b) dispatch: the same stores through the normal exit path to the device
  *   DtoH   (c) remap:    stores to the memslot-backed BAR1 page (no exits)
+ *   Close  (d) posted:   params[0] stores into BAR0's PRAMIN window, which the host
+ *                        registers with KVM's coalesced-MMIO ring: each is queued by
+ *                        KVM without an exit to userspace, and handed to the device
+ *                        at the next exit (the path of fv's page-table stores)
  */
 #include "gpuvm_abi.h"
 #include "fermi_regs.h"
@@ -25,6 +29,7 @@ int guest_main(struct gpuvm_boot_params *bp)
 {
     volatile uint32_t *reg = (volatile uint32_t *)(uintptr_t)(bp->bar_base[0] + PMC_INTR_EN);
     volatile uint32_t *page = (volatile uint32_t *)(uintptr_t)(bp->bar_base[1] + bp->params[1]);
+    volatile uint32_t *window = (volatile uint32_t *)(uintptr_t)(bp->bar_base[0] + PRAMIN_WINDOW);
     uint64_t n = bp->params[0], m = bp->params[2];
 
     out32(PORT_PHASE, PHASE_HTOD);
@@ -35,5 +40,7 @@ int guest_main(struct gpuvm_boot_params *bp)
     for (uint64_t i = 0; i < m; i++)
         *page = (uint32_t)i;
     out32(PORT_PHASE, PHASE_CLOSE);
+    for (uint64_t i = 0; i < n; i++)
+        window[i & 1023] = (uint32_t)i;  /* the first 4 KiB of VRAM */
     return 0;
 }

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.dma import DmaPort, NoSysram
-from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
 from gpuvm.device.write_log import EngineWriteLog
 from shadow.dirty import WriteTracker
@@ -80,11 +79,16 @@ class BarWindow:
         self._table = None
 
     def note_write(self, addr: int, size: int) -> None:
-        """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
+        """A trapped guest store of `size` bytes at guest VRAM address `addr`.  (Every
+        trapped store comes here, most far from these tables: the overlap is tested
+        before a tracker is called.)"""
+        end = addr + size
         for tracker in self._walk:
-            tracker.note(addr, size)
-        if self._table is not None:
-            self._table.note(addr, size)
+            if addr < tracker.end and tracker.guest < end:
+                tracker.note(addr, size)
+        table = self._table
+        if table is not None and addr < table.end and table.guest < end:
+            table.note(addr, size)
 
     def pending(self) -> bool:
         """Whether a sync now could find anything changed since the last one."""
@@ -203,10 +207,9 @@ class BarWindow:
 
     def _set_host_pages(self, idx: np.ndarray | None = None) -> None:
         shadow = self._window() if idx is None else self._window()[idx]
-        in_vram = ((shadow & np.uint64(regs.PTE_PRESENT)) != 0) & \
-            (((shadow >> np.uint64(regs.PTE_TARGET_SHIFT)) & np.uint64(3)) == 0)
-        phys = ((shadow >> np.uint64(regs.PTE_ADDR_SHIFT)) &
-                np.uint64(regs.PTE_ADDR_FIELD_MASK)) << np.uint64(12)
+        in_vram = layout.ptes_present(shadow) & \
+            (layout.ptes_target(shadow) == np.uint64(regs.TARGET_VRAM))
+        phys = layout.ptes_addr(shadow)
         pages = np.where(in_vram, phys.astype(np.int64), NOT_VRAM)
         if idx is None:
             self.host_pages = pages
@@ -218,16 +221,15 @@ class BarWindow:
         self.guest_pd = self.guest_pt = None
         if self.plain:
             n = min(self.pages, self.policy.vram_size >> 12)
-            frames = np.arange(n, dtype=np.uint64) << np.uint64(regs.SMALL_PAGE_SHIFT)
-            return (frames >> np.uint64(8)) | np.uint64(regs.PTE_PRESENT)
+            return layout.ptes(np.arange(n, dtype=np.uint64) << np.uint64(regs.SMALL_PAGE_SHIFT))
         if inst is None or not self.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
             return None
         pd_lo = self._guest_u32(inst + regs.RAMIN_PD_LO)
-        pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((self._guest_u32(inst + regs.RAMIN_PD_HI) & 0xFF) << 32)
-        limit = self._guest_u32(inst + regs.RAMIN_LIMIT_LO) | \
-            ((self._guest_u32(inst + regs.RAMIN_LIMIT_HI) & 0xFF) << 32)
+        pd = layout.ramin_ptr(pd_lo, self._guest_u32(inst + regs.RAMIN_PD_HI))
+        limit = layout.ramin_limit(self._guest_u32(inst + regs.RAMIN_LIMIT_LO),
+                                   self._guest_u32(inst + regs.RAMIN_LIMIT_HI))
         stats.pdes_scanned = 1
-        if self.pv is None and (pd_lo & regs.RAMIN_ADDR_TARGET_MASK != regs.TARGET_VRAM or
+        if self.pv is None and (layout.ramin_ptr_target(pd_lo) != regs.TARGET_VRAM or
                                 not self.policy.guest_vram_ok(pd, regs.PDE_SIZE)):
             stats.ptes_refused += 1
             return None
@@ -235,7 +237,7 @@ class BarWindow:
         n = min(self.pages, (limit + 1) >> 12)
         if self.pv is not None:
             return np.zeros(n, dtype=np.uint64)  # only the size matters: see sync
-        small, large = pde_tables(int(self.vram.u64[self.policy.host_vram(pd) >> 3]))
+        small, large = layout.pde_tables(int(self.vram.u64[self.policy.host_vram(pd) >> 3]))
         if large is not None:
             stats.ptes_refused += 1  # BAR VMs are mapped with small pages only
         if small is None:

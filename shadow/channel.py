@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
 
@@ -37,8 +37,8 @@ def read_guest_ramin(vram: Vram, policy: EntryPolicy, inst: int) -> GuestRamin:
     base = policy.host_vram(inst) >> 2
     words = vram.u32[base:base + regs.RAMIN_SIZE // 4].copy()
     pd_lo, pd_hi = int(words[regs.RAMIN_PD_LO // 4]), int(words[regs.RAMIN_PD_HI // 4])
-    pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((pd_hi & 0xFF) << 32)
-    ok = pd_lo & regs.RAMIN_ADDR_TARGET_MASK == regs.TARGET_VRAM and \
+    pd = layout.ramin_ptr(pd_lo, pd_hi)
+    ok = layout.ramin_ptr_target(pd_lo) == regs.TARGET_VRAM and \
         policy.guest_vram_ok(pd, regs.PD_BYTES)
     return GuestRamin(inst, pd if ok else None, words)
 
@@ -47,17 +47,13 @@ def write_shadow_ramin(vram: Vram, guest: GuestRamin, shadow_inst: int, shadow_p
                        shadow_userd: int, policy: EntryPolicy) -> None:
     """Copy the guest block to shadow_inst with every pointer translated or confined."""
     w = guest.words.copy()
-    w[regs.RAMIN_USERD_LO // 4] = (shadow_userd & regs.RAMIN_ADDR_MASK) | regs.TARGET_VRAM
-    w[regs.RAMIN_USERD_HI // 4] = shadow_userd >> 32
-    w[regs.RAMIN_PD_LO // 4] = (shadow_pd & regs.RAMIN_ADDR_MASK) | regs.TARGET_VRAM
-    w[regs.RAMIN_PD_HI // 4] = shadow_pd >> 32
-    ctx = (int(w[regs.RAMIN_GRCTX_LO // 4]) & regs.RAMIN_ADDR_MASK) | \
-        ((int(w[regs.RAMIN_GRCTX_HI // 4]) & 0xFF) << 32)
+    w[regs.RAMIN_USERD_LO // 4], w[regs.RAMIN_USERD_HI // 4] = layout.ramin_ptr_words(shadow_userd)
+    w[regs.RAMIN_PD_LO // 4], w[regs.RAMIN_PD_HI // 4] = layout.ramin_ptr_words(shadow_pd)
+    ctx_lo = int(w[regs.RAMIN_GRCTX_LO // 4])
+    ctx = layout.ramin_ptr(ctx_lo, int(w[regs.RAMIN_GRCTX_HI // 4]))
     if ctx and policy.guest_vram_ok(ctx, regs.SMALL_PAGE):
-        host = policy.host_vram(ctx)
-        w[regs.RAMIN_GRCTX_LO // 4] = (host & regs.RAMIN_ADDR_MASK) | \
-            (int(w[regs.RAMIN_GRCTX_LO // 4]) & ~regs.RAMIN_ADDR_MASK & 0xFFF)
-        w[regs.RAMIN_GRCTX_HI // 4] = host >> 32
+        w[regs.RAMIN_GRCTX_LO // 4], w[regs.RAMIN_GRCTX_HI // 4] = \
+            layout.ramin_ptr_words(policy.host_vram(ctx), layout.ramin_ptr_flags(ctx_lo))
     else:
         w[regs.RAMIN_GRCTX_LO // 4] = w[regs.RAMIN_GRCTX_HI // 4] = 0
     vram.u32[shadow_inst >> 2:(shadow_inst >> 2) + regs.RAMIN_SIZE // 4] = w

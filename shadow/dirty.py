@@ -41,11 +41,14 @@ class WriteTracker:
 
     def note(self, addr: int, size: int) -> None:
         """A trapped store of `size` bytes at guest address `addr` (may straddle ends)."""
-        lo = max(addr, self.guest)
-        hi = min(addr + size, self.end)
+        guest = self.guest
+        lo = addr if addr > guest else guest
+        hi = addr + size
+        if hi > self.end:
+            hi = self.end
         if lo < hi:
             bits = self._bits
-            for i in range((lo - self.guest) >> 3, ((hi - 1 - self.guest) >> 3) + 1):
+            for i in range((lo - guest) >> 3, ((hi - 1 - guest) >> 3) + 1):
                 if not bits[i]:
                     bits[i] = 1
                     self.marked += 1

@@ -13,11 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 
-_ADDR_FIELD = np.uint64(regs.PTE_ADDR_FIELD_MASK << regs.PTE_ADDR_SHIFT)
-_TARGET_SHIFT = np.uint64(regs.PTE_TARGET_SHIFT)
-_ONE = np.uint64(1)
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,7 @@ class EntryPolicy:
     def translate(self, ptes: np.ndarray, page: int = regs.SMALL_PAGE) -> tuple[np.ndarray, np.ndarray]:
         """(shadow entries, refused mask) for guest entries describing pages of `page` bytes."""
         ptes = ptes.astype(np.uint64, copy=False)
-        present = (ptes & _ONE).astype(bool)
+        present = layout.ptes_present(ptes)
         if ptes.size > 64:
             # Guest tables are mostly empty: translate the present entries only (what is
             # not present becomes 0, never refused, either way).
@@ -64,8 +61,8 @@ class EntryPolicy:
                 if idx.size:
                     out[idx], refused[idx] = self.translate(ptes[idx], page)
                 return out, refused
-        target = (ptes >> _TARGET_SHIFT) & np.uint64(regs.PTE_TARGET_MASK)
-        addr = ((ptes & _ADDR_FIELD) >> np.uint64(regs.PTE_ADDR_SHIFT)) << np.uint64(12)
+        target = layout.ptes_target(ptes)
+        addr = layout.ptes_addr(ptes)
         end = addr + np.uint64(page)
         is_vram = target == np.uint64(regs.TARGET_VRAM)
         is_sys = (target == np.uint64(regs.TARGET_SYSRAM)) | \
@@ -75,5 +72,5 @@ class EntryPolicy:
             in_dma |= (addr >= np.uint64(start)) & (end <= np.uint64(stop))
         ok = present & ((is_vram & (end <= np.uint64(self.vram_size))) | (is_sys & in_dma))
         host = np.where(is_vram, addr + np.uint64(self.vram_base), addr + np.uint64(self.sys_base))
-        shadow = (ptes & ~_ADDR_FIELD) | ((host >> np.uint64(12)) << np.uint64(regs.PTE_ADDR_SHIFT))
+        shadow = layout.ptes_with_addr(ptes, host)
         return np.where(ok, shadow, np.uint64(0)), present & ~ok

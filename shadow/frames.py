@@ -34,7 +34,7 @@ from typing import Iterable
 
 import numpy as np
 
-from gpuvm.device import host_memory, regs
+from gpuvm.device import host_memory, layout, regs
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
 from shadow.page_table import LARGE, ShadowSpace
@@ -43,10 +43,6 @@ NOT_RESIDENT = -1
 PAGE = regs.SMALL_PAGE
 LARGE_SPAN = regs.LARGE_PAGE // regs.SMALL_PAGE  # small pages in one large page
 
-_ADDR_FIELD = np.uint64(regs.PTE_ADDR_FIELD_MASK << regs.PTE_ADDR_SHIFT)
-_ADDR_SHIFT = np.uint64(regs.PTE_ADDR_SHIFT)
-_TARGET_SHIFT = np.uint64(regs.PTE_TARGET_SHIFT)
-_TARGET_MASK = np.uint64(regs.PTE_TARGET_MASK)
 _PAGE_SHIFT = np.uint64(regs.SMALL_PAGE_SHIFT)
 
 
@@ -173,10 +169,8 @@ class OverlayView:
 def _decode(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(VRAM-and-present mask, address) of shadow-format entries."""
     entries = entries.astype(np.uint64, copy=False)
-    present = (entries & np.uint64(regs.PTE_PRESENT)) != 0
-    vram = ((entries >> _TARGET_SHIFT) & _TARGET_MASK) == np.uint64(regs.TARGET_VRAM)
-    addr = ((entries & _ADDR_FIELD) >> _ADDR_SHIFT) << _PAGE_SHIFT
-    return present & vram, addr
+    vram = layout.ptes_target(entries) == np.uint64(regs.TARGET_VRAM)
+    return layout.ptes_present(entries) & vram, layout.ptes_addr(entries)
 
 
 @dataclass(frozen=True)
@@ -208,7 +202,7 @@ class ResidentPolicy(EntryPolicy):
         out = shadow.copy()
         out[idx[~ok]] = 0
         kept = idx[ok]
-        out[kept] = (shadow[kept] & ~_ADDR_FIELD) | ((phys >> _PAGE_SHIFT) << _ADDR_SHIFT)
+        out[kept] = layout.ptes_with_addr(shadow[kept], phys)
         return out, refused
 
 

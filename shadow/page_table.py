@@ -24,9 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.dma import DmaPort, NoSysram
-from gpuvm.device.mmu import pde_tables
 from gpuvm.device.vram import Vram
 from gpuvm.device.write_log import EngineWriteLog
 from shadow.dirty import WriteTracker
@@ -37,15 +36,11 @@ from shadow.vram_pool import PoolExhausted, VramPool
 Count = Callable[[str, int], None]
 
 SMALL, LARGE = 0, 1
-_PDE_ADDR = regs.PDE_ADDR_FIELD_MASK
-# What a shadow PDE keeps of the guest's: the large-PT size field (bits 2-3) only; the
-# addresses, targets and volatile bits are the shadow's own (tables in host VRAM).
-_PDE_KEEP = regs.PDE_SIZE_MASK << regs.PDE_SIZE_SHIFT
 
 
 def guest_table(kind: int, pde: int) -> tuple[int, int, int] | None:
     """(guest address, target, entries) of the table one half of a guest PDE names."""
-    small, large = pde_tables(pde)
+    small, large = layout.pde_tables(pde)
     if kind == SMALL:
         return None if small is None else (small[0], small[1], regs.SMALL_PTES_PER_PT)
     if large is None:
@@ -161,7 +156,9 @@ class ShadowSpace:
 
     def note_write(self, addr: int, size: int) -> None:
         """A trapped guest store of `size` bytes at guest VRAM address `addr`."""
-        self._pd_tracker.note(addr, size)  # (a table may overlap the directory: ask both)
+        pd = self._pd_tracker  # (a table may overlap the directory: ask both)
+        if addr < pd.end and pd.guest < addr + size:
+            pd.note(addr, size)
         trackers = self._by_page.get(addr >> regs.SMALL_PAGE_SHIFT)
         if trackers is not None:
             for tracker in trackers:
@@ -239,7 +236,9 @@ class ShadowSpace:
             self._sync_pde(index, int(snapshot[index]), True, stats)
 
     def _sync_pde(self, index: int, pde: int, incremental: bool, stats: SyncStats) -> None:
-        shadow_pde = pde & _PDE_KEEP
+        # What a shadow PDE keeps of the guest's: the large-PT size field only; the
+        # addresses, targets and volatile bits are the shadow's own (tables in host VRAM).
+        shadow_pde = layout.pde_size_bits(pde)
         for kind in (SMALL, LARGE):
             key = (index, kind)
             old = self._pts.get(key)
@@ -267,11 +266,9 @@ class ShadowSpace:
                 continue
             self._pts[key] = table
             if kind == SMALL:
-                shadow_pde |= regs.PDE_SMALL_PRESENT | \
-                    ((table.shadow >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+                shadow_pde |= layout.pde_small(table.shadow)
             else:
-                shadow_pde |= regs.PDE_LARGE_PRESENT | \
-                    ((table.shadow >> 12) << regs.PDE_LARGE_ADDR_SHIFT)
+                shadow_pde |= layout.pde_large(table.shadow)
         self.vram.u64[(self.shadow_pd >> 3) + index] = shadow_pde
 
     def _sync_table(self, kind: int, current: np.ndarray, guest: int, target: int,

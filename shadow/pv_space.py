@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from shadow.entries import EntryPolicy
 from shadow.page_table import Count
@@ -37,8 +37,7 @@ class PvSpace:
             size = regs.SMALL_PTES_PER_PT * regs.PTE_SIZE
             pt = self.pts[index] = self.pool.alloc(size)
             self.vram.u8[pt:pt + size] = 0
-            self.vram.u64[(self.pd >> 3) + index] = regs.PDE_SMALL_PRESENT | \
-                ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+            self.vram.u64[(self.pd >> 3) + index] = layout.pde_small(pt)
             self.count("pv.pts_allocated", 1)
         return pt
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.clock import DeviceClock
 from gpuvm.device.host_driver import HostDriver, method
 from gpuvm.device.kernels import kernel_object
@@ -122,7 +122,7 @@ def test_unmapped_address_faults_only_that_channel(gpu, sysram, drv):
     unit = regs.FAULT_UNIT_PCOPY0
     assert drv.rd(regs.PFIFO_FAULT_UNIT_MASK) & (1 << unit)
     rec = regs.PFIFO_FAULT_RECORD + unit * regs.PFIFO_FAULT_RECORD_STRIDE
-    assert drv.rd(rec + regs.PFIFO_FAULT_INST) == bad.ch.inst >> 12
+    assert drv.rd(rec + regs.PFIFO_FAULT_INST) == layout.fault_inst_word(bad.ch.inst)
     assert drv.rd(rec + regs.PFIFO_FAULT_ADDR_LO) == unmapped & 0xFFFFFFFF
     assert drv.rd(rec + regs.PFIFO_FAULT_ADDR_HI) == unmapped >> 32
     assert drv.rd(regs.PFIFO_INTR) & regs.PFIFO_INTR_VM_FAULT

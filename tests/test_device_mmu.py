@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.counters import Counters
 from gpuvm.device.dma import RamPort
-from gpuvm.device.host_driver import pte
+from gpuvm.device.layout import pte
 from gpuvm.device.mmu import DmaFault, Mmu, Space, VmFault
 from gpuvm.device.vram import Vram
 
@@ -36,10 +36,9 @@ def mmu(vram):
 def set_pde(vram, index, small=None, large=None, large_size=0):
     value = 0
     if small is not None:
-        value |= regs.PDE_SMALL_PRESENT | ((small >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        value |= layout.pde_small(small)
     if large is not None:
-        value |= regs.PDE_LARGE_PRESENT | ((large >> 12) << regs.PDE_LARGE_ADDR_SHIFT) | \
-            (large_size << regs.PDE_SIZE_SHIFT)
+        value |= layout.pde_large(large, size=large_size)
     vram.u64[(PD + index * 8) >> 3] = value
 
 
@@ -104,7 +103,7 @@ def test_page_gather_matches_run_copy(mmu, vram):
     set_pde(vram, 0, small=SPT)
     rng = np.random.default_rng(7)
     frames = rng.permutation(np.arange(0x800, 0x800 + 64, dtype=np.uint64)) << np.uint64(12)
-    vram.u64[(SPT >> 3):(SPT >> 3) + 64] = (frames >> np.uint64(8)) | np.uint64(1)
+    vram.u64[(SPT >> 3):(SPT >> 3) + 64] = layout.ptes(frames)
     vram.u8[0x800000:0x800000 + 64 * 4096] = rng.integers(0, 255, 64 * 4096, dtype=np.uint8)
     pages = mmu.translate(Space(PD), 0, 64 * 4096, write=False)
     fast = mmu.read(pages)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
-from gpuvm.device.host_driver import HostDriver, method, pte
+from gpuvm.device import layout, regs
+from gpuvm.device.host_driver import HostDriver, method
+from gpuvm.device.layout import pte
 
 from test_device_end_to_end import SUB_COMPUTE, SUB_COPY, Rig
 
@@ -228,8 +229,7 @@ def test_runlist_event_like_gf100_fifo_runlist_commit(gpu, drv, rig):
 # ------------------------------------------------------------------------------ memory
 def _sysram_pt_pde(pt_addr: int, target: int) -> int:
     """A PDE as nouveau gf100_vmm_pgd_pde writes it for a small PT in host memory."""
-    pde = (target << 32) | (pt_addr << 24)
-    return pde | (1 << 34) if target == regs.PDE_TARGET_SYSRAM else pde
+    return layout.pde_small(pt_addr, target, volatile=target == regs.PDE_TARGET_SYSRAM)
 
 
 @pytest.mark.parametrize("pde_target", [regs.PDE_TARGET_SYSRAM, regs.PDE_TARGET_SYSRAM_NOSNOOP])
@@ -246,7 +246,8 @@ def test_small_page_table_in_sysram(gpu, sysram, drv, rig, pde_target):
     assert run_and_wait(gpu, rig, copy_bind() + HostDriver.copy(SUB_COPY, VA_EXTRA,
                                                                 rig.sys_va(1), 4))
     assert sysram.read_u32(rig.sys_base + rig.pages * 4096) == 0xC0FFEE
-    drv.vram_wr64(rig.space.pd + 8 * (VA_EXTRA >> regs.PDE_SPAN_SHIFT), pt << 24)  # target 0
+    drv.vram_wr64(rig.space.pd + 8 * (VA_EXTRA >> regs.PDE_SPAN_SHIFT),
+                  layout.pde_small(pt, regs.PDE_TARGET_ABSENT))
     drv.flush(rig.space)
     assert not run_and_wait(gpu, rig, HostDriver.copy(SUB_COPY, VA_EXTRA, rig.sys_va(1), 4))
     assert gpu.faults()[-1].vm_reason == regs.FAULT_PDE_NOT_PRESENT
@@ -263,19 +264,19 @@ def test_large_pages_64k_mode(gpu, sysram, drv, rig):
     lpt = drv.alloc(1024 * 8)
     frame = drv.alloc(0x10000, align=0x10000)
     va = 0x4C000000 + 3 * 0x10000  # PDE 0x13 in 64 MiB mode (9 in 128 MiB mode)
-    drv.vram_wr64(space.pd + 8 * (va >> 26), regs.PDE_LARGE_PRESENT | (lpt >> 8))
+    drv.vram_wr64(space.pd + 8 * (va >> 26), layout.pde_large(lpt))
     drv.vram_wr64(lpt + 8 * ((va & (0x4000000 - 1)) >> 16), pte(frame))
     gpu.vram.u32[(frame + 0x1234) >> 2] = 0xBEEF
     # the rig's channel space, remapped into this 64 KiB-mode directory
     ch_space = rig.space
     for idx in range(regs.PDE_COUNT):  # carry the rig's 128 MiB PDEs over as 2 x 64 MiB
-        old = drv.vram_rd32(ch_space.pd + 8 * idx + 4)
+        old = drv.vram_rd32(ch_space.pd + 8 * idx + 4)  # the small-PT half
         if old:
-            pt = (old >> 4) << 12
+            pt = layout.pde_tables(old << 32)[0][0]
             for half in range(2):
                 drv.vram_wr64(space.pd + 8 * (2 * idx + half),
-                              regs.PDE_SMALL_PRESENT | ((pt + half * 0x20000) << 24))
-    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, space.pd)
+                              layout.pde_small(pt + half * 0x20000))
+    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(space.pd))
     drv.flush(space)
     assert run_and_wait(gpu, rig, copy_bind() + HostDriver.copy(SUB_COPY, va + 0x1234,
                                                                 rig.sys_va(1), 4)), gpu.faults()
@@ -317,8 +318,9 @@ def test_fault_records_name_source_and_client(gpu, sysram, drv, rig):
     other = Rig(gpu, sysram, drv, 3, sys_base=12 * regs.MiB, n=16)
     drv.submit_runlist([0, 3])
     entry = other.ch.ring + other.ch.put * regs.GPFIFO_ENTRY_SIZE  # an unmapped pushbuffer
-    drv.vram_wr32(entry, 0x6000000)
-    drv.vram_wr32(entry + 4, 4 << regs.GPFIFO_LEN_SHIFT)
+    word0, word1 = layout.gpfifo_entry(0x6000000, 4)
+    drv.vram_wr32(entry, word0)
+    drv.vram_wr32(entry + 4, word1)
     other.ch.put += 1
     drv.doorbell(other.ch)
     assert gpu.wait_event(lambda: any(f.chid == 3 for f in gpu.faults()), 5)
@@ -338,7 +340,8 @@ def test_targeted_flush_with_sysram_bit_matches_both_sysram_targets(gpu, sysram,
     as well as a coherent one."""
     pd = 20 * regs.MiB  # the channel's directory, copied into sysram
     sysram.write(pd, gpu.vram.u8[rig.space.pd:rig.space.pd + regs.PD_BYTES])
-    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, pd | regs.TARGET_SYSRAM_NOSNOOP)
+    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO,
+                  layout.ramin_ptr_lo(pd, regs.TARGET_SYSRAM_NOSNOOP))
     drv.doorbell(rig.ch)  # the device reloads RAMIN on a doorbell
     gpu.vram.u32[rig.a >> 2] = 1
     gpu.vram.u32[rig.b >> 2] = 2
@@ -348,15 +351,15 @@ def test_targeted_flush_with_sysram_bit_matches_both_sysram_targets(gpu, sysram,
     # repoint VA_DATA's PDE (in the sysram directory) at the table that maps rig.va(1)
     index = rig.va(0) >> regs.PDE_SPAN_SHIFT
     moved = sysram.read(pd + 8 * (rig.va(1) >> regs.PDE_SPAN_SHIFT), 8).copy()
-    pt_b = (int(moved.view(np.uint64)[0]) >> 36) << 12
+    pt_b = layout.pde_tables(int(moved.view(np.uint64)[0]))[0][0]
     offset_b = ((rig.va(1) >> 12) & (regs.SMALL_PTES_PER_PT - 1)) * 8
     offset_a = ((rig.va(0) >> 12) & (regs.SMALL_PTES_PER_PT - 1)) * 8
     entry_b = gpu.vram.u64[(pt_b + offset_b) >> 3]
-    pt_a = (int(sysram.read(pd + 8 * index, 8).view(np.uint64)[0]) >> 36) << 12
+    pt_a = layout.pde_tables(int(sysram.read(pd + 8 * index, 8).view(np.uint64)[0]))[0][0]
     gpu.vram.u64[(pt_a + offset_a) >> 3] = entry_b  # rig.va(0) now maps buffer b
     assert run_and_wait(gpu, rig, HostDriver.copy(SUB_COPY, rig.va(0), rig.sys_va(1), 4))
     assert sysram.read_u32(rig.sys_base + rig.pages * 4096) == 1  # cached: not flushed yet
-    drv.wr(regs.PFFB_FLUSH_PD, (pd >> 8) | regs.PFFB_FLUSH_PD_SYSRAM)
+    drv.wr(regs.PFFB_FLUSH_PD, layout.flush_pd_word(pd, sysram=True))
     drv.wr(regs.PFFB_FLUSH_TRIGGER, regs.PFFB_TRIGGER_GO | regs.PFFB_TRIGGER_ALL_PAGES)
     assert run_and_wait(gpu, rig, HostDriver.copy(SUB_COPY, rig.va(0), rig.sys_va(1), 4))
     assert sysram.read_u32(rig.sys_base + rig.pages * 4096) == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.run import RunOptions, VmSpec, run_vms
 from gpuvm.run.native import NativeMachine
 from gpuvm.vfio import abi as vfio
@@ -39,8 +39,7 @@ class ToyPvHypervisor:
             self.top -= PT_BYTES
             pts[index] = self.top
             self.gpu.vram.u8[self.top:self.top + PT_BYTES] = 0
-            self.gpu.vram.u64[(pd >> 3) + index] = \
-                regs.PDE_SMALL_PRESENT | (self.top >> 12) << regs.PDE_SMALL_ADDR_SHIFT
+            self.gpu.vram.u64[(pd >> 3) + index] = layout.pde_small(self.top)
         return pts[index]
 
     def __call__(self, gpa: int) -> None:

@@ -207,6 +207,9 @@ class TickLog(GuestSession):
     def tick(self) -> None:
         self.device.log.append(("tick",))
 
+    def exit_ticker(self) -> Callable[[], None]:
+        return self.tick
+
 
 @pytest.mark.parametrize("stores", [3, 400])  # 400: the ring (169 entries) fills
 def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: int) -> None:
@@ -334,8 +337,8 @@ def test_readonly_memslot_reads_memory_and_traps_writes(image: Path) -> None:
 
 
 def test_the_vcpu_threads_usage_is_measured_from_the_guests_start(image: Path) -> None:
-    """The vCPU thread's CPU time and sleeps while its guest ran (validation compares
-    the sleeps of VMs as threads with the model's lock waits).  A guest that exits at
+    """The vCPU thread's CPU time and sleeps while its guest ran (`bench ram-alloc`
+    reports them).  A guest that exits at
     once sleeps little; one that spins until its timeout kick is on its core throughout."""
     quick, _ = run_one(image, MODE_BARS)
     assert quick.vcpu is not None and quick.passed

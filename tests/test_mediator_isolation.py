@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.gpu import Gpu
-from gpuvm.device.host_driver import HostDriver, pte
+from gpuvm.device.host_driver import HostDriver
+from gpuvm.device.layout import pte
 from gpuvm.mediator.mediator import HYP_GLOBAL, Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.vmm import abi
@@ -157,7 +158,7 @@ def test_bar_vms(world, bar, which):
     if bar == regs.BAR3:
         space = drv.new_space()
         inst = drv._instance(space, 8 * regs.MiB - 1)
-        drv.wr(regs.PBUS_BAR3_VM, regs.PBUS_BARVM_ENABLE | (inst >> 12))
+        drv.wr(regs.PBUS_BAR3_VM, layout.barvm_word(inst))
     else:
         space = drv.bar1_space
     offset = 0x200000
@@ -187,12 +188,12 @@ def test_ramin_pointers(world):
     drv = attacker.drv
     target = targets["other VM's VRAM"] & ~0xFFF
     # an instance block outside the slice is refused outright
-    drv.wr(regs.PFIFO_CHAN_TABLE + 8 * 2, regs.PFIFO_CHAN_VALID | (target >> 12))
+    drv.wr(regs.PFIFO_CHAN_TABLE + 8 * 2, layout.chan_word(target))
     assert attacker.vgpu.counters()["trap.refused.channel_instance"] == 1
     # a channel whose RAMIN points its directory and USERD at the victim's page
     ch = drv.create_channel(3, attacker.rig.space, 0x30000000)
-    drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, target | regs.TARGET_VRAM)
-    drv.vram_wr32(ch.inst + regs.RAMIN_USERD_LO, target | regs.TARGET_VRAM)
+    drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(target))
+    drv.vram_wr32(ch.inst + regs.RAMIN_USERD_LO, layout.ramin_ptr_lo(target))
     drv.submit_runlist([0, 3])
     drv.push(ch, HostDriver.release(attacker.rig.sys_va(0), 1))
     assert attacker.attached.wait_event(lambda: len(attacker.vgpu.faults()) >= 1, 10)
@@ -244,7 +245,7 @@ def test_pv_hypercalls(world, which):
     # the refused entry is not present: a copy through it faults, the good one works
     pv.drv.wr(regs.PFIFO_CHAN_TABLE, 0)
     ch = pv.drv.create_channel(0, pv.rig.space, 0x30000000)
-    pv.drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, key | regs.TARGET_VRAM)
+    pv.drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(key))
     status, _ = call(abi.HC_MAP_BATCH, [(0x30000000, pte(ch.ring)),
                                         *((ch.pushbuf_va + 0x1000 * i, pte(ch.pushbuf + 0x1000 * i))
                                           for i in range(16)),

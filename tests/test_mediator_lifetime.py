@@ -16,10 +16,11 @@ import time
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.gpu import Gpu
-from gpuvm.device.host_driver import HostDriver, pte
+from gpuvm.device.host_driver import HostDriver
 from gpuvm.device.kernels import kernel_object
+from gpuvm.device.layout import pte
 from gpuvm.mediator import monitor
 from gpuvm.mediator.host_port import MEDIATOR_LOCK_WAITS
 from gpuvm.mediator.mediator import Mediator
@@ -99,7 +100,7 @@ def test_cached_context_never_walks_a_freed_directory(med):
     seq = kernel_then_copy(vm, rig.va(3), rig.va(3) + 0x1000, rig.va(2), rig.va(0),
                            rig.sys_va(0))
     assert wait_for(lambda: engine_busy_for(med, vm))
-    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, other.pd | regs.TARGET_VRAM)  # reflected
+    drv.vram_wr32(rig.ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(other.pd))  # reflected
     spare = drv.create_channel(1, drv.new_space(), VA_GPFIFO)
     drv.wr(regs.PFIFO_CHAN_TABLE + spare.chid * regs.PFIFO_CHAN_STRIDE, 0)  # frees the old
     assert engine_busy_for(med, vm), "the kernel ended before the directory was freed"
@@ -140,7 +141,7 @@ def test_pv_space_freed_while_a_channel_is_bound_to_it(med):
                 (rig.sys_va(3), pte(rig.fence, regs.TARGET_SYSRAM))]
     assert hypercall(vm, abi.HC_MAP_BATCH, key, entries) == (abi.HC_OK, 0)
     assert hypercall(vm, abi.HC_VM_FLUSH, key) == (abi.HC_OK, 0)
-    drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, key | regs.TARGET_VRAM)
+    drv.vram_wr32(ch.inst + regs.RAMIN_PD_LO, layout.ramin_ptr_lo(key))
     rig.ch = ch
     drv.submit_runlist([0])
     kernel_then_copy(vm, 0x3000, 0x4000, 0x2000, 0x1000, 0x5000)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
-from gpuvm.device.host_driver import pte
+from gpuvm.device import layout, regs
+from gpuvm.device.layout import pte
 
 from test_mediator_isolation import BAR1_SIZE, PATTERN, Vm, world  # noqa: F401  (fixture)
 
@@ -18,9 +18,9 @@ PT_INDEX = (VA >> 12) & (regs.SMALL_PTES_PER_PT - 1)
 
 
 def sysram_pde(pt: int, target: int = regs.PDE_TARGET_SYSRAM) -> int:
-    """nouveau gf100_vmm_pgd_pde for a small PT in host memory: target << 32, VOL (bit
-    34) for coherent memory, address << 24."""
-    return (target << 32) | (pt << 24) | ((1 << 34) if target == regs.PDE_TARGET_SYSRAM else 0)
+    """A PDE as nouveau gf100_vmm_pgd_pde writes it for a small PT in host memory: its
+    target, and VOL for coherent memory."""
+    return layout.pde_small(pt, target, volatile=target == regs.PDE_TARGET_SYSRAM)
 
 
 def point(vm: Vm, pde: int, entry: int, pt: int = PT_GPA) -> None:

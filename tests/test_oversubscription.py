@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuvm.device import regs
-from gpuvm.device.host_driver import pte
+from gpuvm.device import layout, regs
+from gpuvm.device.layout import pte
 from gpuvm.device.profile import load_profile
 from gpuvm.device.vram import Vram
 from gpuvm.device.write_log import EngineWriteLog
@@ -139,8 +139,7 @@ def test_an_engine_store_to_a_resident_table_reaches_the_incremental_shadow():
         for page in (pd, table, data):  # resident (nothing in them yet: no copy)
             frames.frame[page // PAGE] = page // PAGE
             view.place(page // PAGE, 1, pool + page)
-        view.u64[(view.base + pd) >> 3] = regs.PDE_SMALL_PRESENT | \
-            ((table >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        view.u64[(view.base + pd) >> 3] = layout.pde_small(table)
         log = EngineWriteLog(vram.size)
         counts: dict[str, int] = {}
         space = ShadowSpace(view, policy, VramPool(16 * regs.MiB, 8 * regs.MiB, "shadow"), pd,
@@ -280,11 +279,10 @@ def test_the_reference_monitor_sees_a_vm_using_frames_it_does_not_hold(monkeypat
 
     def regardless(self, ptes, page=regs.SMALL_PAGE):
         shadow, refused = self.plain().translate(ptes, page)
-        target = (shadow >> np.uint64(regs.PTE_TARGET_SHIFT)) & np.uint64(regs.PTE_TARGET_MASK)
-        vram_entry = ((shadow & np.uint64(regs.PTE_PRESENT)) != 0) & \
-            (target == np.uint64(regs.TARGET_VRAM))
+        vram_entry = layout.ptes_present(shadow) & \
+            (layout.ptes_target(shadow) == np.uint64(regs.TARGET_VRAM))
         offset = np.uint64(self.vram_base - self.frame_base)
-        moved = shadow - (offset >> np.uint64(regs.SMALL_PAGE_SHIFT) << np.uint64(regs.PTE_ADDR_SHIFT))
+        moved = layout.ptes_with_addr(shadow, layout.ptes_addr(shadow) - offset)
         return np.where(vram_entry, moved, shadow), refused
 
     monkeypatch.setattr(ResidentPolicy, "translate", regardless)

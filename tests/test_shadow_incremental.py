@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.dma import DmaMappings
-from gpuvm.device.host_driver import pte
+from gpuvm.device.layout import pte
 from gpuvm.device.vram import Vram
 from gpuvm.device.write_log import EngineWriteLog
 from gpuvm.mediator.mediator import Mediator
@@ -70,8 +70,7 @@ class Guest:
         self.space.note_write(addr + 4, 4)
 
     def store_pde(self, index: int, table: int, target: int = regs.PDE_TARGET_VRAM) -> None:
-        self.store(PD + index * regs.PDE_SIZE, regs.PDE_SMALL_PRESENT * (target == regs.PDE_TARGET_VRAM)
-                   | (target << regs.PDE_SMALL_TARGET_SHIFT) | ((table >> 12) << regs.PDE_SMALL_ADDR_SHIFT))
+        self.store(PD + index * regs.PDE_SIZE, layout.pde_small(table, target))
 
     def entry_addr(self, table: int, i: int) -> int:
         return PTS + table * PT_BYTES + i * regs.PTE_SIZE
@@ -87,9 +86,9 @@ def shadow_tables(space: ShadowSpace) -> dict[int, np.ndarray]:
     out = {}
     shadow_pd = space.vram.u64[space.shadow_pd >> 3:(space.shadow_pd >> 3) + regs.PDE_COUNT]
     for index in np.flatnonzero(shadow_pd).tolist():
-        pde = int(shadow_pd[index])
-        if pde & regs.PDE_SMALL_PRESENT:
-            addr = ((pde >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
+        small, _ = layout.pde_tables(int(shadow_pd[index]))
+        if small is not None:
+            addr = small[0]
             out[index] = space.vram.u64[addr >> 3:(addr >> 3) + regs.SMALL_PTES_PER_PT].copy()
     return out
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +24,7 @@ from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.rundir import config_hash
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.run import run_vms
+from gpuvm.run.execute import _removable
 from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
 from gpuvm.vmm import vfio_attach
 from gpuvm.vmm.guest_session import GuestSession
@@ -130,7 +132,7 @@ def test_a_guest_session_on_the_clock_has_its_waits_woken_by_the_clock():
     session = GuestSession("A", None, attached, hostmem=object())
     clock = VirtualClock()
     party = clock.guest("A")
-    session.use_clock(clock, party)
+    session.use_clock(party)
     assert party.waker == attached.look_again
 
 
@@ -147,18 +149,34 @@ def test_a_pending_event_holds_time_until_it_is_handled():
     assert clock.now_ns() == 5 * clock.exit_ns  # handled; nothing else to do
 
 
-def test_the_virtual_clock_is_the_default_but_for_isolated_vms():
+def test_the_virtual_clock_is_the_default_isolated_vms_too():
     assert not DeviceClock().virtual
     assert device_clock(RunOptions()).virtual
-    assert not device_clock(RunOptions(isolated=True)).virtual
+    assert device_clock(RunOptions(isolated=True)).virtual
+    assert not device_clock(RunOptions(isolated=True, clock="wall")).virtual
 
 
-def test_unknown_clock_and_isolated_virtual_runs_are_refused():
+def test_an_unknown_clock_is_refused():
     with pytest.raises(RunError, match="clock: unknown device clock 'cpu'"):
         run_vms([VmSpec("A", "idle", [])], RunOptions(mode="fv-opt", clock="cpu"))
-    with pytest.raises(RunError, match="not --isolated"):
-        run_vms([VmSpec("A", "idle", [])], RunOptions(mode="fv-opt", clock="virtual",
-                                                      isolated=True))
+
+
+def _vm(name: str, last: int, closing: bool) -> SimpleNamespace:
+    """A VM as the run loop sees it: its vCPU's time, and whether its guest has ended
+    (its thread let go of the clock) -- its thread may still be closing."""
+    return SimpleNamespace(name=name, party=SimpleNamespace(v=last),
+                           session=SimpleNamespace(leaving=object() if closing else None))
+
+
+def test_ended_vms_give_back_their_devices_in_the_order_they_left_the_clock():
+    """A removal waits for device time to reach its VM's last time, which an earlier
+    VM's timer holds until that VM is removed: the later one first, or before one still
+    closing, waited until the scheduler forced it (5 s)."""
+    early, late, running = _vm("early", 10, True), _vm("late", 20, True), _vm("r", 5, False)
+    names = lambda vms: [vm.name for vm in vms]  # noqa: E731
+    assert names(_removable([late, early], [late, early, running])) == ["early", "late"]
+    assert names(_removable([late], [late, early, running])) == []  # early still closing
+    assert names(_removable([early], [early, late])) == ["early"]
 
 
 def test_experiment_files_choose_the_clock():

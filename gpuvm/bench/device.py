@@ -21,7 +21,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from gpuvm.bench.timing import best_of
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.channel import ChannelMemory
 from gpuvm.device.gpu import Gpu
 from gpuvm.device.kernels import KERNELS
@@ -55,10 +55,9 @@ def _scattered_space(gpu: Gpu, pd: int, pt_base: int, va: int, frames: np.ndarra
     first_pde = va >> regs.PDE_SPAN_SHIFT
     for k in range((npages * regs.SMALL_PAGE + regs.PDE_SPAN - 1) // regs.PDE_SPAN + 1):
         pt = pt_base + k * regs.SMALL_PTES_PER_PT * regs.PTE_SIZE
-        gpu.vram.u64[(pd >> 3) + first_pde + k] = regs.PDE_SMALL_PRESENT | \
-            ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        gpu.vram.u64[(pd >> 3) + first_pde + k] = layout.pde_small(pt)
     first = (va >> 12) & (regs.SMALL_PTES_PER_PT - 1)
-    ptes = (frames.astype(np.uint64) >> np.uint64(8)) | np.uint64(regs.PTE_PRESENT)
+    ptes = layout.ptes(frames)
     gpu.vram.u64[(pt_base >> 3) + first:(pt_base >> 3) + first + npages] = ptes
     return Space(pd)
 

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.gpu import Gpu
-from gpuvm.device.host_driver import HostChannel, HostDriver, method, pte
+from gpuvm.device.host_driver import HostChannel, HostDriver, method
+from gpuvm.device.layout import pte
 from gpuvm.device.kernels import kernel_object
 from gpuvm.mediator import monitor
 from gpuvm.mediator.bar0_traps import PASSTHROUGH
@@ -146,9 +147,9 @@ class World:
             return pte(frame % (2 * RAM), regs.TARGET_SYSRAM)
         if kind == 3:
             pt = t.hot[(pick >> 3) % len(t.hot)]
-            return regs.PDE_SMALL_PRESENT | ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+            return layout.pde_small(pt)
         if kind == 4:
-            return ((pick >> 3) & 0xFFFFF000) | regs.TARGET_VRAM  # a RAMIN-style pointer
+            return layout.ramin_ptr_lo(pick >> 3)  # a RAMIN-style pointer
         return (pick * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
 
     # ------------------------------------------------------------------ operations
@@ -170,15 +171,14 @@ class World:
                 v.write(regs.BAR0, off + 4, 4, value >> 32)
         elif kind == "flush":
             pd = t.hot[op.a % len(t.hot)] if op.b % 4 else op.a & 0xFFFFF000
-            v.write(regs.BAR0, regs.PFFB_FLUSH_PD, 4, pd >> regs.PFFB_FLUSH_PD_ADDR_SHIFT)
+            v.write(regs.BAR0, regs.PFFB_FLUSH_PD, 4, layout.flush_pd_word(pd))
             trig = regs.PFFB_TRIGGER_GO | (regs.PFFB_TRIGGER_ALL_PDS if op.c & 1 else 0)
             v.write(regs.BAR0, regs.PFFB_FLUSH_TRIGGER, 4,
                     regs.PFFB_TRIGGER_BAR_VM if op.c & 2 else trig)
         elif kind == "bind":
             inst = t.channel.inst if op.b % 3 else self._address(t, op.b) & ~0xFFF
             v.write(regs.BAR0, regs.PFIFO_CHAN_TABLE + (op.a % 6) * regs.PFIFO_CHAN_STRIDE, 4,
-                    regs.PFIFO_CHAN_VALID | (inst >> 12) |
-                    ((op.c % 4) << regs.PFIFO_CHAN_TARGET_SHIFT if op.c % 5 == 0 else 0))
+                    layout.chan_word(inst, op.c % 4 if op.c % 5 == 0 else regs.TARGET_VRAM))
         elif kind == "unbind":
             v.write(regs.BAR0, regs.PFIFO_CHAN_TABLE + (op.a % 6) * regs.PFIFO_CHAN_STRIDE, 4, 0)
         elif kind == "state":
@@ -204,7 +204,7 @@ class World:
         elif kind == "revive":  # the driver rebinds its channel and resubmits its runlist
             ch = t.channel
             drv.wr(regs.PFIFO_CHAN_TABLE, 0)
-            drv.wr(regs.PFIFO_CHAN_TABLE, regs.PFIFO_CHAN_VALID | (ch.inst >> 12))
+            drv.wr(regs.PFIFO_CHAN_TABLE, layout.chan_word(ch.inst))
             drv.wr(regs.PFIFO_CHAN_STATE, regs.PFIFO_CHAN_STATE_CREATE)
             ch.put = 0
             if op.a & 1:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuvm.bench.timing import best_of
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from shadow.dirty import DENSE_SHARE
 from shadow.entries import EntryPolicy
@@ -54,12 +54,11 @@ def run_shadow_bench(repeat: int = 5, seed: int = 0) -> ShadowBench:
         npages = MAPPED // regs.SMALL_PAGE
         tables = MAPPED // regs.PDE_SPAN
         frames = rng.integers(16 * regs.MiB >> 12, SLICE >> 12, npages).astype(np.uint64) << 12
-        entries = (frames >> np.uint64(8)) | np.uint64(regs.PTE_PRESENT)
+        entries = layout.ptes(frames)
         vram.u64[GUEST_PTS >> 3:(GUEST_PTS >> 3) + npages] = entries
         for t in range(tables):
             pt = GUEST_PTS + t * regs.SMALL_PTES_PER_PT * regs.PTE_SIZE
-            vram.u64[(GUEST_PD >> 3) + 1 + t] = regs.PDE_SMALL_PRESENT | \
-                ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)  # VA 128 MiB .. 1152 MiB
+            vram.u64[(GUEST_PD >> 3) + 1 + t] = layout.pde_small(pt)  # VA 128 MiB .. 1152 MiB
         counts: dict[str, int] = {}
 
         def count(name: str, n: int) -> None:
@@ -73,8 +72,8 @@ def run_shadow_bench(repeat: int = 5, seed: int = 0) -> ShadowBench:
         for k in K_VALUES:
             def change_and_sync() -> None:
                 idx = rng.choice(npages, size=k, replace=False)
-                guest[idx] = (rng.integers(16 * regs.MiB >> 12, SLICE >> 12, k).astype(np.uint64)
-                              << np.uint64(4)) | np.uint64(regs.PTE_PRESENT)
+                guest[idx] = layout.ptes(rng.integers(16 * regs.MiB >> 12, SLICE >> 12, k)
+                                         .astype(np.uint64) << np.uint64(regs.SMALL_PAGE_SHIFT))
                 for i in idx.tolist():  # what the trap of each store tells the shadow
                     space.note_write(GUEST_PTS + i * regs.PTE_SIZE, regs.PTE_SIZE)
                 scanned = counts.get("shadow.ptes_scanned", 0)

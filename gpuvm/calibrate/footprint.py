@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 
 PAGE_SIZES = {"4k": regs.SMALL_PAGE, "128k": regs.LARGE_PAGE}
 ENTRIES_PER_PT = {"4k": regs.SMALL_PTES_PER_PT, "128k": regs.LARGE_PTES_PER_PT}
@@ -124,7 +124,7 @@ def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = Fals
     import numpy as np
 
     from gpuvm.device.gpu import Gpu
-    from gpuvm.device.host_driver import HostDriver, pte
+    from gpuvm.device.host_driver import HostDriver
     from gpuvm.device.mmu import Space
 
     expect = footprint(nbytes, page, spaces, shared, va)  # validates the arguments
@@ -139,7 +139,7 @@ def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = Fals
             if page == "4k":
                 drv.map(space, va, phys, nbytes // regs.SMALL_PAGE, target=regs.TARGET_SYSRAM)
             else:
-                _map_large(drv, space, va, phys, nbytes // regs.LARGE_PAGE, pte)
+                _map_large(drv, space, va, phys, nbytes // regs.LARGE_PAGE)
         allocated = drv.alloc(0) - start
         first_pde = va >> regs.PDE_SPAN_SHIFT
         for space in dirs[1:] if shared else []:
@@ -155,12 +155,11 @@ def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = Fals
             directory = u64[space.pd >> 3:(space.pd >> 3) + regs.PDE_COUNT]
             for raw in directory[directory != 0].tolist():
                 pdes += 1
-                if raw & regs.PDE_SMALL_PRESENT:
-                    addr = ((raw >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
-                    tables.add((addr, regs.SMALL_PTES_PER_PT))
-                if raw & regs.PDE_LARGE_PRESENT:
-                    addr = ((raw >> regs.PDE_LARGE_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12
-                    tables.add((addr, regs.LARGE_PTES_PER_PT))
+                small, large = layout.pde_tables(raw)
+                if small is not None:
+                    tables.add((small[0], regs.SMALL_PTES_PER_PT))
+                if large is not None:
+                    tables.add((large[0], regs.LARGE_PTES_PER_PT))
         ptes = sum(int(np.count_nonzero(u64[a >> 3:(a >> 3) + n])) for a, n in tables)
         want = np.uint64(phys) + np.arange(nbytes // regs.SMALL_PAGE, dtype=np.uint64) * \
             np.uint64(regs.SMALL_PAGE)
@@ -174,7 +173,7 @@ def build_and_count(nbytes: int, page: str, spaces: int = 1, shared: bool = Fals
         gpu.release_memory()
 
 
-def _map_large(drv, space, va: int, phys: int, npages: int, pte) -> None:
+def _map_large(drv, space, va: int, phys: int, npages: int) -> None:
     """Large-page mapping with the host driver's own VRAM writes and allocator.
 
     The host driver maps only 4 KiB pages; this fills the large half of each directory
@@ -186,8 +185,7 @@ def _map_large(drv, space, va: int, phys: int, npages: int, pte) -> None:
         table = tables.get(pde)
         if table is None:
             table = tables[pde] = drv.alloc(regs.LARGE_PTES_PER_PT * regs.PTE_SIZE)
-            drv.vram_wr64(space.pd + pde * regs.PDE_SIZE,
-                          regs.PDE_LARGE_PRESENT | ((table >> 12) << regs.PDE_LARGE_ADDR_SHIFT))
+            drv.vram_wr64(space.pd + pde * regs.PDE_SIZE, layout.pde_large(table))
         index = (page_va & (regs.PDE_SPAN - 1)) >> regs.LARGE_PAGE_SHIFT
         drv.vram_wr64(table + index * regs.PTE_SIZE,
-                      pte(phys + i * regs.LARGE_PAGE, regs.TARGET_SYSRAM))
+                      layout.pte(phys + i * regs.LARGE_PAGE, regs.TARGET_SYSRAM))

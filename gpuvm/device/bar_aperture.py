@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.mmu import DATA, DmaFault, Space, VmFault
 
 if TYPE_CHECKING:
@@ -57,14 +57,13 @@ class BarAperture:
 
     @property
     def inst(self) -> int:
-        return (self.reg & regs.PBUS_BARVM_INST_MASK) << 12
+        return layout.barvm_inst(self.reg)
 
     def space(self) -> Space | None:
         if not self.reg & regs.PBUS_BARVM_ENABLE:
             return None
         if self._space is None:
-            self._space = self.gpu.space_from_instance(
-                self.inst, (self.reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK)
+            self._space = self.gpu.space_from_instance(self.inst, layout.barvm_target(self.reg))
         return self._space
 
     def _translate(self, offset: int, size: int, write: bool) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.engine_classes import BoundObject, Completion
 from gpuvm.device.faults import ChannelError
 from gpuvm.device.mmu import CONTEXT, DmaFault, Space, VmFault
@@ -70,7 +70,7 @@ class Channel:
 
     @property
     def valid(self) -> bool:
-        return bool(self.table & regs.PFIFO_CHAN_VALID)
+        return layout.chan_valid(self.table)
 
     @property
     def runnable(self) -> bool:
@@ -78,11 +78,11 @@ class Channel:
 
     @property
     def inst(self) -> int:
-        return (self.table & regs.PFIFO_CHAN_INST_MASK) << 12
+        return layout.chan_inst(self.table)
 
     @property
     def inst_target(self) -> int:
-        return (self.table >> regs.PFIFO_CHAN_TARGET_SHIFT) & 0x3
+        return layout.chan_target(self.table)
 
     def reset(self) -> None:
         """A (re)bound channel starts from a clean PFIFO context."""
@@ -154,8 +154,8 @@ class ChannelExecutor:
         if w[regs.RAMIN_SIGNATURE // 4] != regs.RAMIN_SIGNATURE_VALUE:
             raise ChannelError(regs.CHAN_ERR_BAD_INSTANCE_EXT,
                                f"instance block {ch.inst:#x} has no 0xface signature", ch.inst)
-        log2 = (w[regs.RAMIN_GPFIFO_HI // 4] >> regs.RAMIN_GPFIFO_LOG2_SHIFT) & \
-            regs.RAMIN_GPFIFO_LOG2_MASK
+        gpfifo_va, log2 = layout.ramin_gpfifo(w[regs.RAMIN_GPFIFO_LO // 4],
+                                              w[regs.RAMIN_GPFIFO_HI // 4])
         if log2 > regs.GPFIFO_MAX_LOG2:
             raise ChannelError(regs.CHAN_ERR_SIZE_LIMIT_EXT, f"GPFIFO of 2^{log2} entries", log2)
         userd_lo = w[regs.RAMIN_USERD_LO // 4]
@@ -163,9 +163,9 @@ class ChannelExecutor:
             space=gpu.space_from_words(w[regs.RAMIN_PD_LO // 4], w[regs.RAMIN_PD_HI // 4],
                                        w[regs.RAMIN_LIMIT_LO // 4], w[regs.RAMIN_LIMIT_HI // 4],
                                        ch.inst),
-            userd_target=userd_lo & regs.RAMIN_ADDR_TARGET_MASK,
-            userd=(userd_lo & regs.RAMIN_ADDR_MASK) | ((w[regs.RAMIN_USERD_HI // 4] & 0xFF) << 32),
-            gpfifo_va=w[regs.RAMIN_GPFIFO_LO // 4] | ((w[regs.RAMIN_GPFIFO_HI // 4] & 0xFF) << 32),
+            userd_target=layout.ramin_ptr_target(userd_lo),
+            userd=layout.ramin_ptr(userd_lo, w[regs.RAMIN_USERD_HI // 4]),
+            gpfifo_va=gpfifo_va,
             gpfifo_entries=1 << log2,
         )
         try:
@@ -184,8 +184,7 @@ class ChannelExecutor:
         one the device saved -- a driver that zeroed it made a new channel."""
         put, get = w[regs.RAMFC_GP_PUT // 4], w[regs.RAMFC_GP_GET // 4]
         ch.gp_get = get % ctx.gpfifo_entries
-        ch.sem_addr = ((w[regs.RAMFC_SEMAPHOREA // 4] & 0xFF) << 32) | \
-            w[regs.RAMFC_SEMAPHOREB // 4]
+        ch.sem_addr = layout.addr40(w[regs.RAMFC_SEMAPHOREA // 4], w[regs.RAMFC_SEMAPHOREB // 4])
         ch.sem_seq = w[regs.RAMFC_SEMAPHOREC // 4]
         saved = self.gpu.pfifo.saved_objects.pop(ch.inst, None)
         if saved is not None and saved[0] == (put, get) and (put or get):
@@ -231,8 +230,7 @@ class ChannelExecutor:
         mem.unit = regs.FAULT_UNIT_PFIFO
         entry = mem.read(ctx.gpfifo_va + regs.GPFIFO_ENTRY_SIZE * ch.gp_get,
                          regs.GPFIFO_ENTRY_SIZE).view(np.uint32).tolist()
-        va = ((entry[1] & regs.GPFIFO_VA_HI_MASK) << 32) | (entry[0] & 0xFFFFFFFC)
-        words = (entry[1] >> regs.GPFIFO_LEN_SHIFT) & regs.GPFIFO_LEN_MASK
+        va, words, main = layout.gpfifo_entry_decode(entry[0], entry[1])
         if words > MAX_PUSHBUFFER_WORDS:
             raise ChannelError(regs.CHAN_ERR_BAD_GPFIFO_ENTRY_EXT,
                                f"entry {ch.gp_get} names {words} words", va)
@@ -245,7 +243,7 @@ class ChannelExecutor:
             ch.pending.append(error)
         ch.gp_get = (ch.gp_get + 1) % ctx.gpfifo_entries
         self._userd_write(ctx, regs.USERD_GP_GET, ch.gp_get)
-        self._dma_pointers(ctx, va + 4 * words, not entry[1] & regs.GPFIFO_NOT_MAIN)
+        self._dma_pointers(ctx, va + 4 * words, main)
         return True
 
     def _dma_pointers(self, ctx: ChannelContext, end: int, main: bool) -> None:
@@ -281,9 +279,9 @@ class ChannelExecutor:
         elif m == regs.HOST_NOTIFY_INTR:
             self.gpu.pfifo.notify(ch)
         elif m == regs.HOST_SEMAPHORE_ADDR_HI:
-            ch.sem_addr = ((v & 0xFF) << 32) | (ch.sem_addr & 0xFFFFFFFF)
+            ch.sem_addr = layout.with_addr40_hi(ch.sem_addr, v)
         elif m == regs.HOST_SEMAPHORE_ADDR_LO:
-            ch.sem_addr = (ch.sem_addr & ~0xFFFFFFFF) | v
+            ch.sem_addr = layout.with_addr40_lo(ch.sem_addr, v)
         elif m == regs.HOST_SEMAPHORE_SEQUENCE:
             ch.sem_seq = v
         elif m == regs.HOST_SEMAPHORE_TRIGGER:

@@ -289,6 +289,14 @@ class GuestParty:
             return self.v
         return self.v + round(self.pending)
 
+    def bind(self) -> None:
+        """The guest starts on the calling thread: it is this vCPU's from now on."""
+        self.clock.bind_thread(self)
+
+    def unseen_exit(self) -> None:
+        """An exit no device saw (a port the VMM answers itself): `tick` counted it.  (A
+        vCPU served over vfio-user reports these: gpuvm/vfio/user/vcpu_clock.py.)"""
+
     def tick(self) -> None:
         """A new exit starts: the last one's price is added (no clock lock unless the
         time may pass something due, or another vCPU waits for this one)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.faults import ChannelError
 from gpuvm.device.kernels import parse_kernel_object
 
@@ -33,7 +33,7 @@ class BoundObject:
 
 
 def _addr(state: dict[int, int], hi: int, lo: int) -> int:
-    return ((state.get(hi, 0) & 0xFF) << 32) | state.get(lo, 0)
+    return layout.addr40(state.get(hi, 0), state.get(lo, 0))
 
 
 def _release(mem: "ChannelMemory", va: int, seq: int, long_form: bool, now: int) -> None:

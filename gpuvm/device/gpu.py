@@ -14,7 +14,7 @@ from collections import defaultdict
 from threading import get_ident
 from typing import Callable
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.bar_aperture import BarAperture
 from gpuvm.device.blocks.pbdma import Pbdma
 from gpuvm.device.blocks.pbus import Pbus
@@ -251,9 +251,8 @@ class Gpu:
 
     def space_from_words(self, pd_lo: int, pd_hi: int, limit_lo: int, limit_hi: int,
                          inst: int) -> Space:
-        pd = (pd_lo & regs.RAMIN_ADDR_MASK) | ((pd_hi & 0xFF) << 32)
-        return Space(pd, pd_lo & regs.RAMIN_ADDR_TARGET_MASK,
-                     min(limit_lo | ((limit_hi & 0xFF) << 32), regs.VA_LIMIT - 1), inst)
+        return Space(layout.ramin_ptr(pd_lo, pd_hi), layout.ramin_ptr_target(pd_lo),
+                     min(layout.ramin_limit(limit_lo, limit_hi), regs.VA_LIMIT - 1), inst)
 
     def space_from_instance(self, inst: int, target: int) -> Space | None:
         try:

@@ -13,19 +13,13 @@ from typing import Protocol
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 
 
 class MmioTarget(Protocol):
     def mmio_read(self, bar: int, offset: int, size: int) -> int: ...
 
     def mmio_write(self, bar: int, offset: int, size: int, value: int) -> None: ...
-
-
-def pte(phys: int, target: int = regs.TARGET_VRAM, read_only: bool = False,
-        supervisor: bool = False) -> int:
-    return (phys >> 8) | regs.PTE_PRESENT | (target << regs.PTE_TARGET_SHIFT) | \
-        (regs.PTE_READ_ONLY if read_only else 0) | (regs.PTE_SUPERVISOR if supervisor else 0)
 
 
 @dataclass
@@ -123,8 +117,7 @@ class HostDriver:
         pt = space.pts.get(pde)
         if pt is None:
             pt = space.pts[pde] = self.alloc(regs.SMALL_PTES_PER_PT * regs.PTE_SIZE)
-            self.vram_wr64(space.pd + pde * regs.PDE_SIZE,
-                           regs.PDE_SMALL_PRESENT | ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT))
+            self.vram_wr64(space.pd + pde * regs.PDE_SIZE, layout.pde_small(pt))
         return pt
 
     def map(self, space: AddressSpace, va: int, phys: int | list[int], npages: int = 1,
@@ -136,7 +129,7 @@ class HostDriver:
             page_va = va + i * regs.SMALL_PAGE
             pde, idx = page_va >> regs.PDE_SPAN_SHIFT, (page_va >> 12) & (regs.SMALL_PTES_PER_PT - 1)
             self.vram_wr64(self._pt(space, pde) + idx * regs.PTE_SIZE,
-                           pte(frame, target, read_only))
+                           layout.pte(frame, target, read_only))
 
     def unmap(self, space: AddressSpace, va: int, npages: int = 1) -> None:
         for i in range(npages):
@@ -148,7 +141,7 @@ class HostDriver:
         while not (self.rd(regs.PFFB_VM_CFG) >> regs.PFFB_VM_CFG_SLOTS_SHIFT) & \
                 regs.PFFB_VM_CFG_SLOTS_MASK:
             pass
-        self.wr(regs.PFFB_FLUSH_PD, space.pd >> regs.PFFB_FLUSH_PD_ADDR_SHIFT)
+        self.wr(regs.PFFB_FLUSH_PD, layout.flush_pd_word(space.pd))
         self.wr(regs.PFFB_FLUSH_TRIGGER, regs.PFFB_TRIGGER_BAR_VM if bar_vm
                 else regs.PFFB_TRIGGER_GO | regs.PFFB_TRIGGER_ALL_PAGES)
         while not self.rd(regs.PFFB_VM_CFG) & regs.PFFB_VM_CFG_FLUSH_DONE:
@@ -156,16 +149,18 @@ class HostDriver:
 
     def _instance(self, space: AddressSpace, limit: int) -> int:
         inst = self.alloc(regs.RAMIN_SIZE)
-        self.vram_wr32(inst + regs.RAMIN_PD_LO, space.pd | regs.TARGET_VRAM)
-        self.vram_wr32(inst + regs.RAMIN_PD_HI, space.pd >> 32)
-        self.vram_wr32(inst + regs.RAMIN_LIMIT_LO, limit & 0xFFFFFFFF)
-        self.vram_wr32(inst + regs.RAMIN_LIMIT_HI, limit >> 32)
+        pd_lo, pd_hi = layout.ramin_ptr_words(space.pd)
+        limit_lo, limit_hi = layout.ramin_limit_words(limit)
+        self.vram_wr32(inst + regs.RAMIN_PD_LO, pd_lo)
+        self.vram_wr32(inst + regs.RAMIN_PD_HI, pd_hi)
+        self.vram_wr32(inst + regs.RAMIN_LIMIT_LO, limit_lo)
+        self.vram_wr32(inst + regs.RAMIN_LIMIT_HI, limit_hi)
         return inst
 
     def setup_bar1(self, size: int) -> AddressSpace:
         space = self.new_space()
         self.bar1_inst = self._instance(space, size - 1)
-        self.wr(regs.PBUS_BAR1_VM, regs.PBUS_BARVM_ENABLE | (self.bar1_inst >> 12))
+        self.wr(regs.PBUS_BAR1_VM, layout.barvm_word(self.bar1_inst))
         self.bar1_space = space
         return space
 
@@ -176,7 +171,7 @@ class HostDriver:
         assert self.bar1_space is not None, "set up BAR1 first"
         if not self.poll_va:
             self.poll_va = poll_va
-            self.wr(regs.PFIFO_USERD_POLL, regs.PFIFO_USERD_POLL_ENABLE | (poll_va >> 12))
+            self.wr(regs.PFIFO_USERD_POLL, layout.userd_poll_word(poll_va))
         userd = self.alloc(regs.USERD_STRIDE)
         self.map(self.bar1_space, self.poll_va + chid * regs.USERD_STRIDE, userd)
         self.flush(self.bar1_space, bar_vm=True)
@@ -188,13 +183,12 @@ class HostDriver:
         self.map(space, pushbuf_va, pushbuf, self.PUSHBUF_BYTES // regs.SMALL_PAGE)
         self.flush(space)
         inst = self._instance(space, regs.VA_LIMIT - 1)
-        self.vram_wr32(inst + regs.RAMIN_USERD_LO, userd | regs.TARGET_VRAM)
+        self.vram_wr32(inst + regs.RAMIN_USERD_LO, layout.ramin_ptr_lo(userd))
         self.vram_wr32(inst + regs.RAMIN_SIGNATURE, regs.RAMIN_SIGNATURE_VALUE)
-        self.vram_wr32(inst + regs.RAMIN_GPFIFO_LO, gpfifo_va & 0xFFFFFFFF)
-        self.vram_wr32(inst + regs.RAMIN_GPFIFO_HI, (self.GPFIFO_LOG2 << regs.RAMIN_GPFIFO_LOG2_SHIFT)
-                       | (gpfifo_va >> 32))
-        self.wr(regs.PFIFO_CHAN_TABLE + chid * regs.PFIFO_CHAN_STRIDE,
-                regs.PFIFO_CHAN_VALID | (inst >> 12))
+        gp_lo, gp_hi = layout.ramin_gpfifo_words(gpfifo_va, self.GPFIFO_LOG2)
+        self.vram_wr32(inst + regs.RAMIN_GPFIFO_LO, gp_lo)
+        self.vram_wr32(inst + regs.RAMIN_GPFIFO_HI, gp_hi)
+        self.wr(regs.PFIFO_CHAN_TABLE + chid * regs.PFIFO_CHAN_STRIDE, layout.chan_word(inst))
         self.wr(regs.PFIFO_CHAN_STATE + chid * regs.PFIFO_CHAN_STRIDE,
                 regs.PFIFO_CHAN_STATE_CREATE)
         return HostChannel(chid, space, inst, userd, gpfifo_va, entries, pushbuf_va, pushbuf,
@@ -202,10 +196,9 @@ class HostDriver:
 
     def submit_runlist(self, chids: list[int]) -> None:
         rl = self.alloc(max(1, len(chids)) * regs.RUNLIST_ENTRY_SIZE)
-        for i, c in enumerate(chids):
-            self.vram_wr32(rl + 8 * i, c)
-            self.vram_wr32(rl + 8 * i + 4, regs.RUNLIST_ENTRY_WORD1)
-        self.wr(regs.PFIFO_RUNLIST_ADDR, rl >> 12)
+        for i, word in enumerate(layout.runlist_entries(chids).tolist()):
+            self.vram_wr32(rl + 4 * i, word)
+        self.wr(regs.PFIFO_RUNLIST_ADDR, layout.runlist_word(rl))
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
         self.wait_runlist()
 
@@ -228,8 +221,9 @@ class HostDriver:
         va = ch.pushbuf_va + ch.pb_pos
         ch.pb_pos += nbytes
         entry_addr = ch.ring + ch.put * regs.GPFIFO_ENTRY_SIZE
-        self.vram_wr32(entry_addr, va & 0xFFFFFFFC)
-        self.vram_wr32(entry_addr + 4, (va >> 32) | (len(words) << regs.GPFIFO_LEN_SHIFT))
+        word0, word1 = layout.gpfifo_entry(va, len(words))
+        self.vram_wr32(entry_addr, word0)
+        self.vram_wr32(entry_addr + 4, word1)
         ch.put = (ch.put + 1) % ch.gpfifo_entries
         self.doorbell(ch)
 

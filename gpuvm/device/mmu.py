@@ -17,7 +17,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.counters import Counters
 from gpuvm.device.dma import DmaPort, NoSysram
 from gpuvm.device.vram import Vram
@@ -35,25 +35,6 @@ FAULT_NAMES = {
 
 _PAGE = regs.SMALL_PAGE
 _PAGE_MASK = _PAGE - 1
-_ADDR_FIELD = np.uint64(regs.PTE_ADDR_FIELD_MASK)
-
-# PDE target (2 bits per half, nouveau gf100_vmm_pgd_pde) -> the memory the table lives in
-PDE_TABLE_TARGET = {regs.PDE_TARGET_VRAM: regs.TARGET_VRAM,
-                    regs.PDE_TARGET_SYSRAM: regs.TARGET_SYSRAM,
-                    regs.PDE_TARGET_SYSRAM_NOSNOOP: regs.TARGET_SYSRAM_NOSNOOP}
-
-
-def pde_tables(raw: int) -> tuple[tuple[int, int] | None, tuple[int, int, int] | None]:
-    """(small PT (address, target), large PT (address, target, size field)) of a PDE."""
-    small = large = None
-    st = PDE_TABLE_TARGET.get((raw >> regs.PDE_SMALL_TARGET_SHIFT) & regs.PDE_TARGET_MASK)
-    if st is not None:
-        small = (((raw >> regs.PDE_SMALL_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12, st)
-    lt = PDE_TABLE_TARGET.get((raw >> regs.PDE_LARGE_TARGET_SHIFT) & regs.PDE_TARGET_MASK)
-    if lt is not None:
-        large = (((raw >> regs.PDE_LARGE_ADDR_SHIFT) & regs.PDE_ADDR_FIELD_MASK) << 12, lt,
-                 (raw >> regs.PDE_SIZE_SHIFT) & regs.PDE_SIZE_MASK)
-    return small, large
 
 
 class VmFault(Exception):
@@ -216,7 +197,7 @@ class Mmu:
             raw = self.phys_read_u64(space.pd_target, space.pd + index * regs.PDE_SIZE, WALK)
         except DmaFault:
             raise VmFault(regs.FAULT_PDE_NOT_PRESENT, va, write) from None
-        small, large_raw = pde_tables(raw)
+        small, large_raw = layout.pde_tables(raw)
         large = None
         if large_raw is not None:
             full = 1 << (self.pde_shift - self.large_page_shift)  # 1024 in either mode
@@ -290,14 +271,13 @@ class Mmu:
             if user and (ptes & np.uint64(regs.PTE_SUPERVISOR)).any():
                 bad = int(np.flatnonzero(ptes & np.uint64(regs.PTE_SUPERVISOR))[0])
                 raise VmFault(regs.FAULT_SUPERVISOR_ONLY, max(va, (lo + bad) << 12), write)
-            base = ((ptes >> np.uint64(regs.PTE_ADDR_SHIFT)) & _ADDR_FIELD) << np.uint64(12)
+            base = layout.ptes_addr(ptes)
             if from_large is not None and from_large.any():
                 in_large = (np.arange(lo, hi + 1, dtype=np.uint64) << np.uint64(12)) & \
                     np.uint64((1 << self.large_page_shift) - 1)
                 base = np.where(from_large, base + in_large, base)
             frames[pos:pos + n] = base
-            targets[pos:pos + n] = ((ptes >> np.uint64(regs.PTE_TARGET_SHIFT))
-                                    & np.uint64(regs.PTE_TARGET_MASK)).astype(np.uint8)
+            targets[pos:pos + n] = layout.ptes_target(ptes).astype(np.uint8)
             pos += n
         self.counters.inc("vm.translations", len(frames))
         return Pages(va, length, targets, frames)
@@ -334,8 +314,8 @@ class Mmu:
         if user and raw & regs.PTE_SUPERVISOR:
             raise VmFault(regs.FAULT_SUPERVISOR_ONLY, va, write)
         self.counters.total["vm.translations"] += 1
-        phys = (((raw >> regs.PTE_ADDR_SHIFT) & regs.PTE_ADDR_FIELD_MASK) << 12) + large_offset
-        return (raw >> regs.PTE_TARGET_SHIFT) & regs.PTE_TARGET_MASK, phys + (va & _PAGE_MASK)
+        phys = layout.pte_addr(raw) + large_offset
+        return layout.pte_target(raw), phys + (va & _PAGE_MASK)
 
     # ------------------------------------------------------------------ translated access
     def _runs(self, pages: Pages) -> list[tuple[int, int, int]]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.channel import Channel, ChannelExecutor
 from gpuvm.device.faults import CHAN_ERROR_NAMES, ChannelFault, fault_flags
 from gpuvm.device.mmio_bus import RegisterBlock
@@ -184,8 +184,8 @@ class Pfifo(RegisterBlock):
     def _submit_runlist(self, value: int) -> None:
         count = value & regs.PFIFO_RUNLIST_LEN_MASK
         self.runlist_len = count
-        addr = (self.runlist_addr & regs.PFIFO_RUNLIST_ADDR_MASK) << 12
-        target = (self.runlist_addr >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & 0x3
+        addr = layout.runlist_addr(self.runlist_addr)
+        target = layout.runlist_target(self.runlist_addr)
         self.gpu.counts.inc("pfifo.runlist_submits")
         # The update completes at once in this model: PENDING never reads set, and the
         # runlist event ("update done", what nouveau's gf100_fifo_runlist_commit waits
@@ -199,7 +199,7 @@ class Pfifo(RegisterBlock):
             self.intr |= regs.PFIFO_INTR_SCHED
             self.runlist = []
             return
-        chids = entries.view(np.uint32)[0::2].tolist() if count else []
+        chids = layout.runlist_chids(entries.view(np.uint32)) if count else []
         bad = [c for c in chids if c >= regs.NUM_CHANNELS]
         if bad:
             self.intr |= regs.PFIFO_INTR_SCHED
@@ -265,7 +265,7 @@ class Pfifo(RegisterBlock):
     # ------------------------------------------------------------------ doorbells
     def userd_channel(self, bar1_offset: int) -> tuple[int, int] | None:
         """(chid, register) if a BAR1 offset falls in the USERD poll area."""
-        return regs.userd_poll_slot(self.userd_poll, bar1_offset, regs.NUM_CHANNELS)
+        return layout.userd_poll_slot(self.userd_poll, bar1_offset, regs.NUM_CHANNELS)
 
     def doorbell(self, chid: int) -> None:
         ch = self.channels[chid]
@@ -276,7 +276,7 @@ class Pfifo(RegisterBlock):
 
     # ------------------------------------------------------------------ faults
     def record_fault(self, unit: int, inst: int, va: int, write: bool, reason: int) -> None:
-        self.fault_records[unit] = [inst >> 12, va & 0xFFFFFFFF, va >> 32,
+        self.fault_records[unit] = [layout.fault_inst_word(inst), va & 0xFFFFFFFF, va >> 32,
                                     fault_flags(unit, reason, write)]
         self.fault_mask |= 1 << unit  # PFIFO_INTR_VM_FAULT follows it
         self.gpu.counts.inc("vm.faults")

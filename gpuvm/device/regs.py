@@ -182,25 +182,6 @@ PFIFO_USERD_POLL = 0x002254  # bits 0-27: BAR1-VM address >> 12, bit 28 enable
 PFIFO_USERD_POLL_ADDR_MASK = 0x0FFFFFFF
 PFIFO_USERD_POLL_ENABLE = 1 << 28
 
-
-def userd_poll_base(poll: int) -> int | None:
-    """The BAR1-VM address of the USERD poll area a PFIFO_USERD_POLL value names, or None
-    when polling is off."""
-    if not poll & PFIFO_USERD_POLL_ENABLE:
-        return None
-    return (poll & PFIFO_USERD_POLL_ADDR_MASK) << 12
-
-
-def userd_poll_slot(poll: int, bar1_offset: int, channels: int) -> tuple[int, int] | None:
-    """(channel, USERD register) a BAR1 offset addresses in the poll area of `channels`
-    channels, or None when it is outside (or polling is off)."""
-    base = userd_poll_base(poll)
-    if base is None:
-        return None
-    rel = bar1_offset - base
-    if 0 <= rel < channels * USERD_STRIDE:
-        return rel // USERD_STRIDE, rel % USERD_STRIDE
-    return None
 USERD_STRIDE = 0x1000  # channel c's USERD page = poll base + c * USERD_STRIDE
 
 PFIFO_RUNLIST_ADDR = 0x002270  # address >> 12, target in bits 28-29

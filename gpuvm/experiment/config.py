@@ -304,15 +304,13 @@ def parse(text: str, source: str = "<config>") -> Experiment:
                                check=_names(sorted(POLICIES), "policy"))),
         backend=exp.get("backend", str, "auto", check=lambda b: None if b in BACKENDS
                         else f"must be one of {', '.join(BACKENDS)}"),
-        isolated=(isolated := exp.get("isolated", bool, False)),
+        isolated=exp.get("isolated", bool, False),
         repetitions=exp.get("repetitions", int, 1, check=_positive),
         order=exp.get("order", str, "rounds", check=lambda o: None if o in ORDERS
                       else f"must be one of {', '.join(ORDERS)}"),
         time_scale=exp.get("time_scale", float, 1.0, check=_positive),
         timeout_s=exp.get("timeout_s", float, 600.0, check=_positive),
-        # VMs in processes of their own run on the wall clock (the virtual one cannot
-        # reach them yet)
-        clock=exp.get("clock", str, "wall" if isolated else "virtual",
+        clock=exp.get("clock", str, "virtual",
                       check=lambda c: None if c in CLOCKS
                       else f"must be one of {', '.join(CLOCKS)}"),
         cost_profile=exp.get("cost_profile", str, "xen-2014", check=_cost_profile_problem),

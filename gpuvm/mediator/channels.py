@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from gpuvm.mediator.host_port import HostPort
 from shadow.channel import ChannelRefused, read_guest_ramin, write_shadow_ramin
@@ -100,11 +100,11 @@ class Channels:
         ch.table = value
         ch.killed = None
         self._unbind(ch)
-        if not value & regs.PFIFO_CHAN_VALID:
+        if not layout.chan_valid(value):
             v.shadowing.refresh_remap()
             return
-        inst = (value & regs.PFIFO_CHAN_INST_MASK) << 12
-        target = (value >> regs.PFIFO_CHAN_TARGET_SHIFT) & 0x3
+        inst = layout.chan_inst(value)
+        target = layout.chan_target(value)
         try:
             if target != regs.TARGET_VRAM:
                 raise ChannelRefused("instance block not in VRAM")
@@ -119,7 +119,7 @@ class Channels:
             return
         self._resume_userd(ch)
         self.host.wr(regs.PFIFO_CHAN_TABLE + ch.pchid * regs.PFIFO_CHAN_STRIDE,
-                 regs.PFIFO_CHAN_VALID | (ch.shadow_inst >> 12))
+                 layout.chan_word(ch.shadow_inst))
         self.host.channel_reset(ch.pchid)
         v.shadowing.refresh_remap()
 
@@ -222,8 +222,8 @@ class Channels:
     # ------------------------------------------------------------------ runlist
     def runlist_submit(self, addr_reg: int, length: int) -> None:
         v = self.vgpu
-        addr = (addr_reg & regs.PFIFO_RUNLIST_ADDR_MASK) << 12
-        target = (addr_reg >> regs.PFIFO_RUNLIST_TARGET_SHIFT) & 0x3
+        addr = layout.runlist_addr(addr_reg)
+        target = layout.runlist_target(addr_reg)
         nbytes = length * regs.RUNLIST_ENTRY_SIZE
         if target != regs.TARGET_VRAM or not v.policy.guest_vram_ok(addr, nbytes):
             v.count("trap.refused.runlist", 1)
@@ -231,7 +231,7 @@ class Channels:
         else:
             host = v.policy.host_vram(addr)
             words = self.vram.u32[host >> 2:(host + nbytes) >> 2]
-            vchids = words[0::2].tolist()
+            vchids = layout.runlist_chids(words)
             self.runlist = [c for c in dict.fromkeys(vchids) if c < v.part.channels]
             if len(self.runlist) != len(vchids):
                 v.count("trap.refused.runlist_entries", len(vchids) - len(self.runlist))
@@ -243,7 +243,7 @@ class Channels:
 
     # ------------------------------------------------------------------ USERD / doorbells
     def poll_base(self) -> int | None:
-        return regs.userd_poll_base(self.userd_poll)
+        return layout.userd_poll_base(self.userd_poll)
 
     def poll_offsets(self) -> set[int]:
         base = self.poll_base()
@@ -252,7 +252,7 @@ class Channels:
         return {base + c * regs.USERD_STRIDE for c in range(self.vgpu.part.channels)}
 
     def userd_slot(self, bar1_offset: int) -> tuple[VChannel | None, int] | None:
-        slot = regs.userd_poll_slot(self.userd_poll, bar1_offset, self.vgpu.part.channels)
+        slot = layout.userd_poll_slot(self.userd_poll, bar1_offset, self.vgpu.part.channels)
         if slot is None:
             return None
         return self.by_vchid.get(slot[0]), slot[1]

@@ -15,11 +15,10 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.clock import VirtualLock
 from gpuvm.device.dma import BusMap
 from gpuvm.device.gpu import Gpu
-from gpuvm.device.host_driver import pte
 from gpuvm.mediator import monitor
 from gpuvm.mediator.modes import Mode
 from gpuvm.mediator.partition import (BUS_WINDOW, DEFAULT_HOST_BACKING, PartitionError,
@@ -91,11 +90,13 @@ class Mediator:
         pd = self._zeroed(regs.PD_BYTES)
         pt = self._zeroed(regs.SMALL_PTES_PER_PT * regs.PTE_SIZE)
         v = self.gpu.vram
-        v.write_u32(inst + regs.RAMIN_PD_LO, pd | regs.TARGET_VRAM)
-        v.write_u32(inst + regs.RAMIN_PD_HI, pd >> 32)
-        v.write_u32(inst + regs.RAMIN_LIMIT_LO, size - 1)
-        v.write_u32(inst + regs.RAMIN_LIMIT_HI, 0)
-        v.u64[pd >> 3] = regs.PDE_SMALL_PRESENT | ((pt >> 12) << regs.PDE_SMALL_ADDR_SHIFT)
+        pd_lo, pd_hi = layout.ramin_ptr_words(pd)
+        limit_lo, limit_hi = layout.ramin_limit_words(size - 1)
+        v.write_u32(inst + regs.RAMIN_PD_LO, pd_lo)
+        v.write_u32(inst + regs.RAMIN_PD_HI, pd_hi)
+        v.write_u32(inst + regs.RAMIN_LIMIT_LO, limit_lo)
+        v.write_u32(inst + regs.RAMIN_LIMIT_HI, limit_hi)
+        v.u64[pd >> 3] = layout.pde_small(pt)
         return inst, pd, pt
 
     def _bring_up(self) -> None:
@@ -106,29 +107,27 @@ class Mediator:
         self.wr(regs.PFIFO_INTR_EN, 0xFFFFFFFF)
         inst1, self.bar1_pd, self.bar1_pt = self._bar_vm(prof.bar1_size)
         inst3, self.bar3_pd, self.bar3_pt = self._bar_vm(prof.bar3_size)
-        self.wr(regs.PBUS_BAR1_VM, regs.PBUS_BARVM_ENABLE | (inst1 >> 12))
-        self.wr(regs.PBUS_BAR3_VM, regs.PBUS_BARVM_ENABLE | (inst3 >> 12))
-        self.wr(regs.PFIFO_USERD_POLL, regs.PFIFO_USERD_POLL_ENABLE)  # poll area at BAR1 0
+        self.wr(regs.PBUS_BAR1_VM, layout.barvm_word(inst1))
+        self.wr(regs.PBUS_BAR3_VM, layout.barvm_word(inst3))
+        self.wr(regs.PFIFO_USERD_POLL, layout.userd_poll_word(0))  # poll area at BAR1 0
         self.runlist = self._zeroed(regs.NUM_CHANNELS * regs.RUNLIST_ENTRY_SIZE)
 
     def flush(self, pd: int, bar_vm: bool = False) -> None:
         """A real TLB flush of a hypervisor-owned directory, through the flush registers."""
-        self.wr(regs.PFFB_FLUSH_PD, pd >> regs.PFFB_FLUSH_PD_ADDR_SHIFT)
+        self.wr(regs.PFFB_FLUSH_PD, layout.flush_pd_word(pd))
         self.wr(regs.PFFB_FLUSH_TRIGGER, regs.PFFB_TRIGGER_BAR_VM if bar_vm
                 else regs.PFFB_TRIGGER_GO | regs.PFFB_TRIGGER_ALL_PAGES)
 
     def set_poll_page(self, pchid: int, userd: int | None) -> None:
         """Map physical channel pchid's USERD page in the poll area (None: unmap)."""
-        self.gpu.vram.u64[(self.bar1_pt >> 3) + pchid] = 0 if userd is None else pte(userd)
+        self.gpu.vram.u64[(self.bar1_pt >> 3) + pchid] = 0 if userd is None else layout.pte(userd)
         self.flush(self.bar1_pd, bar_vm=True)
 
     def rebuild_runlist(self) -> None:
         chids = sorted(c for v in self.vgpus for c in v.runlist_pchids())
-        entries = np.zeros(2 * len(chids), dtype=np.uint32)
-        entries[0::2] = chids
-        entries[1::2] = regs.RUNLIST_ENTRY_WORD1
+        entries = layout.runlist_entries(chids)
         self.gpu.vram.u8[self.runlist:self.runlist + entries.nbytes] = entries.view(np.uint8)
-        self.wr(regs.PFIFO_RUNLIST_ADDR, self.runlist >> 12)
+        self.wr(regs.PFIFO_RUNLIST_ADDR, layout.runlist_word(self.runlist))
         self.wr(regs.PFIFO_RUNLIST_SUBMIT, len(chids))
 
     def kick(self, pchid: int) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.vram import Vram
 from gpuvm.mediator.host_port import HostPort
 from shadow.bar_window import NOT_VRAM, BarWindow
@@ -134,10 +134,10 @@ class Shadowing:
             return
         v = self.vgpu
         v.count("tlb.guest_flushes", 1)
-        if flush_pd & regs.PFFB_FLUSH_PD_SYSRAM:
+        if layout.flush_pd_sysram(flush_pd):
             return  # no sysram directories are shadowed: nothing can be using it
         # (tables in sysram are named from VRAM directories: a flush of those syncs them)
-        pd = (flush_pd >> 4) << 12
+        pd = layout.flush_pd_addr(flush_pd)
         all_pds = bool(trigger & regs.PFFB_TRIGGER_ALL_PDS)
         for window, bar in ((self.bar1, regs.BAR1), (self.bar3, regs.BAR3)):
             if window.pv is None and (all_pds or window.guest_pd == pd):
@@ -187,16 +187,16 @@ class Shadowing:
         window = self.bar1 if bar == regs.BAR1 else self.bar3
         inst = None
         pv = None
-        if not reg & regs.PBUS_BARVM_ENABLE:
+        if not layout.barvm_enabled(reg):
             window.bind(None, plain=True)  # MODE clear: a plain window onto its VRAM
             self.sync_window(window, bar)
             return
-        if (reg >> regs.PBUS_BARVM_TARGET_SHIFT) & regs.PBUS_BARVM_TARGET_MASK == regs.TARGET_VRAM:
-            inst = (reg & regs.PBUS_BARVM_INST_MASK) << 12
+        if layout.barvm_target(reg) == regs.TARGET_VRAM:
+            inst = layout.barvm_inst(reg)
             if self.vgpu.policy.guest_vram_ok(inst, regs.RAMIN_SIZE):
                 lo = self.vgpu.guest_u32(inst + regs.RAMIN_PD_LO)
                 hi = self.vgpu.guest_u32(inst + regs.RAMIN_PD_HI)
-                pv = self.pv_spaces.get((lo & regs.RAMIN_ADDR_MASK) | ((hi & 0xFF) << 32))
+                pv = self.pv_spaces.get(layout.ramin_ptr(lo, hi))
         window.bind(inst, pv)
         self.sync_window(window, bar)
 

@@ -28,7 +28,8 @@ exactly at its own virtual time -- BAND's wait ends, a credit period turns over,
 doorbell arrives, in virtual-time order, however late the host ran any of the threads.
 The watchdog then cuts a submission off at `submission_ns` of virtual device time (a
 deterministic verdict), and, as the wall-time last resort, after that many wall seconds
-held while no guest runs (nothing but the GPU itself could be holding device time back).
+in which device time stood still while no guest ran (nothing but the GPU itself could be
+holding device time back).
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class Submissions:
         self._used: dict[object, int] = {}  # device time charged per VM
         self._started_at = 0
         self._started_wall = 0.0
+        self._seen_now = -1  # device time as the watchdog last saw it, and when it moved
+        self._seen_moved_wall = 0.0
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         # taken from the queue, not yet handled: (stamp, kind rank, VM rank, seq, kind,
         # a, b) -- events of one time in one order: completions first, then doorbells by
@@ -311,11 +314,17 @@ class Submissions:
         deadline = self._deadline()
         if deadline is None:
             return None
-        held_wall = time.monotonic() - self._started_wall
+        wall = time.monotonic()
+        held_wall = wall - self._started_wall
         hung_wall = False
         if self._virtual:
             # virtual time: the device deadline is exact; the wall-time last resort needs
             # every guest asleep (a running guest may be what holds device time back)
+            # and device time standing still that long: a host too loaded to run the
+            # engine promptly slows device time down, it does not stop it
+            if now != self._seen_now:
+                self._seen_now, self._seen_moved_wall = now, wall
+            held_wall = wall - max(self._started_wall, self._seen_moved_wall)
             limit = self.limits.submission_ns
             hung_wall = limit is not None and \
                 held_wall >= max(limit / 1e9, self.limits.wall_floor_s) and \
@@ -328,7 +337,7 @@ class Submissions:
         held = now - self._started_at
         total = self._used.get(running.vm, 0) + held
         if hung_wall and (now < deadline or not settled):
-            reason = f"watchdog: submission held the GPU {held_wall:.1f} s of wall time " \
+            reason = f"watchdog: device time stood still {held_wall:.1f} s of wall time " \
                 f"with every guest asleep (limit {self.limits.submission_ns / 1e9:g} s)"
         elif self.limits.vm_ns is not None and total >= self.limits.vm_ns:
             reason = f"watchdog: VM used {total / 1e6:.0f} ms of GPU time (limit " \

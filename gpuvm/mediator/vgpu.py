@@ -27,7 +27,7 @@ import ctypes
 
 import numpy as np
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.clock import FREE, EventPrices, GuestParty, VirtualLock
 from gpuvm.device.dma import DmaMappings
 from gpuvm.device.engines import Engine
@@ -425,8 +425,8 @@ class VGpu:
 
     def _bar_fault(self, bar: int, offset: int, write: bool) -> None:
         unit = regs.FAULT_UNIT_BAR1 if bar == regs.BAR1 else regs.FAULT_UNIT_BAR3
-        inst = (self.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"]
-                & regs.PBUS_BARVM_INST_MASK)
+        inst = layout.fault_inst_word(layout.barvm_inst(
+            self.vregs["bar1_vm" if bar == regs.BAR1 else "bar3_vm"]))
         self._fault_records[unit] = [inst, offset & 0xFFFFFFFF, offset >> 32,
                                      fault_flags(unit, regs.FAULT_PAGE_NOT_PRESENT, write)]
         self._fault_mask |= 1 << unit
@@ -464,7 +464,7 @@ class VGpu:
         inst = engine.current_inst
         for ch in self.channels.by_vchid.values():
             if ch.bound and ch.shadow_inst == inst:
-                return (ch.guest_inst >> 12) | regs.PCOPY_CHAN_VALID
+                return layout.pcopy_chan_word(ch.guest_inst)
         return 0
 
     # ------------------------------------------------------------------ virtual interrupts/faults
@@ -474,7 +474,7 @@ class VGpu:
         for f in faults[self._faults_seen:]:
             ch = self.channels.by_vchid.get(f.chid)
             if f.unit >= 0:
-                inst = (ch.guest_inst >> 12) if ch and ch.guest_inst else 0
+                inst = layout.fault_inst_word(ch.guest_inst) if ch and ch.guest_inst else 0
                 self._fault_records[f.unit] = [
                     inst, f.address & 0xFFFFFFFF, f.address >> 32,
                     fault_flags(f.unit, f.vm_reason, f.write)]

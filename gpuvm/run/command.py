@@ -216,8 +216,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device clock: virtual (the default) -- each event a guest "
                              "causes takes its price in the cost profile, GPU work the "
                              "device profile's time, so every result repeats on any host -- "
-                             "or wall (a live demo, and --isolated's default: results then "
-                             "depend on this host)")
+                             "or wall (a live demo: results then depend on this host)")
     parser.add_argument("--vram-mib", type=_positive_int,
                         help="VRAM of the emulated GPU in MiB (default: the device "
                              "profile's); the vGPU types are sized from it")
@@ -237,7 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 16384)")
     parser.add_argument("--isolated", action="store_true",
                         help="each VM in its own VMM process, its device attached over "
-                             "vfio-user (same counts as in-process)")
+                             "vfio-user (the same virtual times and counts as in-process)")
     parser.add_argument("--policy", default="fifo", choices=tuple(POLICIES),
                         help="the GPU scheduler of mediated modes (default fifo)")
     parser.add_argument("--detail", action="store_true",

@@ -210,6 +210,21 @@ def _leave_clock(r: _Running) -> object | None:
     return r.party.retire()
 
 
+def _removable(ended: list[_Running], running: list[_Running]) -> list[_Running]:
+    """Of the `ended` VMs, those whose devices may be given back now, in the order their
+    vCPUs left the virtual clock.  A vGPU's removal waits for device time to reach its
+    VM's last time, which the timer of a VM that left earlier holds until that VM is
+    removed: one whose guest ended earlier but whose thread is still closing is waited
+    for (the next look), else the later removal waited the 5 s after which the scheduler
+    forces it."""
+    def last(r: _Running) -> int:
+        return r.party.v if r.party is not None else 0
+
+    closing = [last(r) for r in running if r not in ended and r.session.leaving is not None]
+    first = min(closing, default=None)
+    return [r for r in sorted(ended, key=last) if first is None or last(r) <= first]
+
+
 def _detach_at_last_time(machine: Machine, r: _Running, leaving: object | None) -> None:
     """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
     vCPU's last time (held there by `leaving`, from _leave_clock): this thread stamps
@@ -268,7 +283,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 if virtual:
                     party = clock.guest(spec.name, start_ns((spec, params, flags)),
                                         machine.clock_scope(spec))
-                    session.use_clock(clock, party)
+                    session.use_clock(party)
                     use_meter = getattr(machine, "use_meter", None)
                     if use_meter is not None:
                         use_meter(spec, party)
@@ -284,7 +299,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 r.runner.start()
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
-            ended = [r for r in running if not r.runner.alive() or now >= r.deadline]
+            ended = _removable([r for r in running if not r.runner.alive()
+                                or now >= r.deadline], running)
             leaving = {r.spec.name: _leave_clock(r) for r in ended if not r.runner.alive()}
             for r in ended:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))

@@ -13,6 +13,17 @@ not the same while for each: VMs due at one time are all built first, each in it
 process, and their guests then start together (vm_process's "ready" / "go"), so eight
 VMs of a scaling run overlap as eight threads of one process do -- measured on the
 16-core machine, a pv VM's whole run is shorter than the spread of eight process starts.
+
+On a virtual device clock (the default) the clock stays here, with the GPU: each VM's
+vCPU is a party of it in this process, driven by what its connection receives -- every
+region access is one exit, priced by the vGPU as in-process, and the VMM reports the rest
+(the guest's start, the ports it answers itself, its waits on the GPU, its end) as
+GPUVM_CLOCK ops (gpuvm/vfio/user/vcpu_clock.py).  A VM's vCPU joins the clock when its
+start comes in device time, as its process is spawned (in the run's order), holds device
+time there while the process is built, and is charged from the word "go"; its vGPU is
+removed at its vCPU's last time, in that order, as in-process.  One whose VMM dies has
+its vCPU retired there and the others go on.  So an isolated run's rows are the threaded
+run's, as deterministic.
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ from gpuvm.vmm import vm_process
 
 POLL_S = 0.01
 READY_S = 120.0  # a VM process not built by then is killed (reported failed)
+# a VMM whose guest has ended (its vCPU left the clock) has this long to exit -- detach,
+# write its outcome -- before it is killed: on a virtual clock device time waits at its
+# last time until its vGPU is removed, so one that lingers would hold the others back
+EXIT_GRACE_S = 30.0
 
 
 def device_memory(device: Any) -> SharedMemory | None:
@@ -59,6 +74,10 @@ class VmProcess:
     # (a host-memory history, a long console) would block the VM's last write
     output: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    # charges its vCPU for its device's events from now (a virtual clock; called as the
+    # guest is told to go: the VMM's own set-up is no event of the guest's)
+    metered: Callable[[], None] | None = None
+    exiting: bool = False  # its guest ended: its deadline is EXIT_GRACE_S from then
 
     def drain(self) -> None:
         """Read the process's outcome on a thread of its own, as it is written."""
@@ -70,15 +89,34 @@ class VmProcess:
         self.reader.start()
 
 
+def _virtual_clock(machine: Machine) -> Any:
+    """The machine's clock if it is a virtual one, else None."""
+    clock = getattr(machine, "clock", None)
+    return clock if clock is not None and clock.virtual else None
+
+
+def _start_ns(spec: VmSpec) -> int:
+    return round(spec.start_delay * 1e9)
+
+
 def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
              program: Any, backend: str, options: RunOptions,
              loop: ServerLoop | None = None) -> VmProcess:
-    """Create the VM's device, serve it (on `loop`, else on a thread of its own), and
-    start the VMM process that attaches it."""
+    """Create the VM's device, serve it (on `loop`, else on a thread of its own -- always
+    on a virtual clock, where that thread is the VM's vCPU, which joins the clock now, at
+    the VM's start), and start the VMM process that attaches it."""
+    clock = _virtual_clock(machine)
     device = machine.attach(spec)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = DeviceServer(ours, device, device, device_memory(device), spec.name)
-    if loop is not None:
+    metered: Callable[[], None] | None = None
+    if clock is not None:  # held at its start until its guest runs (built: wall time)
+        party = clock.guest(spec.name, _start_ns(spec), machine.clock_scope(spec))
+        server.use_clock(party)
+        use_meter = getattr(machine, "use_meter", None)
+        if use_meter is not None:
+            metered = lambda: use_meter(spec, party)  # noqa: E731
+    if loop is not None and clock is None:
         loop.add(server)
     else:
         server.start()
@@ -89,7 +127,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "shared": str(program.shared) if program.shared else None,
            "backend": backend, "timeout": options.timeout,
            "wait_timeout": min(options.wait_slice, options.timeout),
-           "hold": True}
+           "hold": True, "clock": "wall" if clock is None else "virtual"}
     process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                pass_fds=[theirs.fileno()], text=True)
@@ -97,7 +135,8 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
     assert process.stdin is not None
     process.stdin.write(json.dumps(job) + "\n")
     process.stdin.flush()
-    return VmProcess(spec, process, server, time.monotonic() + READY_S + options.timeout + 30)
+    deadline = time.monotonic() + READY_S + options.timeout + 30
+    return VmProcess(spec, process, server, deadline, metered=metered)
 
 
 def start_together(vms: list[VmProcess], options: RunOptions) -> None:
@@ -125,6 +164,8 @@ def start_together(vms: list[VmProcess], options: RunOptions) -> None:
         assert vm.process.stdin is not None
         try:
             if vm in ready:
+                if vm.metered is not None:
+                    vm.metered()
                 vm.process.stdin.write(vm_process.GO)
             vm.process.stdin.close()
         except OSError:
@@ -154,8 +195,48 @@ def collect_vm(machine: Machine, vm: VmProcess
         record = vm_process.failed_outcome(vm.spec.name, why)
     metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
     served = ServedTime(*vm.server.served_ns())
-    machine.detach(vm.spec)
+    _detach_at_last_time(machine, vm)
     return record, metrics, served
+
+
+def _detach_at_last_time(machine: Machine, vm: VmProcess) -> None:
+    """Give back the VM's device; on a virtual clock at its vCPU's last time, where the
+    timer its vCPU left behind (ServedVcpu.retire) holds device time until then."""
+    vcpu = vm.server.vcpu
+    if vcpu is None:
+        machine.detach(vm.spec)
+        return
+    clock = vcpu.party.clock
+    clock.bind_thread(vcpu.party)  # stamps the removal with its (last) time
+    try:
+        machine.detach(vm.spec)
+    finally:
+        clock.bind_thread(None)
+        if vcpu.leaving is not None:
+            vcpu.leaving.leave()
+        vcpu.party.leave()  # a server that never closed: its vCPU holds nothing back
+
+
+def _last_time(vm: VmProcess) -> int | None:
+    """The virtual time its vCPU left the clock at (None: on none, or not yet left)."""
+    vcpu = vm.server.vcpu
+    return vcpu.party.v if vcpu is not None and vcpu.ended else None
+
+
+def removable(ended: list[VmProcess], running: list[VmProcess]) -> list[VmProcess]:
+    """Of the VMs whose processes `ended`, those whose vGPUs may be removed now, in the
+    order of their vCPUs' last times.  A removal waits (in wall time) for device time to
+    reach that VM's last time, which an earlier one's timer holds back until that VM is
+    removed: so a VM whose process is still exiting after its guest ended earlier is
+    removed first, and the ones after it wait for it (not for the 5 s the scheduler
+    gives a removal before it forces it)."""
+    for vm in ended:
+        vm.server.closed.wait(10)  # exited or killed: the hang-up retires its vCPU
+    exiting = [t for vm in running if vm not in ended
+               if (t := _last_time(vm)) is not None]
+    first = min(exiting, default=None)
+    order = sorted(ended, key=lambda vm: _last_time(vm) or 0)
+    return [vm for vm in order if first is None or (_last_time(vm) or 0) <= first]
 
 
 def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
@@ -168,37 +249,65 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     pending = sorted(boot, key=lambda b: b[0].start_delay)
     running: list[VmProcess] = []
     results: dict[str, VmResult] = {}
-    loop = ServerLoop()  # one thread answers every VM's socket
+    clock = _virtual_clock(machine)
+    # one thread answers every VM's socket -- on a wall clock: on a virtual one each
+    # connection's thread is its VM's vCPU, and waits for its turn at the mediator's lock
+    loop = ServerLoop() if clock is None else None
+    woken = threading.Event()
+    # on a virtual clock a VM arrives when device time reaches its start_delay
+    arrivals = clock.timer("arrivals", woken.set, ordered=True) if clock else None
+    if arrivals is not None and pending:
+        arrivals.set_alarm(_start_ns(pending[0][0]))
+
     t0 = time.monotonic()
     try:
         while pending or running:
             now = time.monotonic()
             due: list[VmProcess] = []
-            while pending and now - t0 >= pending[0][0].start_delay:
+            arrived = arrivals.due_at() if arrivals is not None else None
+            while pending and (arrived is not None and arrived >= _start_ns(pending[0][0])
+                               if arrivals is not None
+                               else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 due.append(spawn_vm(machine, spec, params, flags, programs[spec.program],
                                     backend, options, loop))
                 running.append(due[-1])
             if due:
                 start_together(due, options)
+            if arrivals is not None:  # only now that the arrived vCPUs hold the clock
+                arrivals.set_alarm(_start_ns(pending[0][0]) if pending else None)
             for vm in due:
                 if on_spawn is not None:
                     on_spawn(vm)
-            for vm in [v for v in running if v.process.poll() is not None
-                       or time.monotonic() >= v.deadline]:
+            for vm in running:
+                if not vm.exiting and _last_time(vm) is not None:
+                    vm.exiting = True
+                    vm.deadline = min(vm.deadline, time.monotonic() + EXIT_GRACE_S)
+            ended = [v for v in running if v.process.poll() is not None
+                     or time.monotonic() >= v.deadline]
+            for vm in ended:
                 if vm.process.poll() is None:
                     vm.process.kill()
+            for vm in removable(ended, running):
                 record, metrics, served = collect_vm(machine, vm)
                 outcome, faults = vm_process.recorded_outcome(record)
+                if vm.server.vcpu is not None:  # its priced event stream, for the rows
+                    outcome.session.clock_party = vm.server.vcpu.party
                 results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics, served)
                 running.remove(vm)
-            if pending or running:
+            if (pending or running) and arrivals is not None:
+                woken.wait(POLL_S)  # the arrivals' waker, or a look at the VMs
+                woken.clear()
+            elif pending or running:
                 time.sleep(POLL_S)
         return [results[spec.name] for spec, _, _ in boot]
     finally:
+        if arrivals is not None:
+            arrivals.leave()
         for vm in running:
             vm.process.kill()
             vm.process.wait()
             vm.server.closed.wait(10)
-        loop.close()
+        if loop is not None:
+            loop.close()
         machine.close()

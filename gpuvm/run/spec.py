@@ -117,9 +117,8 @@ class RunOptions:
     time_scale: float = 1.0  # device clock speed relative to wall time (clock "wall")
     # "virtual": device time advances with modelled progress only -- GPU work, and each
     # event a guest causes at its price in `prices` -- so every result is the same on
-    # every host (gpuvm/device/clock.py); "wall": device time is wall time (a live demo)
-    # None: "virtual", except for VMs in processes of their own (`isolated`), which
-    # the virtual clock cannot reach yet: they run on "wall"
+    # every host (gpuvm/device/clock.py); "wall": device time is wall time (a live demo);
+    # None: "virtual"
     clock: str | None = None
     prices: EventPrices = FREE  # the cost profile's, for the run's mode(s)
     vram_size: int | None = None  # None: the device profile's
@@ -140,20 +139,12 @@ class RunOptions:
 
 def device_clock(options: RunOptions) -> DeviceClock | VirtualClock:
     """The clock a run's GPUs share (a wall clock: one per GPU is the same thing)."""
-    if options.clock is None:
-        return DeviceClock(options.time_scale) if options.isolated else VirtualClock()
-    if options.clock not in CLOCKS:
+    if options.clock not in (None, *CLOCKS):
         raise RunError(f"clock: unknown device clock {options.clock!r} (have "
                        f"{', '.join(CLOCKS)})")
-    if options.clock == "virtual":
-        if options.isolated:
-            raise RunError("clock: a virtual device clock needs the VMs in the mediator's "
-                           "process (not --isolated)")
-        try:
-            return VirtualClock()
-        except ValueError as exc:
-            raise RunError(f"clock: {exc}") from None
-    return DeviceClock(options.time_scale)
+    if options.clock == "wall":
+        return DeviceClock(options.time_scale)
+    return VirtualClock()
 
 
 # ------------------------------------------------------------------------------ machines

@@ -82,16 +82,17 @@ class GuestSession:
         self._phase_start: tuple[int, int, dict[str, int]] | None = None
         self._faults_reported = 0
         self._current: str | None = None
-        # the vCPU's party of a virtual device clock (gpuvm/device/clock.py), or None
-        self.clock: Any = None
+        # the vCPU's party of a virtual device clock (gpuvm/device/clock.py; a
+        # RemoteVcpu in a VMM process of its own), or None
         self.clock_party: Any = None
         self.leaving: Any = None  # its timer at its last time, once the guest ended
 
-    def use_clock(self, clock: Any, party: Any) -> None:
-        """Run on a virtual device clock: every exit the backends report through `tick`
-        is guest time, and a wait sleeps in that clock until the GPU signals -- any
-        signal of its GPU wakes the wait to look (another VM's completion too)."""
-        self.clock, self.clock_party = clock, party
+    def use_clock(self, party: Any) -> None:
+        """Run on a virtual device clock as `party`: every exit the backends report
+        through `tick` is guest time, and a wait sleeps in that clock until the GPU
+        signals -- any signal of its GPU wakes the wait to look (another VM's completion
+        too)."""
+        self.clock_party = party
         party.waker = self.attached.look_again
 
     def request_stop(self) -> None:
@@ -105,6 +106,13 @@ class GuestSession:
         party = self.clock_party
         if party is not None:
             party.tick()
+
+    def exit_ticker(self) -> Callable[[], None] | None:
+        """`tick` as the KVM exit loop binds it once per entry: the clock party's own
+        method, or None off a virtual clock (nothing to call) -- a forwarding call on
+        every exit is a measurable share of a trap."""
+        party = self.clock_party
+        return party.tick if party is not None else None
 
     # ---------------------------------------------------------------- accounting
     def add_extra_counters(self, source: Callable[[], dict[str, int]]) -> None:
@@ -145,8 +153,8 @@ class GuestSession:
     def start(self) -> None:
         """Begin accounting; anything before the guest's first phase mark is 'Init'.
         Called on the vCPU's own thread: doorbells it rings carry its virtual time."""
-        if self.clock is not None:
-            self.clock.bind_thread(self.clock_party)
+        if self.clock_party is not None:
+            self.clock_party.bind()
         self._cut_phase(abi.PHASE_NAMES[abi.PHASE_INIT])
 
     def finish(self) -> None:
@@ -168,6 +176,8 @@ class GuestSession:
 
     def port_out(self, port: int, value: int) -> bool:
         """Handle a guest `out`; True when the guest has exited."""
+        if self.clock_party is not None and port != abi.PORT_HYPERCALL:
+            self.clock_party.unseen_exit()  # the hypercall is a device access
         try:
             if port == abi.PORT_CONSOLE:
                 self._count("console")

@@ -9,7 +9,9 @@ turns that document back into the GuestOutcome the run tables read, so a VM run 
 process reports the same things as one run in a thread.
 
 Usage (internal): python -m gpuvm.vmm.vm_process < job.json > outcome.json, where the job
-names the inherited socket fd ("fd") or a socket path ("socket").  A job that says "hold"
+names the inherited socket fd ("fd") or a socket path ("socket").  A job that says
+"clock": "virtual" runs its vCPU on the server's virtual clock (gpuvm/vfio/user/
+vcpu_clock.py): the server must offer the "clock" extension.  A job that says "hold"
 (an isolated run's) is one line; the VM is then built, "ready" is written as a line of
 its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
 different times to start still start their guests when the run says (their start_delay,
@@ -27,6 +29,7 @@ from typing import Any, TextIO
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio.user.client import VfioUserDevice
+from gpuvm.vfio.user.vcpu_clock import RemoteVcpu
 from gpuvm.vmm.backends import make_runner
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
@@ -54,6 +57,11 @@ def run_vm(device: VfioUserDevice, job: dict[str, Any], go: TextIO = sys.stdin
     attached = attach(device, device, ram, name)
     try:
         session = GuestSession(name, ram, attached, wait_timeout=job["wait_timeout"])
+        if job.get("clock") == "virtual":  # the vCPU is on the server's clock
+            if "clock" not in device.extensions:
+                return failed_outcome(name, "a virtual-clock job, and the server offers "
+                                            "no virtual clock")
+            session.use_clock(RemoteVcpu(device.clock_op))
         boot_params_for(ram, job["benchmark"], job["params"], job["flags"], BAR_BASES,
                         attached.bar_sizes)
         runner = make_runner(job["backend"], name, Path(job["flat"] or "."),
@@ -116,6 +124,7 @@ class RecordedSession(GuestSession):
         self.failure = record["failure"]
         self.port_counts = dict(record["port_counts"])
         self.hostmem = RecordedHostMem(record.get("hostmem"))
+        self.clock_party = None  # the server's GuestParty, where it had one (isolated.py)
 
 
 def recorded_outcome(record: dict[str, Any]) -> tuple[GuestOutcome, list[ChannelFault]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.mmio_bus import RegisterBlock
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class Pcopy(RegisterBlock):
 
     def _cur(self) -> int:
         inst = self.engine.current_inst
-        return 0 if inst is None else (inst >> 12) | regs.PCOPY_CHAN_VALID
+        return 0 if inst is None else layout.pcopy_chan_word(inst)
 
     def _set_next(self, value: int) -> None:
         self.next_chan = value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuvm.device import regs
+from gpuvm.device import layout, regs
 from gpuvm.device.mmio_bus import RegisterBlock
 
 if TYPE_CHECKING:
@@ -88,9 +88,8 @@ class Pffb(RegisterBlock):
         if not value & regs.PFFB_TRIGGER_GO:
             return
         # one bit for sysram: the MMU drops the space under either sysram target
-        target = regs.TARGET_SYSRAM if self.flush_pd & regs.PFFB_FLUSH_PD_SYSRAM \
-            else regs.TARGET_VRAM
-        pd = (self.flush_pd >> 4 << 12) & 0xFFFFFFFFFF
+        target = regs.TARGET_SYSRAM if layout.flush_pd_sysram(self.flush_pd) else regs.TARGET_VRAM
+        pd = layout.flush_pd_addr(self.flush_pd)
         if value & regs.PFFB_TRIGGER_ALL_PDS:
             self.gpu.mmu.flush()
         else:

@@ -67,8 +67,8 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
 ====  ===========================  ===================================================
 
 What the spec does not cover, and gpuvm adds: extensions offered in VERSION's JSON as
-`"capabilities": {"gpuvm": ["mapping", "stats"]}` and used only when both sides list
-them -- a client whose server's reply does not name one never sends its commands (nor
+`"capabilities": {"gpuvm": ["mapping", "stats", "clock"]}` and used only when both sides
+list them -- a client whose server's reply does not name one never sends its commands (nor
 expects its answers: no grants, no device counters), a server answers them with ENOSYS
 unless the client asked, and `gpuvm serve --no-extensions` offers none, so the spec
 alone carries a whole run:
@@ -99,4 +99,12 @@ alone carries a whole run:
   "faults": [the ChannelFault fields], "device_time_ns": int} -- what DeviceStats returns
   in-process, so a guest session's per-phase counts are the same over the socket.  A
   fence wait asks for the faults alone on each check, which keeps that cheap.
+- The VM's vCPU on the server's virtual clock (extension "clock", an isolated run's).
+  Every REGION_READ/WRITE is one exit of the vCPU, ticked and priced where it is
+  served; GPUVM_CLOCK (0x8004, client -> server, {u32 op, u32 pad, u64 arg}, reply
+  {u64 v, u64 generation, u64 lock_waits, u64 lock_wait_ns}) carries what only the VMM
+  sees: START, EXIT (a port it answers itself), NOW, SETTLE, WAIT, BLOCK (arg: the
+  signal generation it read), AWAKE, END (protocol.CLOCK_*; handled in vcpu_clock.py,
+  tabled in docs/vfio-user.md).  An op out of order is refused (EINVAL), as is any op
+  on a device that is on no virtual clock.
 """

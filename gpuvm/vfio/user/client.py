@@ -463,6 +463,15 @@ class VfioUserDevice:
     def device_time_ns(self) -> int:
         return int(self._stats(p.STATS_DEVICE_TIME)["device_time_ns"])
 
+    # ---------------------------------------------------------------- virtual clock
+    def clock_op(self, op: int, arg: int = 0) -> p.ClockState:
+        """One GPUVM_CLOCK op of this VM's vCPU on the server's virtual clock (extension
+        "clock"; gpuvm/vfio/user/vcpu_clock.py) and the vCPU's state after it."""
+        if "clock" not in self.extensions:
+            raise VfioError(f"{self.name}: the server offers no virtual clock")
+        reply = self._call(p.GPUVM_CLOCK, bytes(p.ClockRequest(op, 0, arg)))
+        return p.unpack(p.ClockState, reply.payload, "GPUVM_CLOCK reply")
+
     # ---------------------------------------------------------------- BAR remap
     def _region_address(self, region: int) -> int:
         """Where this process sees byte 0 of `region`'s mmap fd (mapped once, whole)."""

@@ -52,6 +52,7 @@ MIG_DATA_WRITE = 18
 GPUVM_MAPPING_LISTEN = 0x8001  # client -> server: {u32 enable}; grants follow as below
 GPUVM_MAPPING_EVENT = 0x8002  # server -> client, no reply: one BAR-remap grant/revoke
 GPUVM_DEVICE_STATS = 0x8003  # client -> server: reply = JSON {counters, faults, time}
+GPUVM_CLOCK = 0x8004  # client -> server: {op, arg}; reply = the vCPU's ClockState
 
 COMMAND_NAMES = {VERSION: "VERSION", DMA_MAP: "DMA_MAP", DMA_UNMAP: "DMA_UNMAP",
                  DEVICE_GET_INFO: "DEVICE_GET_INFO",
@@ -65,7 +66,7 @@ COMMAND_NAMES = {VERSION: "VERSION", DMA_MAP: "DMA_MAP", DMA_UNMAP: "DMA_UNMAP",
                  MIG_DATA_WRITE: "MIG_DATA_WRITE",
                  GPUVM_MAPPING_LISTEN: "GPUVM_MAPPING_LISTEN",
                  GPUVM_MAPPING_EVENT: "GPUVM_MAPPING_EVENT",
-                 GPUVM_DEVICE_STATS: "GPUVM_DEVICE_STATS"}
+                 GPUVM_DEVICE_STATS: "GPUVM_DEVICE_STATS", GPUVM_CLOCK: "GPUVM_CLOCK"}
 
 # ---------------------------------------------------------------- header flags
 TYPE_COMMAND = 0
@@ -82,7 +83,7 @@ MAX_MSG_FDS = 8
 DEFAULT_PEER_MSG_FDS = 1  # what a peer that did not say takes (the spec)
 MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
 EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
-EXTENSIONS = ("mapping", "stats")
+EXTENSIONS = ("mapping", "stats", "clock")
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
@@ -224,6 +225,35 @@ class DeviceStatsRequest(ctypes.LittleEndianStructure):
     all); a guest's fence wait asks for the faults alone on every check."""
     _pack_ = 1
     _fields_ = [("what", _u32)]
+
+
+# GPUVM_CLOCK ops: what the VMM reports of its vCPU on the server's virtual clock (see
+# gpuvm/vfio/user/vcpu_clock.py, where each is handled)
+CLOCK_START = 1  # the guest starts: this connection's thread is its vCPU from now
+CLOCK_EXIT = 2  # an exit the server sees nothing of (a port the VMM answers itself)
+CLOCK_NOW = 3  # the vCPU's state (a phase mark reads its time)
+CLOCK_SETTLE = 4  # close the current exit (the guest ends)
+CLOCK_WAIT = 5  # the guest begins to wait on its GPU
+CLOCK_BLOCK = 6  # ... and sleeps, unless the GPU signalled since generation `arg`
+CLOCK_AWAKE = 7  # the wait is over
+CLOCK_END = 8  # the guest ended: the vCPU leaves the clock
+CLOCK_OPS = {CLOCK_START: "START", CLOCK_EXIT: "EXIT", CLOCK_NOW: "NOW",
+             CLOCK_SETTLE: "SETTLE", CLOCK_WAIT: "WAIT", CLOCK_BLOCK: "BLOCK",
+             CLOCK_AWAKE: "AWAKE", CLOCK_END: "END"}
+
+
+class ClockRequest(ctypes.LittleEndianStructure):
+    """GPUVM_CLOCK request: one CLOCK_* op and its argument (BLOCK's generation)."""
+    _pack_ = 1
+    _fields_ = [("op", _u32), ("pad", _u32), ("arg", _u64)]
+
+
+class ClockState(ctypes.LittleEndianStructure):
+    """GPUVM_CLOCK reply: the vCPU's virtual time (ns), its GPU's signal generation, and
+    its waits for the mediator's lock so far (how many, how long in virtual ns)."""
+    _pack_ = 1
+    _fields_ = [("v", _u64), ("generation", _u64), ("lock_waits", _u64),
+                ("lock_wait_ns", _u64)]
 
 
 HEADER_SIZE = ctypes.sizeof(Header)

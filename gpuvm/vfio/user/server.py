@@ -44,6 +44,7 @@ import numpy as np
 from gpuvm.vfio import abi, caps
 from gpuvm.vfio.device import RegionInfo, VfioError
 from gpuvm.vfio.user import protocol as p
+from gpuvm.vfio.user.vcpu_clock import ServedVcpu
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,11 @@ class DeviceServer:
         self.channel = p.Channel(sock, spin_s=p.SPIN_S)  # serve(): poll, then sleep
         self._dma: dict[int, tuple[int, mmap.mmap]] = {}  # iova -> (size, mapping)
         self._irq_fds: dict[tuple[int, int], int] = {}  # (index, vector) -> eventfd
+        self._irq_lock = threading.Lock()  # _irq_fds against a clock's waker
+        # on a virtual clock: the VM's vCPU (use_clock), and what each access that
+        # reaches the device does first -- the vCPU's tick once the guest started
+        self.vcpu: ServedVcpu | None = None
+        self._exit: Callable[[], None] | None = None
         self._listening = False
         self._notify_id = 0
         self.thread: threading.Thread | None = None
@@ -138,6 +144,27 @@ class DeviceServer:
         and running its channels (a vGPU's; 0 for a device that does not say)."""
         engine = getattr(self.stats, "engine_host_ns", None)
         return self.access_ns, engine() if engine is not None else 0
+
+    def use_clock(self, party: Any) -> None:
+        """The VM's vCPU is `party` (a GuestParty of the server's virtual clock), driven
+        by this connection's accesses and GPUVM_CLOCK ops (gpuvm/vfio/user/vcpu_clock.py).
+        Needs a thread of its own (`start`): a vCPU waits for its turn at the lock."""
+        self.vcpu = ServedVcpu(party)
+        party.waker = self._look_again
+
+    def _look_again(self) -> None:
+        """Wake the VMM's wait to look again (the clock woke its sleeping vCPU: its GPU
+        signalled), as an interrupt would: its MSI eventfd (any thread; must not block)."""
+        with self._irq_lock:
+            fd = self._irq_fds.get((abi.VFIO_PCI_MSI_IRQ_INDEX, 0))
+            if fd is not None:
+                try:
+                    os.eventfd_write(fd, 1)
+                except OSError:
+                    pass
+
+    def _ended(self) -> None:
+        raise _errno(VfioError("an access after the guest ended"), errno.EINVAL)
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "DeviceServer":
@@ -223,6 +250,8 @@ class DeviceServer:
 
     def _teardown(self) -> None:
         try:
+            if self.vcpu is not None:
+                self.vcpu.retire()  # a VMM gone mid-run: only its vCPU leaves
             self._release_device()
         finally:
             try:
@@ -248,9 +277,10 @@ class DeviceServer:
             pass
         for iova in list(self._dma):
             self._unmap_dma(iova, self._dma[iova][0])
-        for fd in self._irq_fds.values():
-            _close(fd)
-        self._irq_fds.clear()
+        with self._irq_lock:
+            for fd in self._irq_fds.values():
+                _close(fd)
+            self._irq_fds.clear()
 
     # ---------------------------------------------------------------- sending
     def _reply(self, request: p.Header, payload: bytes = b"", fds: list[int] = ()) -> None:
@@ -296,6 +326,8 @@ class DeviceServer:
                         offset + count > self._write_limit.get(region, 0):
                     return False
                 self._answered_access = True
+                if self._exit is not None:
+                    self._exit()
                 self.device.write(region, offset, count,
                                   value_layout.unpack_from(chunk, _WHOLE)[0])
                 reply = _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region,
@@ -306,6 +338,8 @@ class DeviceServer:
                         offset + count > self._read_limit.get(region, 0):
                     return False
                 self._answered_access = True
+                if self._exit is not None:
+                    self._exit()
                 value = self.device.read(region, offset, count)
                 reply = layout.pack(msg_id, _READ, _WHOLE + count, _REPLY, 0, offset, region,
                                     count, value & _VALUE_MASK[count])
@@ -566,8 +600,9 @@ class DeviceServer:
             and s.count == 0 or s.flags == trigger_eventfd and not msg.fds
         if disable:
             self.device.set_irqs(s.index, 0, [])
-            for key in [k for k in self._irq_fds if k[0] == s.index]:
-                _close(self._irq_fds.pop(key))
+            with self._irq_lock:
+                for key in [k for k in self._irq_fds if k[0] == s.index]:
+                    _close(self._irq_fds.pop(key))
             return b"", []
         if s.flags != trigger_eventfd:
             raise _errno(VfioError(f"DEVICE_SET_IRQS flags {s.flags:#x}: gpuvm takes "
@@ -578,11 +613,12 @@ class DeviceServer:
         fds = list(msg.fds)
         self.device.set_irqs(s.index, s.start, fds)
         msg.fds.clear()  # the device holds them now
-        for vector, fd in enumerate(fds, s.start):
-            old = self._irq_fds.get((s.index, vector))
-            self._irq_fds[(s.index, vector)] = fd
-            if old is not None:
-                _close(old)
+        with self._irq_lock:
+            for vector, fd in enumerate(fds, s.start):
+                old = self._irq_fds.get((s.index, vector))
+                self._irq_fds[(s.index, vector)] = fd
+                if old is not None:
+                    _close(old)
         return b"", []
 
     def _access(self, msg: p.Message, write: bool) -> tuple[bytes, list[int]]:
@@ -615,6 +651,8 @@ class DeviceServer:
                          errno.EINVAL)
         head = payload[:p.ACCESS.size]  # the reply echoes offset, region and count
         pieces = [(offset, count)] if count in _VALUE else _pieces(offset, count)
+        if self._exit is not None:
+            self._exit()
         if write:
             for at, n in pieces:
                 self.device.write(region, at, n, int.from_bytes(
@@ -679,6 +717,18 @@ class DeviceServer:
             body["server_access_ns"], body["server_engine_ns"] = self.served_ns()
         return json.dumps(body).encode(), []
 
+    def _clock(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """GPUVM_CLOCK: one op of the VM's vCPU (gpuvm/vfio/user/vcpu_clock.py)."""
+        self._extension(msg, "clock")
+        req = p.unpack(p.ClockRequest, msg.payload, "GPUVM_CLOCK")
+        vcpu = self.vcpu
+        if vcpu is None:
+            raise _errno(VfioError("GPUVM_CLOCK: this device is not on a virtual clock"),
+                         errno.EINVAL)
+        state = vcpu.handle(req.op, req.arg)
+        self._exit = self._ended if vcpu.ended else vcpu.exit if vcpu.started else None
+        return bytes(state), []
+
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
         p.VERSION: _version, p.DMA_MAP: _dma_map, p.DMA_UNMAP: _dma_unmap,
         p.DEVICE_GET_INFO: _get_info, p.DEVICE_GET_REGION_INFO: _get_region_info,
@@ -689,7 +739,7 @@ class DeviceServer:
         p.DEVICE_RESET: _reset, p.REGION_WRITE_MULTI: _unsupported,
         p.DEVICE_FEATURE: _unsupported, p.MIG_DATA_READ: _unsupported,
         p.MIG_DATA_WRITE: _unsupported, p.GPUVM_MAPPING_LISTEN: _mapping_listen,
-        p.GPUVM_DEVICE_STATS: _stats}
+        p.GPUVM_DEVICE_STATS: _stats, p.GPUVM_CLOCK: _clock}
 
 
 class _HangUp(VfioError):
