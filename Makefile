@@ -34,7 +34,8 @@ run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
 
 # The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
-# paper's numbers (results/paper/latest/report.md); 7-10 minutes on 2 cores (README).
+# paper's numbers (results/paper/latest/report.md); about 3 minutes on 2 idle cores (it
+# takes about 230 s of CPU; on a loaded host it takes as long as the host lets it).
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                            epilog=EXIT_STATUS)
     parser.add_argument("-v", "--verbose", action="store_true", help="log guest consoles")
     parser.add_argument("--version", action="version", version=f"gpuvm {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # Only the chosen command's module is imported, so `gpuvm bench` does not pay for (or
     # depend on) the experiment runner and vice versa.  This table is the project's one
     # lazy import of its own modules (tests/test_code_shape.py allows it here only).

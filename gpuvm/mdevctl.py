@@ -245,8 +245,10 @@ def format_types(store: MdevStore, parent: str | None = None) -> str:
 
 
 def format_list(store: MdevStore, parent: str | None = None) -> str:
-    """What `mdevctl list --defined` prints: UUID PARENT TYPE START, one line each."""
-    return "\n".join(f"{d.uuid} {d.parent} {d.type_id} manual (mode={d.mode})"
+    """What `mdevctl list --defined` prints (UUID PARENT TYPE), one line each, with the
+    vGPU's mode where mdevctl says the start policy (always manual here): at most 77
+    columns, so a line is whole at 80 and its fields split on spaces."""
+    return "\n".join(f"{d.uuid} {d.parent} {d.type_id} {d.mode}"
                      for d in store.list(parent))
 
 

@@ -73,13 +73,14 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=2))
     else:
         verdict = "PASS" if outcome.passed else f"FAIL ({outcome.describe_failure()})"
-        print(f"{spec.name}: {args.bench} on mdev {definition.uuid} ({definition.mode}, "
-              f"over vfio-user, {backend}): {verdict}")
+        # within 80 columns; the time is this host's wall time, not a result
+        print(f"{spec.name}: {args.bench} ({definition.mode}, over vfio-user, {backend}): "
+              f"{verdict}\n  vGPU {definition.uuid}")
         for phase in outcome.session.phases:
             traps = sum(v for k, v in phase.counters.items() if k.startswith("trap."))
             exits = sum(v for k, v in phase.counters.items() if k.startswith("exits."))
-            print(f"  {phase.name:8} {phase.wall_ns / 1e6:9.2f} ms  traps {traps:7d}  "
-                  f"exits {exits:7d}")
+            print(f"  {phase.name:8} traps {traps:7,}  exits {exits:7,}  "
+                  f"wall {phase.wall_ns / 1e6:9,.2f} ms")
         for fault in faults:
             print(f"  fault: {fault}")
     return 0 if outcome.passed else 1

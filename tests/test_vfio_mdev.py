@@ -74,7 +74,7 @@ def test_create_list_remove_and_available_instances_follow(state, gpuvm_cli):
     _, out, _ = gpuvm_cli("mdev", "list")
     rows = out.splitlines()
     assert [r.split()[0] for r in rows] == uuids + ["c2177883-f1bb-47f0-914d-32a22e3a8804"]
-    assert rows[-1].split()[1:3] == ["0000:01:00.0", "gpuvm-Q6000-4Q"] and "mode=pv" in rows[-1]
+    assert rows[-1].split()[1:] == ["0000:01:00.0", "gpuvm-Q6000-4Q", "pv"]
     assert gpuvm_cli("mdev", "remove", uuids[1])[0] == 0
     _, out, _ = gpuvm_cli("mdev", "types")
     assert available(out)["gpuvm-Q6000-8Q"] == 4
@@ -189,7 +189,7 @@ def test_dma_mappings_confine_sysram_a_channel_outside_them_faults_alone():
 
 # ------------------------------------------------------------------------------ sharing
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fv-opt", "pv"])
+@pytest.mark.parametrize("mode", ["pv"])  # fv-opt: test_run_cli_eight_vms_fv_opt
 def test_eight_default_type_vgpus_fit_and_pass(mode):
     """The paper's largest configuration: eight VMs with the default type on one GPU
     (what `gpuvm run -b madd --vms 8 --mode MODE` runs)."""
@@ -224,7 +224,8 @@ def test_native_and_mediated_vms_cannot_share_a_run():
 
 
 def test_run_cli_eight_vms_fv_opt(tmp_path):
-    """The command line itself: `gpuvm run -b madd --vms 8 --mode fv-opt` passes."""
+    """The command line itself: `gpuvm run -b madd --vms 8 --mode fv-opt` passes -- the
+    paper's largest configuration, eight VMs of the default type on one GPU."""
     proc = subprocess.run([sys.executable, "-m", "gpuvm", "run", "-b", "madd", "--vms", "8",
                            "--mode", "fv-opt", "--backend", "inproc", "--size", "16"],
                           capture_output=True, text=True, timeout=600,

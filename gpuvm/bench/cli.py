@@ -36,7 +36,7 @@ BENCHES: dict[str, tuple[ModuleType, Callable[[argparse.Namespace], int], str]] 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="which", required=True)
+    sub = parser.add_subparsers(dest="which", required=True, metavar="BENCH")  # 80 columns
     for name, (module, _, help_text) in BENCHES.items():
         module.add_arguments(sub.add_parser(name, help=help_text))
 

@@ -186,7 +186,7 @@ def main_gpu(args: argparse.Namespace) -> int:
 
 def print_profile(profile) -> None:
     d = profile.device
-    console = Console(width=140)
+    console = Console()  # the terminal's width; piped, $COLUMNS or 80
     console.print(escape(f"{d.gpu}, driver {d.driver}, CUDA {d.cuda_runtime}, {d.backend}, "
                          f"kernel {d.kernel}; shmem THP [{d.shmem_thp}], anon THP "
                          f"[{d.anon_thp}]; measured {d.date}; {d.reps} reps, median [min–max]"))
@@ -201,7 +201,7 @@ def print_profile(profile) -> None:
         for b in profile.bandwidth:
             t.add_row(b.shmem_thp, human(b.nbytes), b.direction.upper(), b.host,
                       escape(b.gib_s.text()))
-        console.print(t)
+        console.print(_whole(t))
     if profile.pin:
         t = Table(title=f"chunked pin/unpin (cudaHostRegister/Unregister), "
                         f"{human(d.chunk_bytes)} chunks")
@@ -214,7 +214,7 @@ def print_profile(profile) -> None:
                       f"{_kib(p.huge_kib)} → {_kib(p.huge_kib_after)}", human(p.nbytes),
                       escape(p.register_ms.text()), escape(p.unregister_ms.text()),
                       f"{pin_us:.1f}", f"{unpin_us:.1f}")
-        console.print(t)
+        console.print(_whole(t))
     if profile.d2h_into:
         t = Table(title="D2H into a memfd (THP vs MADV_NOHUGEPAGE), GiB/s; huge pages: the "
                         "region's (smaps) and the system's ShmemHugePages (meminfo)")
@@ -227,7 +227,7 @@ def print_profile(profile) -> None:
                       c.mode, f"{_kib(c.huge_kib_before)} → {_kib(c.huge_kib_after)}",
                       f"{_kib(c.shmem_huge_kib_before)} → {_kib(c.shmem_huge_kib_after)}",
                       escape(c.gib_s.text()))
-        console.print(t)
+        console.print(_whole(t))
         console.print(f"huge-page split cost from these rows: {profile.thp_split_us()} µs "
                       "(0: the kernel split nothing)")
     if profile.smart:
@@ -243,11 +243,22 @@ def print_profile(profile) -> None:
             t.add_row(human(size), *(escape(r.ms.text(3)) for r in row),
                       f"{row[1].ms.median / row[0].ms.median:.2f}",
                       f"{row[2].ms.median / row[0].ms.median:.2f}")
-        console.print(t)
+        console.print(_whole(t))
         for policy, against in (("smart", "none"), ("all", "none"), ("all", "smart")):
             size = crossover(profile.smart, policy, against)
             console.print(f"{policy} beats {against} from "
                           f"{human(size) if size else 'no size measured'} up")
+
+
+def _whole(table):
+    """`table` made to fit the console whole: a cell too wide folds onto more lines, never
+    cut with an ellipsis (a piped screen is 80 columns)."""
+    from rich import box
+
+    table.box, table.pad_edge = box.SIMPLE_HEAD, False
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def _kib(kib: int) -> str:
@@ -277,14 +288,14 @@ def main_footprint(args: argparse.Namespace) -> int:
         return 0
     t = Table(title=f"GPU page tables mapping {human(nbytes)} of pinned sysram "
                     f"(PDE covers 128 MiB; small PT 32768 entries, large PT 1024)")
-    for col in ("page", "VMs", "mapping", "PTEs", "PDEs", "(PTEs+PDEs)×8", "tables",
-                "table VRAM", "built = counted"):
-        t.add_column(col, justify="right")
+    for col in ("page", "VMs", "mapping", "PTEs", "PDEs", "entry bytes", "tables",
+                "table VRAM", "built = counted"):  # entry bytes: (PTEs + PDEs) x 8
+        t.add_column(col, justify="right", no_wrap=col in ("VMs", "PTEs", "PDEs", "tables"))
     for r in rows:
         t.add_row(r.page, str(r.spaces), "shared" if r.shared else "own tables",
-                  f"{r.ptes:,}", f"{r.pdes:,}", f"{r.entry_bytes:,} B ({human(r.entry_bytes)})",
+                  f"{r.ptes:,}", f"{r.pdes:,}", human(r.entry_bytes),
                   str(r.pts), human(r.pt_bytes), "yes" if r in built else "not built")
-    Console(width=140).print(t)
+    Console().print(_whole(t))  # the terminal's width; piped, $COLUMNS or 80
     return 0
 
 
@@ -322,5 +333,5 @@ def main_footprint_v2(args: argparse.Namespace, nbytes: int, counts: list[int]) 
                   human(f.entries["pte"] * mmu_v2.SEED_PTE_BYTES),
                   f"yes, {b.pages_translated}/{b.pages_checked} pages translated" if b
                   else "counted only (over --build-limit)")
-    Console(width=160).print(t)
+    Console().print(_whole(t))  # the terminal's width; piped, $COLUMNS or 80
     return 0

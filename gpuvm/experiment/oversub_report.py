@@ -192,17 +192,18 @@ def _figure(scenario: str, points: list[Point], path: Path) -> Path:
                                             (axes[1], MODEL, "modelled"))):
         got = {(p.policy, p.mode): p.makespan_ms for p in points if p.source == source}
         bars(ax, range(len(labels)), [got.get(k) for k in labels], 0.6, color=f"C{i}")
-        ax.set_title(f"{scenario}: {source} makespan ({what})", fontsize=10)
-        ax.set_ylabel("ms (linear)")
+        ax.set_title(f"{scenario}: {source} makespan", fontsize=10)
+        ax.set_ylabel(f"{what} ms, first VM start to last VM end", fontsize=9)
     width = 0.38
     for i, source in enumerate((EMULATOR, MODEL)):
         got = {(p.policy, p.mode): p.pages_moved for p in points if p.source == source}
         bars(axes[2], [j + (i - 0.5) * width for j in range(len(labels))],
              [got.get(k) for k in labels], width, label=source, color=f"C{i}")
     axes[2].set_title(f"{scenario}: pages moved in + out", fontsize=10)
-    axes[2].set_ylabel("pages (linear)")
-    axes[2].legend(fontsize=8)
+    axes[2].set_ylabel("pages, all VMs summed", fontsize=9)
+    axes[2].legend(fontsize=8, loc="upper left")
     for ax in axes:
+        ax.set_ylim(0, 1.15 * ax.get_ylim()[1])  # headroom: the labels stay inside
         ax.set_xticks(range(len(labels)), names)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     fig.tight_layout()

@@ -121,27 +121,33 @@ def mode_lines(rows: list[VmRow]) -> list[ModeLine]:
 
 
 def _mode_figure(scenario: str, lines: list[ModeLine], path: Path) -> Path:
+    """Stacked modelled time by phase per mode: per VM run where the scenario has one VM,
+    else the run's VMs summed (as the report's table sums them), each bar's total (and
+    its ratio to native, where native ran) written inside the frame."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 1, figsize=(6.5, 3.8), squeeze=False)
-    axes = axes[0]
+    import matplotlib.ticker  # matplotlib: heavy, loaded with the first figure (sim.figure)
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
     names = [l.mode for l in lines]
-    for ax, attr, title in ((axes[0], "phase_modelled_ms",
-                             "modelled (virtual) time per VM run, ×native"),):
-        bottom = [0.0] * len(lines)
-        for i, phase in enumerate(PHASES):
-            values = [getattr(l, attr)[phase] for l in lines]
-            bars = ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
-            bottom = [b + v for b, v in zip(bottom, values)]
-        # linear, with each bar's total written on it: a log scale made stacked segments
-        # unreadable; the total per VM run is what the table's columns give
-        native = next((b for l, b in zip(lines, bottom) if l.mode == "native"), 0.0)
-        labels = [f"{b:,.1f}" + (f"\n×{b / native:.1f}" if native and attr ==
-                                 "phase_modelled_ms" else "") for b in bottom]
-        ax.bar_label(bars, labels=labels, fontsize=7)
-        ax.set_ylabel("ms per VM run (linear)")
-        ax.set_title(f"{scenario}: {title}", fontsize=10)
-        ax.tick_params(axis="x", rotation=30)
-    axes[0].legend(fontsize=8)
+    bottom = [0.0] * len(lines)
+    for i, phase in enumerate(PHASES):
+        values = [l.phase_modelled_ms[phase] for l in lines]
+        bars = ax.bar(names, values, bottom=bottom, label=phase, color=f"C{i}")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    # linear, with each bar's total written on it: a log scale made stacked segments
+    # unreadable; the totals are the table's modelled ms
+    native = next((b for l, b in zip(lines, bottom) if l.mode == "native"), 0.0)
+    ax.bar_label(bars, labels=[f"{b:,.1f}" + (f"\n×{b / native:.1f}" if native else "")
+                               for b in bottom], fontsize=7)
+    ax.set_ylim(0, 1.2 * max(bottom, default=0.0) or 1.0)  # headroom: labels stay inside
+    vms = max((l.vms for l in lines), default=1)
+    per = "per VM run" if vms == 1 else f"per run, its {vms} VMs summed"
+    ax.set_ylabel(f"modelled (virtual) ms\n{per}")
+    ax.set_title(f"{scenario}: modelled (virtual) time by phase, {per}"
+                 + (", ×native" if native else ""), fontsize=10)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the bars
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -261,7 +267,8 @@ def isolation_report(exp: Experiment, rows: list[VmRow], out: Path) -> list[str]
         if not table:
             md += [f"## {scenario.name}", "", "No run completed.", ""]
             continue
-        fig = render_panels(panels, out / f"isolation-{scenario.name}.png")
+        fig = render_panels(panels, out / f"isolation-{scenario.name}.png",
+                            "device (virtual) time")
         md += [f"## {scenario.name}", "",
                "GPU utilisation of each VM while every VM was running (device time), "
                "against its share.", "",

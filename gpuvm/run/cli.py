@@ -2,7 +2,7 @@
 
 What each VM runs is said once per VM with `--vm 'bench=mmul,size=64,type=...'`
 (repeatable); `-b/--size/--inject/--type` give every VM the same.  The summary is one
-table (VM x phase) that fits 100 columns; `--detail` adds the per-VM tables, `--json` and
+table (VM x phase) that fits 80 columns; `--detail` adds the per-VM tables, `--json` and
 `--out DIR` give the same rows an experiment writes (gpuvm/experiment/execute.py VmRow).
 """
 
@@ -35,8 +35,7 @@ from gpuvm.run.mediated import gpu_types, machine_profile
 from gpuvm.run.observe import ProgressObserver, StatusWriter
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import RunError, RunOptions, VmSpec
-from gpuvm.run.tables import (TABLE_WIDTH, render, render_comparison, render_summary,
-                              render_vms)
+from gpuvm.run.tables import render, render_comparison, render_summary, render_vms
 from gpuvm.trace import TraceRecorder
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.backends import BACKENDS
@@ -472,13 +471,12 @@ def _write_rows(out: Path, rows: list) -> None:
 def _print_tables(console: object, args: argparse.Namespace,
                   runs: dict[str, list[VmResult]], rows: list) -> None:
     if args.detail:
-        wide = Console(width=None if sys.stdout.isatty() else TABLE_WIDTH)
         for mode, results in runs.items():
             for r in results:
                 for renderable in render(r, r.outcome.backend, mode):
-                    wide.print(renderable)
+                    console.print(renderable)
         if len(runs) > 1:
-            wide.print(render_comparison(runs, ",".join(args.benchmark or ["--vm"])))
+            console.print(render_comparison(runs, ",".join(args.benchmark or ["--vm"])))
     for renderable in render_vms(runs, rows):
         console.print(renderable)
     for renderable in render_summary(rows, COST_PROFILE):

@@ -51,7 +51,6 @@ RESIDENCY_COLUMNS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
     ("Switches", lambda c: c.get("residency_switches", 0)),
     ("Switch µs", lambda c: c.get("residency_switch_ns", 0) // 1000),
 ]
-TABLE_WIDTH = 220  # --detail tables when piped: wide enough that no column is cut
 
 DRIVER_COUNTS = ("pte_writes", "pde_writes", "pt_zero_words", "tlb_flushes", "doorbells",
                  "hypercalls", "hc_entries", "copies", "launches", "waits")
@@ -67,6 +66,24 @@ def _total(phases: list[PhaseRecord]) -> PhaseRecord:
     return total
 
 
+def _by_phase(title: object, rows: list[PhaseRecord],
+              counts: list[tuple[str, Callable[[dict[str, int]], int]]],
+              times: bool = False) -> object:
+    """Phases across, counts down: at most six columns of numbers, so the table fits 80
+    columns however many counts a mode adds (a wide number folds, it is never cut)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    for p in rows:
+        table.add_column(p.name, justify="right", overflow="fold")
+    if times:
+        table.add_row("Wall ms", *(f"{p.wall_ns / 1e6:.2f}" for p in rows))
+        table.add_row("Device ms", *(f"{p.device_ns / 1e6:.2f}" for p in rows),
+                      end_section=True)
+    for name, fn in counts:
+        table.add_row(name, *(f"{fn(p.counters):,}" for p in rows))
+    return table
+
+
 def render(result: VmResult, backend: str, mode: str) -> list[object]:
     """rich renderables describing one VM's run: phases, MMIO by block, driver counts."""
     s = result.session
@@ -78,42 +95,27 @@ def render(result: VmResult, backend: str, mode: str) -> list[object]:
                           f"({mode}, {backend}) ", status)
     if "maxerr" in rec:
         title.append(f"  maxerr={rec['maxerr']} tol={rec.get('tol', '?')}")
-
-    table = Table(title=title, title_justify="left")
-    columns = PHASE_COLUMNS + (MEDIATED_COLUMNS if mode != "native" else [])
-    table.add_column("Phase")
-    table.add_column("Wall ms", justify="right")
-    table.add_column("Device ms", justify="right")
-    for name, _ in columns:
-        table.add_column(name, justify="right", no_wrap=True)
     rows = s.phases + ([_total(s.phases)] if s.phases else [])
-    for i, p in enumerate(rows):
-        table.add_row(p.name, f"{p.wall_ns / 1e6:.2f}", f"{p.device_ns / 1e6:.2f}",
-                      *(f"{fn(p.counters):,}" for _, fn in columns),
-                      end_section=i == len(rows) - 2)
+    out: list[object] = [_by_phase(title, rows, PHASE_COLUMNS + (
+        MEDIATED_COLUMNS if mode != "native" else []), times=True)]
 
     total = rows[-1].counters if rows else {}
-    blocks = Table(title="MMIO reaching the device, by block (all phases)", title_justify="left")
-    blocks.add_column("Block")
-    blocks.add_column("Reads", justify="right")
-    blocks.add_column("Writes", justify="right")
     names = sorted({k.rsplit(".", 1)[0] for k in total
                     if k.startswith("mmio.") and k.endswith((".read", ".write"))})
-    for n in names:
-        blocks.add_row(n.removeprefix("mmio."), f"{total.get(n + '.read', 0):,}",
-                       f"{total.get(n + '.write', 0):,}")
-    driver = "  ".join(f"{k}={rec[k]}" for k in DRIVER_COUNTS if k in rec)
-    out: list[object] = [table, blocks]
+    if names:  # counted where the device sees the VM's own MMIO (native)
+        blocks = Table(title="MMIO reaching the device, by block (all phases)",
+                       title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        blocks.add_column("Block")
+        blocks.add_column("Reads", justify="right")
+        blocks.add_column("Writes", justify="right")
+        for n in names:
+            blocks.add_row(n.removeprefix("mmio."), f"{total.get(n + '.read', 0):,}",
+                           f"{total.get(n + '.write', 0):,}")
+        out.append(blocks)
     if "residency_switches" in total:  # an oversubscribed vGPU
-        moved = Table(title="Residency: pages moved between the VRAM pool and the backing "
-                      "store (copy engine)", title_justify="left")
-        moved.add_column("Phase")
-        for name, _ in RESIDENCY_COLUMNS:
-            moved.add_column(name, justify="right", no_wrap=True)
-        for i, p in enumerate(rows):
-            moved.add_row(p.name, *(f"{fn(p.counters):,}" for _, fn in RESIDENCY_COLUMNS),
-                          end_section=i == len(rows) - 2)
-        out.append(moved)
+        out.append(_by_phase("Residency: pages moved between the VRAM pool and the backing "
+                             "store (copy engine)", rows, RESIDENCY_COLUMNS))
+    driver = "  ".join(f"{k}={rec[k]}" for k in DRIVER_COUNTS if k in rec)
     if driver:
         out.append(Text(f"driver: {driver}"))
     return out
@@ -123,31 +125,43 @@ def totals(result: VmResult) -> PhaseRecord:
     return _total(result.session.phases)
 
 
-def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object:
-    """One row per mode (summed over its VMs): where the time and the traps went."""
-    table = Table(title=f"{benchmark}: modes compared (sums over each mode's VMs)",
-                  title_justify="left")
-    for col in ("Mode", "VMs pass", "Wall ms", "Init+Close %", "Exits", "Traps",
-                "Shadow syncs", "PTEs scanned", "Refused", "Hypercalls", "HC entries",
-                "Remap maps"):
-        table.add_column(col, justify="left" if col == "Mode" else "right", no_wrap=True)
-    for mode, results in runs.items():
-        phases = [p for r in results for p in r.session.phases]
-        total = _total(phases)
-        c = total.counters
-        init_close = sum(p.wall_ns for p in phases if p.name in ("Init", "Close"))
-        table.add_row(
-            mode, f"{sum(r.passed for r in results)}/{len(results)}",
+COMPARED_COUNTS: list[tuple[str, Callable[[dict[str, int]], int]]] = [
+    ("Exits", lambda c: _prefix_sum(c, "exits.")),
+    ("Traps", lambda c: _prefix_sum(c, "trap.bar")),
+    ("Shadow syncs", lambda c: c.get("shadow.syncs", 0)),
+    ("PTEs scanned", lambda c: c.get("shadow.ptes_scanned", 0)),
+    ("Refused", lambda c: c.get("shadow.ptes_refused", 0) + _prefix_sum(c, "trap.refused.")),
+    ("Hypercalls", lambda c: c.get("hcall.calls", 0)),
+    ("HC entries", lambda c: c.get("hcall.entries", 0)),
+    ("Remap maps", lambda c: c.get("remap.maps", 0)),
+]
+
+
+def _compared(results: list[VmResult]) -> list[str]:
+    """One mode's column: its VMs' phases summed."""
+    phases = [p for r in results for p in r.session.phases]
+    total = _total(phases)
+    init_close = sum(p.wall_ns for p in phases if p.name in ("Init", "Close"))
+    return [f"{sum(r.passed for r in results)}/{len(results)}",
             f"{total.wall_ns / 1e6:,.1f}",
             f"{100 * init_close / total.wall_ns:.0f}" if total.wall_ns else "-",
-            f"{_prefix_sum(c, 'exits.'):,}", f"{_prefix_sum(c, 'trap.bar'):,}",
-            f"{c.get('shadow.syncs', 0):,}", f"{c.get('shadow.ptes_scanned', 0):,}",
-            f"{c.get('shadow.ptes_refused', 0) + _prefix_sum(c, 'trap.refused.'):,}",
-            f"{c.get('hcall.calls', 0):,}", f"{c.get('hcall.entries', 0):,}",
-            f"{c.get('remap.maps', 0):,}")
+            *(f"{fn(total.counters):,}" for _, fn in COMPARED_COUNTS)]
+
+
+def render_comparison(runs: dict[str, list[VmResult]], benchmark: str) -> object:
+    """One column per mode (summed over its VMs): where the time and the traps went.
+    Modes across, so all seven fit 80 columns (a header or a wide number folds)."""
+    table = Table(title=f"{benchmark}: modes compared (sums over each mode's VMs)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0))
+    table.add_column("", no_wrap=True)
+    for mode in runs:
+        table.add_column(mode, justify="right", overflow="fold")
+    columns = [_compared(results) for results in runs.values()]
+    names = ["VMs pass", "Wall ms", "Init+Close %", *(n for n, _ in COMPARED_COUNTS)]
+    for i, name in enumerate(names):
+        table.add_row(name, *(c[i] for c in columns), end_section=name == "Init+Close %")
     return table
-
-
 
 
 # ------------------------------------------------------------------------ summary

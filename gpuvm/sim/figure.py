@@ -43,15 +43,16 @@ class UtilisationPanel:
     end_ns: int
 
 
-def render_panels(panels: Sequence[UtilisationPanel], path: str | Path,
+def render_panels(panels: Sequence[UtilisationPanel], path: str | Path, clock: str,
                   step_ns: int = 50 * MS, window_ns: int = 1000 * MS) -> Path:
-    """Write a PNG of sliding-window utilisation per VM, one panel per run."""
+    """Write a PNG of sliding-window utilisation per VM, one panel per run; `clock` names
+    the time its x axis is in (the model's or the emulated device's, both virtual)."""
     if not panels:
         raise ValueError("results: nothing to plot")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     plt = pyplot()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)),
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.6 * len(panels)),
                              sharex=True, squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
         times = np.arange(step_ns, panel.end_ns + 1, step_ns, dtype=np.int64)
@@ -67,9 +68,10 @@ def render_panels(panels: Sequence[UtilisationPanel], path: str | Path,
         ax.set_ylim(0, 105)
         ax.set_ylabel("GPU util %")
         ax.set_title(panel.title, fontsize=10)
-        ax.legend(loc="upper right", fontsize=8)
-    axes[-1, 0].set_xlabel(f"time (s); utilisation over a sliding {window_ns / 1e9:g} s window; "
-                           "shaded: all VMs active; dashed: share")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # off the lines
+    axes[-1, 0].set_xlabel(f"{clock} (s); each VM's utilisation over a sliding "
+                           f"{window_ns / 1e9:g} s window; shaded: all VMs active; "
+                           "dashed: share")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -87,4 +89,4 @@ def render_utilisation(results: Sequence[SimResult], path: str | Path,
             f"(max error {result.max_error_pp():.1f} pp)",
             {name: result.metrics[name] for name in order}, result.scenario.nominal_shares(),
             result.scenario.measure_window, result.end_ns))
-    return render_panels(panels, path, step_ns, window_ns)
+    return render_panels(panels, path, "modelled (virtual) time", step_ns, window_ns)
