@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuvm import cli
-from gpuvm.bench.command import BENCHES
+from gpuvm.bench.cli import BENCHES
 from gpuvm.run.observe import RunStatus, VgpuStatus
 
 REPO = Path(__file__).resolve().parents[1]

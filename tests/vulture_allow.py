@@ -7,6 +7,9 @@ A name that is simply unused is deleted, not listed here."""
 
 # rich renders a Table's caption under it
 _.caption
+# rich reads a Table's pad_edge and a Column's overflow when it renders (calibrate/cli.py _whole)
+_.pad_edge
+_.overflow
 # xml.parsers.expat calls a parser's handlers (gpuvm/libvirt/domain_xml.py)
 _.StartElementHandler
 _.EndElementHandler

@@ -13,6 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -253,8 +254,6 @@ def print_profile(profile) -> None:
 def _whole(table):
     """`table` made to fit the console whole: a cell too wide folds onto more lines, never
     cut with an ellipsis (a piped screen is 80 columns)."""
-    from rich import box
-
     table.box, table.pad_edge = box.SIMPLE_HEAD, False
     for column in table.columns:
         column.overflow = "fold"
