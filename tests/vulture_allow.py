@@ -41,6 +41,3 @@ _._ok
 _.heap_start
 _.avl
 _.unusable
-# unused, in gpuvm/mediator/vgpu.py, which the vGPU ownership refactor (issue 76 item 1)
-# is rewriting: deleted there, then here
-_.pmc_intr

@@ -80,7 +80,7 @@ class _Port:
 
 
 @dataclass
-class Tenant:
+class FuzzVm:
     """One VM: its vGPU, its RAM, and the driver state of a working channel."""
 
     vgpu: VGpu
@@ -95,7 +95,7 @@ class Tenant:
         return self.vgpu.mode.pv
 
 
-def _tenant(med: Mediator, name: str, mode: str, violations: list[str]) -> Tenant:
+def _tenant(med: Mediator, name: str, mode: str, violations: list[str]) -> FuzzVm:
     vgpu = med.add_vm(name, MODES[mode], SPEC)
     part = vgpu.part
     if med.gpu.vram.u8[part.vram_base:part.vram_base + part.vram_size].any():
@@ -117,7 +117,7 @@ def _tenant(med: Mediator, name: str, mode: str, violations: list[str]) -> Tenan
     drv.submit_runlist([0])
     hot = [space.pd, *space.pts.values(), ch.inst, ch.userd, ch.ring, drv.bar1_inst,
            drv.bar1_space.pd, *drv.bar1_space.pts.values(), data]
-    return Tenant(vgpu, ram, drv, hot, ch)
+    return FuzzVm(vgpu, ram, drv, hot, ch)
 
 
 class World:
@@ -150,14 +150,14 @@ class World:
         self.gpu.release_memory()
 
     # ------------------------------------------------------------------ values
-    def _address(self, t: Tenant, pick: int) -> int:
+    def _address(self, t: FuzzVm, pick: int) -> int:
         """A guest VRAM address: mostly on a hot page, sometimes anywhere (or beyond)."""
         if pick % 8 == 7:
             return (pick >> 3) % (2 * SPEC.vram_size) & ~3
         page = t.hot[(pick >> 3) % len(t.hot)]
         return page + ((pick >> 8) % regs.SMALL_PAGE & ~3)
 
-    def _value(self, t: Tenant, pick: int) -> int:
+    def _value(self, t: FuzzVm, pick: int) -> int:
         """A word a hostile guest would write: an entry naming its own pages, another
         VM's, hypervisor VRAM, sysram in or out of its RAM, or noise."""
         kind = pick % 6
@@ -238,7 +238,7 @@ class World:
             raise ValueError(f"unknown operation {kind!r}")
         self._check()
 
-    def _revive(self, t: Tenant, resubmit: bool) -> None:
+    def _revive(self, t: FuzzVm, resubmit: bool) -> None:
         """The driver rebinds its channel (afresh, at GP_GET 0), and may resubmit its
         runlist."""
         ch, drv = t.channel, t.drv
@@ -249,7 +249,7 @@ class World:
         if resubmit:
             drv.submit_runlist([0])
 
-    def _repoint(self, t: Tenant, op: Op) -> None:
+    def _repoint(self, t: FuzzVm, op: Op) -> None:
         """The channel's RAMIN names another directory (its own, the BAR1 one, a PV key,
         any page), how a driver would move it (op.c % 4): plainly (0); restarted on its
         own directory, while it waits in a semaphore acquire it has fetched, with a spare
@@ -283,7 +283,7 @@ class World:
             drv.push(ch, HostDriver.release(VA_SYS, op.b & 0xFFFFFFFF))
             self._fetched(t)
 
-    def _fetched(self, t: Tenant, wait_s: float = 0.04) -> None:
+    def _fetched(self, t: FuzzVm, wait_s: float = 0.04) -> None:
         """Wait (a little) until the device has fetched all the channel was given, as the
         guest sees it in its USERD GP_GET, or has stopped the channel with an error."""
         ch = t.channel
@@ -339,7 +339,7 @@ class World:
         self.tenants[i] = _tenant(self.med, f"vm{i}.{self.generation}", self.MODES[i],
                                   self.violations)
 
-    def _submit(self, t: Tenant, op: Op) -> None:
+    def _submit(self, t: FuzzVm, op: Op) -> None:
         ch = t.channel
         which = (0, 0, 0, 1, 2, 3)[op.a % 6]
         src = VA_DATA + (op.b % 0x10000) if op.b & 1 else VA_SYS + (op.b % 0x10000)
@@ -360,7 +360,7 @@ class World:
             words = [(op.b * 0x9E3779B1 + i * op.c) & 0xFFFFFFFF for i in range(1 + op.a % 8)]
         t.drv.push(ch, words)  # the ring wraps; the pushbuffer too
 
-    def _hcall(self, t: Tenant, hc_op: int, key: int) -> None:
+    def _hcall(self, t: FuzzVm, hc_op: int, key: int) -> None:
         """One hypercall without entries."""
         hc = abi.HcallHeader.from_buffer(t.ram.array[HCALL_GPA:HCALL_GPA +
                                                       abi.HCALL_HEADER_BYTES])
@@ -368,7 +368,7 @@ class World:
         del hc
         t.vgpu.write(regs.BAR4, regs.BAR4_HYPERCALL, 4, HCALL_GPA)
 
-    def _hypercall(self, t: Tenant, op: Op) -> None:
+    def _hypercall(self, t: FuzzVm, op: Op) -> None:
         ops = (abi.HC_SET_PGD, abi.HC_MAP_BATCH, abi.HC_UNMAP_BATCH, abi.HC_VM_FLUSH,
                abi.HC_FREE_PGD, 99)
         hc_op = ops[op.a % len(ops)]
@@ -395,7 +395,7 @@ class World:
             del t.keys[:-3]  # the latest few
 
     @staticmethod
-    def _hstatus(t: Tenant) -> int:
+    def _hstatus(t: FuzzVm) -> int:
         """The status the last hypercall answered in the record (_UNANSWERED: none)."""
         hc = abi.HcallHeader.from_buffer(t.ram.array[HCALL_GPA:HCALL_GPA +
                                                       abi.HCALL_HEADER_BYTES])

@@ -45,6 +45,9 @@ class ChannelContext:
 
 @dataclass
 class Channel:
+    """One hardware channel as PFIFO keeps it: its table and state words, GP_GET/GP_PUT,
+    the context loaded from its instance block and the methods decoded but not yet run.
+    Owned by PFIFO; the executor runs what it holds."""
     chid: int
     table: int = 0  # PFIFO_CHAN_TABLE word
     state: int = 0  # PFIFO_CHAN_STATE word

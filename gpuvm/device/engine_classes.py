@@ -27,6 +27,8 @@ Launch = tuple[int, Completion | None]
 
 @dataclass
 class BoundObject:
+    """An object a channel bound to a subchannel (a class on an engine) and the method
+    state the class accumulated, e.g. a copy's addresses before its launch."""
     cls: int
     engine_id: int
     state: dict[int, int] = field(default_factory=dict)
@@ -44,6 +46,9 @@ def _release(mem: ChannelMemory, va: int, seq: int, long_form: bool, now: int) -
 
 
 class EngineClass:
+    """One object class (M2MF, compute, copy) as the engines run it: the methods it knows
+    and what a launch does.  A method the class lacks is the engine's ILLEGAL_MTHD, as on
+    the card."""
     cls = 0
     engines: tuple[int, ...] = ()
     methods: frozenset[int] = frozenset()

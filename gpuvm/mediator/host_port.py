@@ -30,6 +30,8 @@ def work_counters(counters: dict[str, int]) -> dict[str, int]:
 
 
 class RunlistSource(Protocol):
+    """A VM's channel table as the physical runlist's rebuild reads it: the port needs
+    only this, not the vGPU."""
     def runlist_pchids(self) -> list[int]:
         """The physical channels one VM has on its runlist and bound, now."""
         ...

@@ -51,6 +51,9 @@ class MdevTypeError(ValueError):
 
 @dataclass(frozen=True)
 class MdevType:
+    """One vGPU type a parent GPU offers, as mdev's sysfs and `gpuvm mdev types` show it:
+    the partition each instance gets and how many fit.  Types are fixed slices so that
+    placing a VM never needs a search."""
     type_id: str  # e.g. gpuvm-Q6000-8Q
     name: str  # e.g. Q6000-8Q
     max_instances: int

@@ -9,6 +9,9 @@ PV_BATCH = 512  # entries per multicall hypercall in `pv` (GPUvm used 128, later
 
 @dataclass(frozen=True)
 class Mode:
+    """One virtualization mode as switches (mediated, remap, lazy, incremental, pv and
+    its batch): the paper's configurations, so that every path asks a switch, never a
+    mode's name."""
     name: str
     mediated: bool  # False: the guest drives the device directly (one VM)
     remap: bool = False  # non-sensitive BAR1/BAR3 pages mapped straight into the guest

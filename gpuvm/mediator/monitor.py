@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Escape:
+    """One access the reference monitor judged outside its actor's partition: who, what
+    kind (engine DMA, BAR, shadow entry), which memory and why -- the unit an isolation
+    report and the fuzzer count, so a failure names the exact bytes."""
     actor: Hashable
     kind: str
     target: int

@@ -40,6 +40,8 @@ class PartitionError(ValueError):
 
 @dataclass(frozen=True)
 class PartitionSpec:
+    """What one vGPU is given: VRAM, channels, BAR1/BAR3 window sizes and its shadow
+    reserve (mdev types name these).  Checked once, before anything is carved."""
     vram_size: int = 512 * regs.MiB
     channels: int = 8
     bar1_size: int = 16 * regs.MiB
@@ -61,6 +63,9 @@ class PartitionSpec:
 
 @dataclass
 class Partition:
+    """A vGPU's carved slice of the GPU: where its VRAM, channels and BAR windows start,
+    its shadow pool and system-memory window -- the bounds the mediator translates the
+    guest's addresses into and the reference monitor checks against."""
     slot: int
     spec: PartitionSpec
     vram_base: int
@@ -83,6 +88,9 @@ class Partition:
 
 
 class PartitionTable:
+    """The GPU's resources and who holds which: VRAM, channel ids, BAR1/BAR3 windows and
+    host backing for oversubscribed vGPUs.  A request the GPU cannot meet is refused
+    here, by name, before any VM's state is touched."""
     def __init__(self, vram_size: int, hyp_global: int, bar1_size: int, bar3_size: int,
                  host_backing: int = DEFAULT_HOST_BACKING) -> None:
         self.vram = VramPool(0, vram_size - hyp_global, "VRAM")

@@ -77,6 +77,8 @@ class WatchdogLimits:
 
 @dataclass(frozen=True)
 class Doorbell:
+    """A GP_PUT the mediator intercepted and holds for the scheduler: which physical
+    channel, the put value to write, and where to record the engine time it takes."""
     pchid: int
     put: int
     # the ringing vCPU's event-stream entry, given the engine time this submission takes
@@ -113,6 +115,10 @@ class ResidencyPort(Protocol):
 
 
 class Submissions:
+    """The one submission path to the physical GPU: intercepted doorbells queue here per
+    VM, the policy picks whose goes next, the real GP_PUT is written, completions and
+    the watchdog free the GPU (the module docstring says how, on either clock).  Its own
+    thread, because completions arrive from the device's engine thread."""
     def __init__(self, gpu: GpuPort, policy: Policy,
                  kill: Callable[[int, str], None] | None = None,
                  limits: WatchdogLimits | None = None,

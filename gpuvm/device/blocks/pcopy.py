@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 
 
 class Pcopy(RegisterBlock):
+    """A copy engine's register block: the channel it runs now and the next-channel
+    mailbox the driver and the engine share (each VM gets a virtual one in the
+    mediator)."""
     size = 0x1000
 
     def __init__(self, index: int, engine: "Engine") -> None:
