@@ -54,6 +54,7 @@ REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO, p.DEVICE_GET_REGION_IO_F
 _ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
 _VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
 _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
+_STORE = p.POSTED_STORE
 
 
 class VfioUserDevice:
@@ -348,6 +349,22 @@ class VfioUserDevice:
                             value & _VALUE_MASK[size]),
                 _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region, size),
                 _WHOLE, msg_id, _WRITE)
+
+    def write_posted(self, stores: list[tuple[int, int, int, int]]) -> None:
+        """Posted stores -- (region, offset, size, value) each, in the guest's order --
+        handed to the device as that many trapped writes: one GPUVM_POSTED_WRITES
+        message per MAX_POSTED_STORES where the server offers extension "posted" (each
+        store ticked, counted and priced there as a REGION_WRITE is), else one write
+        each.  A refused store raises VfioError; those before it took effect."""
+        if "posted" not in self.extensions:
+            for region, offset, size, value in stores:
+                self.write(region, offset, size, value)
+            return
+        pack, step = _STORE.pack, p.MAX_POSTED_STORES
+        for at in range(0, len(stores), step):
+            self._call(p.GPUVM_POSTED_WRITES, b"".join(
+                [pack(offset, region, size, value)
+                 for region, offset, size, value in stores[at:at + step]]))
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         """Grants come only from a server with the mapping extension; without it the

@@ -58,6 +58,7 @@ SERVER_CAPABILITIES = {"max_msg_fds": p.MAX_MSG_FDS,
 _ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
 _VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
 _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
+_STORE = p.POSTED_STORE
 
 
 @dataclass(frozen=True)
@@ -729,6 +730,40 @@ class DeviceServer:
         self._exit = self._ended if vcpu.ended else vcpu.exit if vcpu.started else None
         return bytes(state), []
 
+    def _posted_writes(self, msg: p.Message) -> tuple[bytes, list[int]]:
+        """GPUVM_POSTED_WRITES (extension "posted"): stores the guest posted -- queued in
+        its VMM's coalesced-MMIO ring -- each handed to the device in order exactly as a
+        trapped REGION_WRITE of its size is (the vCPU's exit first, on a virtual clock),
+        so each is still one trapped access of the modelled system; only the messages are
+        fewer.  Every store is checked before any is done: a malformed batch (payload not
+        whole records, none or more than MAX_POSTED_STORES, a count that is no register's
+        size, a value wider than its count, a store outside a writable region) is refused
+        whole with EINVAL.  A store the device refuses ends the batch there (the ones
+        before it took effect, as trapped stores before a refused one would have)."""
+        self._extension(msg, "posted")
+        payload = msg.payload
+        n, rest = divmod(len(payload), _STORE.size)
+        if rest or not 0 < n <= p.MAX_POSTED_STORES:
+            raise _errno(VfioError(f"GPUVM_POSTED_WRITES: {len(payload)} payload bytes are "
+                                   f"not 1..{p.MAX_POSTED_STORES} stores of {_STORE.size} "
+                                   f"bytes"), errno.EINVAL)
+        stores = list(_STORE.iter_unpack(payload))
+        limits, masks = self._write_limit, _VALUE_MASK
+        for i, (offset, region, count, value) in enumerate(stores):
+            mask = masks.get(count)
+            if mask is None or value > mask or offset + count > limits.get(region, 0):
+                raise _errno(VfioError(f"GPUVM_POSTED_WRITES store {i}: {count} bytes "
+                                       f"({value:#x}) at {offset:#x} of region {region} is "
+                                       f"not a register store inside a writable region"),
+                             errno.EINVAL)
+        self._answered_access = True
+        exit_, write = self._exit, self.device.write
+        for offset, region, count, value in stores:
+            if exit_ is not None:
+                exit_()
+            write(region, offset, count, value)
+        return b"", []
+
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
         p.VERSION: _version, p.DMA_MAP: _dma_map, p.DMA_UNMAP: _dma_unmap,
         p.DEVICE_GET_INFO: _get_info, p.DEVICE_GET_REGION_INFO: _get_region_info,
@@ -739,7 +774,8 @@ class DeviceServer:
         p.DEVICE_RESET: _reset, p.REGION_WRITE_MULTI: _unsupported,
         p.DEVICE_FEATURE: _unsupported, p.MIG_DATA_READ: _unsupported,
         p.MIG_DATA_WRITE: _unsupported, p.GPUVM_MAPPING_LISTEN: _mapping_listen,
-        p.GPUVM_DEVICE_STATS: _stats, p.GPUVM_CLOCK: _clock}
+        p.GPUVM_DEVICE_STATS: _stats, p.GPUVM_CLOCK: _clock,
+        p.GPUVM_POSTED_WRITES: _posted_writes}
 
 
 class _HangUp(VfioError):
