@@ -20,6 +20,7 @@ from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
 from gpuvm.run.isolated import device_memory
+from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop
 
 HEADER = "<HHIII"  # msg id, command, size, flags, error
@@ -263,3 +264,91 @@ def test_command_before_version_is_refused(served):
     send(sock, 1, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
     assert recv(sock)[0] == (1, CMD_GET_INFO, 16, REPLY | ERROR, EINVAL)
     assert server.closed.wait(5)
+
+
+CMD_POSTED = 0x8005  # GPUVM_POSTED_WRITES
+STORE = "<QIIQ"  # offset, region, count, value
+
+
+def _posted(*stores):
+    return b"".join(struct.pack(STORE, *s) for s in stores)
+
+
+def _device_counts(vgpu):
+    return {k: v for k, v in vgpu.counters().items() if v}
+
+
+def test_posted_writes_are_trapped_writes_in_order_one_message(served):
+    """GPUVM_POSTED_WRITES hands each store to the device as the REGION_WRITE of its
+    size would, in order: the same counts as those writes, one reply."""
+    sock, vgpu, server, _ = served
+    version(sock, {"gpuvm": ["posted"]})
+    stores = [(regs.PMC_INTR_EN, 0, 4, 1), (regs.PCI_COMMAND, 7, 2, 6),
+              (regs.PMC_INTR_EN, 0, 4, 0), (regs.PMC_INTR_EN, 0, 4, 1)]
+    before = vgpu.counters()
+    send(sock, 5, CMD_POSTED, _posted(*stores))
+    assert recv(sock) == ((5, CMD_POSTED, 16, REPLY, 0), b"", [])
+    posted = vgpu.counters()
+    for i, (offset, region, count, value) in enumerate(stores):
+        send(sock, 10 + i, CMD_WRITE, struct.pack("<QII", offset, region, count) +
+             value.to_bytes(count, "little"))
+        assert recv(sock)[0][3:] == (REPLY, 0)
+    trapped = vgpu.counters()
+    by_batch = {k: v - before.get(k, 0) for k, v in posted.items() if v != before.get(k, 0)}
+    by_writes = {k: v - posted.get(k, 0) for k, v in trapped.items()
+                 if v != posted.get(k, 0)}
+    assert by_batch == by_writes and sum(by_batch.values()) == 3  # BAR0's (config: no trap)
+    send(sock, 20, CMD_WRITE, struct.pack("<QII", regs.PMC_INTR_EN, 0, 4) + bytes(4))
+    recv(sock)
+    send(sock, 21, CMD_POSTED, _posted(*stores))
+    assert recv(sock)[0][3:] == (REPLY, 0)
+    assert vgpu.read(0, regs.PMC_INTR_EN, 4) == 1  # the last store won: in order
+    assert not server.closed.is_set()
+
+
+@pytest.mark.parametrize("payload", [
+    b"",  # no store
+    _posted((regs.PMC_INTR_EN, 0, 4, 1))[:-1],  # cut short
+    _posted(*[(regs.PMC_INTR_EN, 0, 4, 1)] * 4097),  # more than MAX_POSTED_STORES
+    _posted((regs.PMC_INTR_EN, 0, 4, 1), (regs.PMC_INTR_EN, 0, 3, 1)),  # no register size
+    _posted((regs.PMC_INTR_EN, 0, 4, 1), (regs.PMC_INTR_EN, 0, 2, 1 << 16)),  # too wide
+    _posted((regs.PMC_INTR_EN, 0, 4, 1), (regs.BAR0_SIZE - 2, 0, 4, 1)),  # past BAR0
+    _posted((regs.PMC_INTR_EN, 0, 4, 1), (0, 0xDEADBEEF, 4, 1)),  # no such region
+    _posted((regs.PMC_INTR_EN, 0, 4, 1), ((1 << 64) - 4, 7, 4, 1)),  # offset wraps
+], ids=["empty", "cut", "too-many", "size-3", "too-wide", "past-bar0", "no-region", "wraps"])
+def test_a_malformed_batch_is_refused_whole_and_the_connection_goes_on(served, payload):
+    """A hostile client's batch gets EINVAL and does nothing -- not even its good first
+    store -- and only that command is refused: the connection goes on."""
+    sock, vgpu, server, gone = served
+    version(sock, {"gpuvm": ["posted"]})
+    before = vgpu.counters()
+    send(sock, 5, CMD_POSTED, payload)
+    assert recv(sock) == ((5, CMD_POSTED, 16, REPLY | ERROR, EINVAL), b"", [])
+    assert vgpu.counters() == before and vgpu.read(0, regs.PMC_INTR_EN, 4) == 0
+    send(sock, 6, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
+    assert recv(sock)[0] == (6, CMD_GET_INFO, 32, REPLY, 0)
+    assert not server.closed.is_set() and not gone
+
+
+def test_posted_writes_need_the_extension(served):
+    sock, vgpu, server, _ = served
+    version(sock, {"gpuvm": ["stats"]})
+    send(sock, 5, CMD_POSTED, _posted((regs.PMC_INTR_EN, 0, 4, 1)))
+    assert recv(sock) == ((5, CMD_POSTED, 16, REPLY | ERROR, ENOSYS), b"", [])
+    assert vgpu.read(0, regs.PMC_INTR_EN, 4) == 0 and not server.closed.is_set()
+
+
+@pytest.mark.parametrize("extensions", [("posted",), ()], ids=["posted", "standard"])
+def test_the_client_posts_a_drain_in_one_message_or_writes_each(served, extensions):
+    """What a coalesced ring's drain costs a VMM: one message per MAX_POSTED_STORES with
+    the extension, one REGION_WRITE each without (a standard server); the device sees
+    the same stores, counted the same, either way."""
+    sock, vgpu, _, _ = served
+    device = VfioUserDevice(sock, "vm0", extensions)
+    stores = [(0, regs.PMC_INTR_EN, 4, i & 1) for i in range(4097)]
+    before, sent = vgpu.counters(), device._msg_id
+    device.write_posted(stores)
+    assert device._msg_id - sent == (2 if extensions else 4097)
+    assert vgpu.counters()["trap.bar0.virtual.write"] - \
+        before.get("trap.bar0.virtual.write", 0) == 4097
+    assert vgpu.read(0, regs.PMC_INTR_EN, 4) == 0  # the last store, in order

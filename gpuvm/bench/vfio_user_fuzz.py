@@ -121,7 +121,8 @@ class HostileClient:
         caps: dict = {"max_msg_fds": rng.choice([1, 8, 253, -1]),
                       "max_data_xfer_size": rng.choice([4096, 1 << 20])}
         if rng.random() < 0.5:
-            caps["gpuvm"] = rng.choice([["mapping", "stats"], ["stats"], ["bogus"], "x"])
+            caps["gpuvm"] = rng.choice([["mapping", "stats"], ["stats"], ["posted"],
+                                        ["bogus"], "x"])
         body = json.dumps({"capabilities": caps}).encode() + b"\0"
         reply = self._exchange("VERSION", self._command(p.VERSION, struct.pack(
             "<HH", 0, rng.choice([0, 1, 7])) + body))
@@ -416,12 +417,30 @@ class HostileClient:
             p.DEVICE_RESET, b"" if rng.random() < 0.8 else b"\0"))
 
     def _extension(self, rng: random.Random) -> None:
-        if rng.random() < 0.5:
+        if rng.random() < 0.3:
+            self._exchange("GPUVM_POSTED_WRITES", self._command(
+                p.GPUVM_POSTED_WRITES, self._posted_stores(rng)))
+        elif rng.random() < 0.5:
             self._exchange("GPUVM_DEVICE_STATS", self._command(
                 p.GPUVM_DEVICE_STATS, struct.pack("<I", rng.getrandbits(32))))
         else:
             self._exchange("GPUVM_MAPPING_LISTEN", self._command(
                 p.GPUVM_MAPPING_LISTEN, struct.pack("<I", rng.choice([0, 1, 7]))))
+
+    def _posted_stores(self, rng: random.Random) -> bytes:
+        """A batch of posted stores, now and then malformed: cut short, empty, too many,
+        a count that is no register's size, a value wider than its count, a store outside
+        its region or in one that does not exist."""
+        stores = []
+        for _ in range(rng.choice([0, 1, 3, 170, p.MAX_POSTED_STORES + 1])):
+            count = rng.choice([1, 2, 4, 8, 4, 4, 3, 0])
+            value = rng.getrandbits(8 * count) if rng.random() < 0.95 else rng.getrandbits(64)
+            stores.append(p.POSTED_STORE.pack(
+                rng.choice([0x140, rng.randrange(0, 1 << 24), rng.getrandbits(64)]),
+                rng.choice([1, 3, 7, 7, 8, rng.getrandbits(32)]), count, value))
+        payload = b"".join(stores)
+        return payload[:rng.randrange(len(payload))] if payload and rng.random() < 0.1 \
+            else payload
 
     def _ending(self, rng: random.Random) -> None:
         """A message after which the connection must end; then a fresh one."""
