@@ -67,7 +67,7 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
 ====  ===========================  ===================================================
 
 What the spec does not cover, and gpuvm adds: extensions offered in VERSION's JSON as
-`"capabilities": {"gpuvm": ["mapping", "stats", "clock"]}` and used only when both sides
+`"capabilities": {"gpuvm": ["mapping", "stats", "clock", "posted"]}` and used only when both sides
 list them -- a client whose server's reply does not name one never sends its commands (nor
 expects its answers: no grants, no device counters), a server answers them with ENOSYS
 unless the client asked, and `gpuvm serve --no-extensions` offers none, so the spec
@@ -107,4 +107,10 @@ alone carries a whole run:
   signal generation it read), AWAKE, END (protocol.CLOCK_*; handled in vcpu_clock.py,
   tabled in docs/vfio-user.md).  An op out of order is refused (EINVAL), as is any op
   on a device that is on no virtual clock.
+- Posted stores in one message (extension "posted").  GPUVM_POSTED_WRITES (0x8005,
+  client -> server, 1..4096 records {u64 offset, u32 region, u32 count (1, 2, 4 or 8),
+  u64 value}, empty reply) is a KVM coalesced ring's drain: each store handed to the
+  device in order as the REGION_WRITE of its size (ticked, counted and priced as one
+  trapped access).  A malformed batch is refused whole (EINVAL); a store the device
+  refuses ends the batch, those before it done (docs/vfio-user.md).
 """
