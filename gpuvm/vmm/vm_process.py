@@ -16,18 +16,27 @@ vcpu_clock.py): the server must offer the "clock" extension.  A job that says "h
 its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
 different times to start still start their guests when the run says (their start_delay,
 all at once for a scaling run).
+
+$GPUVM_POSTED_WRITES=0 (set by `posting(False)`, inherited from the parent) leaves the
+"posted" extension out of what this VMM asks for: each store drained from KVM's
+coalesced ring then goes as a REGION_WRITE of its own, as before the extension -- the
+before/after comparison of `gpuvm bench vms --posted both`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from gpuvm.device.faults import ChannelFault
+from gpuvm.errors import UserError
+from gpuvm.vfio.user import protocol
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.vcpu_clock import RemoteVcpu
 from gpuvm.vmm.backends import make_runner
@@ -36,6 +45,30 @@ from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boo
 from gpuvm.vmm.vfio_attach import BAR_BASES, attach
 
 READY, GO = "ready\n", "go\n"  # a held job's lines (see the module docstring)
+POSTED_ENV = "GPUVM_POSTED_WRITES"  # 0: one REGION_WRITE a posted store (see above)
+
+
+def asked_extensions() -> tuple[str, ...]:
+    """The gpuvm extensions this VMM asks the server for ($GPUVM_POSTED_WRITES)."""
+    value = os.environ.get(POSTED_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise UserError(f"{POSTED_ENV}={value!r}: must be 0 (off) or 1 (on)")
+    return tuple(e for e in protocol.EXTENSIONS if e != "posted" or value != "0")
+
+
+@contextlib.contextmanager
+def posting(on: bool) -> Iterator[None]:
+    """VMM processes started inside post their drained stores in one message or not:
+    $GPUVM_POSTED_WRITES, restored after (benchmarks' before/after comparisons)."""
+    before = os.environ.get(POSTED_ENV)
+    os.environ[POSTED_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[POSTED_ENV]
+        else:
+            os.environ[POSTED_ENV] = before
 
 
 def _wait_for_go(go: TextIO) -> bool:
@@ -156,11 +189,16 @@ def read_job(stream: TextIO) -> dict[str, Any]:
 
 def main() -> int:
     job = read_job(sys.stdin)
+    try:
+        extensions = asked_extensions()
+    except UserError as exc:
+        sys.stderr.write(f"gpuvm: error: {exc}\n")
+        return 2
     if "fd" in job:
         sock = socket.socket(fileno=job["fd"])
-        device = VfioUserDevice(sock, job["name"])
+        device = VfioUserDevice(sock, job["name"], extensions)
     else:
-        device = VfioUserDevice.connect(job["socket"], job["name"])
+        device = VfioUserDevice.connect(job["socket"], job["name"], extensions)
     record = run_vm(device, job)
     json.dump(record, sys.stdout)
     sys.stdout.flush()
