@@ -6,7 +6,6 @@ import pytest
 
 from gpuvm.bench import vms
 from gpuvm.errors import UserError
-from gpuvm.vfio.user import protocol
 from gpuvm.vmm import vm_process
 from gpuvm.vmm.kvm import kvm_usable
 
@@ -42,11 +41,10 @@ def test_isolated_vms_with_a_drain_in_one_message_and_one_a_store(capsys) -> Non
 
 def test_the_posted_switch_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv(vm_process.POSTED_ENV, raising=False)
-    assert "posted" in vm_process.asked_extensions()
+    assert vm_process.posts_writes()
     with vm_process.posting(False):
-        assert "posted" not in vm_process.asked_extensions()
-        assert set(vm_process.asked_extensions()) == set(protocol.EXTENSIONS) - {"posted"}
-    assert "posted" in vm_process.asked_extensions()
+        assert not vm_process.posts_writes()
+    assert vm_process.posts_writes()
     monkeypatch.setenv(vm_process.POSTED_ENV, "no")
     with pytest.raises(UserError, match="GPUVM_POSTED_WRITES='no'"):
-        vm_process.asked_extensions()
+        vm_process.posts_writes()

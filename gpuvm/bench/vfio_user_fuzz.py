@@ -13,8 +13,9 @@ indices; payloads cut short; unknown commands, replies, no-reply and reserved fl
 server-to-client commands sent the wrong way; replays of the last message; a second
 VERSION; DMA_MAP/UNMAP of windows and flags good and bad, with fds of every kind (memfds
 too short or long enough, eventfds, pipes, sockets, /dev/null) and fds riding on commands
-that take none; SET_IRQS with counts that disagree with the fds; resets; gpuvm's
-extension commands with and without having negotiated them.  Now and then a message
+that take none; SET_IRQS with counts that disagree with the fds; resets;
+REGION_WRITE_MULTI whole, cut short, miscounted and out of bounds; gpuvm's extension
+commands with and without having negotiated them.  Now and then a message
 ends the connection as the spec allows -- a header that cannot be framed (too short, too
 long), a hang-up inside a message, a command before VERSION -- and the client connects
 again (a fresh vGPU each time).
@@ -121,8 +122,7 @@ class HostileClient:
         caps: dict = {"max_msg_fds": rng.choice([1, 8, 253, -1]),
                       "max_data_xfer_size": rng.choice([4096, 1 << 20])}
         if rng.random() < 0.5:
-            caps["gpuvm"] = rng.choice([["mapping", "stats"], ["stats"], ["posted"],
-                                        ["bogus"], "x"])
+            caps["gpuvm"] = rng.choice([["mapping", "stats"], ["stats"], ["bogus"], "x"])
         body = json.dumps({"capabilities": caps}).encode() + b"\0"
         reply = self._exchange("VERSION", self._command(p.VERSION, struct.pack(
             "<HH", 0, rng.choice([0, 1, 7])) + body))
@@ -417,30 +417,34 @@ class HostileClient:
             p.DEVICE_RESET, b"" if rng.random() < 0.8 else b"\0"))
 
     def _extension(self, rng: random.Random) -> None:
-        if rng.random() < 0.3:
-            self._exchange("GPUVM_POSTED_WRITES", self._command(
-                p.GPUVM_POSTED_WRITES, self._posted_stores(rng)))
-        elif rng.random() < 0.5:
+        if rng.random() < 0.5:
             self._exchange("GPUVM_DEVICE_STATS", self._command(
                 p.GPUVM_DEVICE_STATS, struct.pack("<I", rng.getrandbits(32))))
         else:
             self._exchange("GPUVM_MAPPING_LISTEN", self._command(
                 p.GPUVM_MAPPING_LISTEN, struct.pack("<I", rng.choice([0, 1, 7]))))
 
-    def _posted_stores(self, rng: random.Random) -> bytes:
-        """A batch of posted stores, now and then malformed: cut short, empty, too many,
-        a count that is no register's size, a value wider than its count, a store outside
-        its region or in one that does not exist."""
-        stores = []
-        for _ in range(rng.choice([0, 1, 3, 170, p.MAX_POSTED_STORES + 1])):
-            count = rng.choice([1, 2, 4, 8, 4, 4, 3, 0])
-            value = rng.getrandbits(8 * count) if rng.random() < 0.95 else rng.getrandbits(64)
-            stores.append(p.POSTED_STORE.pack(
-                rng.choice([0x140, rng.randrange(0, 1 << 24), rng.getrandbits(64)]),
-                rng.choice([1, 3, 7, 7, 8, rng.getrandbits(32)]), count, value))
-        payload = b"".join(stores)
-        return payload[:rng.randrange(len(payload))] if payload and rng.random() < 0.1 \
-            else payload
+    def _write_multi(self, rng: random.Random) -> None:
+        """REGION_WRITE_MULTI, now and then malformed: cut short, no write, a wr_cnt
+        that is not the writes that follow, a count outside 1..8, a write outside its
+        region or in one that does not exist."""
+        writes = []
+        for _ in range(rng.choice([0, 1, 3, 170, 1000])):
+            writes.append(p.WRITE_MULTI_RECORD.pack(
+                rng.choice([0x40, 0x140, rng.randrange(0, 1 << 24), rng.getrandbits(64)]),
+                rng.choice([1, 3, 7, 7, 8, rng.getrandbits(32)]),
+                rng.choice([1, 2, 4, 8, 4, 4, 3, 0, 9, rng.getrandbits(32)]),
+                rng.getrandbits(64)))
+        count = len(writes) if rng.random() < 0.9 else rng.getrandbits(64)
+        payload = p.WRITE_MULTI_COUNT.pack(count) + b"".join(writes)
+        if rng.random() < 0.1:
+            payload = payload[:rng.randrange(len(payload))]
+        got = self._exchange("REGION_WRITE_MULTI", self._command(p.REGION_WRITE_MULTI,
+                                                                 payload))
+        if got is not None and not got[0][3] & p.FLAG_ERROR and \
+                (len(got[1]) != 8 or not 0 < struct.unpack("<Q", got[1])[0] <= len(writes)):
+            self.tally.fail(f"REGION_WRITE_MULTI of {len(writes)} writes: a reply of "
+                            f"{got[1].hex()} (expected wr_cnt 1..{len(writes)})")
 
     def _ending(self, rng: random.Random) -> None:
         """A message after which the connection must end; then a fresh one."""
@@ -460,6 +464,7 @@ class HostileClient:
 
 CASE_WEIGHTS = {"access": 40, "query": 12, "truncated": 8, "garbage": 6, "wrong_way": 4,
                 "replay": 8, "version": 2, "fds": 8, "dma": 6, "reset": 1, "extension": 4,
+                "write_multi": 3,
                 "ending": 0.1}
 CASES = list(CASE_WEIGHTS)
 WEIGHTS = list(CASE_WEIGHTS.values())

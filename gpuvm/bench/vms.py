@@ -8,7 +8,7 @@ VMM process).  On KVM the whole comparison runs twice, with the coalesced-MMIO r
 (every posted store exits) and on, so what the ring saves is measured in the same run;
 each VM's exits to userspace are shown beside its wall time.  With --isolated and the
 ring on, `--posted both` also runs the ring's pass with each drained store sent as a
-vfio-user message of its own (as before GPUVM_POSTED_WRITES), so what one message a
+vfio-user message of its own (not one REGION_WRITE_MULTI a drain), so what one message a
 drain saves the mediator's process is measured in the same run too.
 """
 

@@ -18,7 +18,8 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
  id   command                      gpuvm
 ====  ===========================  ===================================================
   1   VERSION                      0.1.  Capabilities: max_msg_fds 8, max_data_xfer_size
-                                   1 MiB, max_dma_maps 1024, pgsizes 4096; gpuvm's
+                                   1 MiB, max_dma_maps 1024, pgsizes 4096,
+                                   write_multiple true; gpuvm's
                                    extensions (below) when both sides list them.
                                    Twin-socket mode: not offered.  A second VERSION:
                                    EINVAL.
@@ -59,7 +60,14 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
                                    mapping's flags: EPERM), while it waits for a reply
                                    or in `serve_requests`.
  13   DEVICE_RESET                 The vGPU's channels and shadows dropped and rebuilt.
- 15   REGION_WRITE_MULTI           ENOTSUP (write_multiple is not offered).
+ 15   REGION_WRITE_MULTI           Offered to every client (capability write_multiple:
+                                   true).  Each write as the REGION_WRITE of its count,
+                                   in order; the reply's wr_cnt is how many were done
+                                   (a write the device refuses ends the batch).  wr_cnt
+                                   not the writes that follow, none, a count outside
+                                   1..8, a write outside a writable region: EINVAL,
+                                   nothing done.  gpuvm's VMM sends each drain of KVM's
+                                   coalesced ring as one (docs/vfio-user.md).
  16   DEVICE_FEATURE               ENOTSUP (no migration, no dirty page logging).
  17   MIG_DATA_READ                ENOTSUP.
  18   MIG_DATA_WRITE               ENOTSUP.
@@ -67,7 +75,7 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
 ====  ===========================  ===================================================
 
 What the spec does not cover, and gpuvm adds: extensions offered in VERSION's JSON as
-`"capabilities": {"gpuvm": ["mapping", "stats", "clock", "posted"]}` and used only when both sides
+`"capabilities": {"gpuvm": ["mapping", "stats", "clock"]}` and used only when both sides
 list them -- a client whose server's reply does not name one never sends its commands (nor
 expects its answers: no grants, no device counters), a server answers them with ENOSYS
 unless the client asked, and `gpuvm serve --no-extensions` offers none, so the spec
@@ -107,10 +115,4 @@ alone carries a whole run:
   signal generation it read), AWAKE, END (protocol.CLOCK_*; handled in vcpu_clock.py,
   tabled in docs/vfio-user.md).  An op out of order is refused (EINVAL), as is any op
   on a device that is on no virtual clock.
-- Posted stores in one message (extension "posted").  GPUVM_POSTED_WRITES (0x8005,
-  client -> server, 1..4096 records {u64 offset, u32 region, u32 count (1, 2, 4 or 8),
-  u64 value}, empty reply) is a KVM coalesced ring's drain: each store handed to the
-  device in order as the REGION_WRITE of its size (ticked, counted and priced as one
-  trapped access).  A malformed batch is refused whole (EINVAL); a store the device
-  refuses ends the batch, those before it done (docs/vfio-user.md).
 """

@@ -53,7 +53,6 @@ GPUVM_MAPPING_LISTEN = 0x8001  # client -> server: {u32 enable}; grants follow a
 GPUVM_MAPPING_EVENT = 0x8002  # server -> client, no reply: one BAR-remap grant/revoke
 GPUVM_DEVICE_STATS = 0x8003  # client -> server: reply = JSON {counters, faults, time}
 GPUVM_CLOCK = 0x8004  # client -> server: {op, arg}; reply = the vCPU's ClockState
-GPUVM_POSTED_WRITES = 0x8005  # client -> server: POSTED_STORE each, in order; empty reply
 
 COMMAND_NAMES = {VERSION: "VERSION", DMA_MAP: "DMA_MAP", DMA_UNMAP: "DMA_UNMAP",
                  DEVICE_GET_INFO: "DEVICE_GET_INFO",
@@ -67,8 +66,7 @@ COMMAND_NAMES = {VERSION: "VERSION", DMA_MAP: "DMA_MAP", DMA_UNMAP: "DMA_UNMAP",
                  MIG_DATA_WRITE: "MIG_DATA_WRITE",
                  GPUVM_MAPPING_LISTEN: "GPUVM_MAPPING_LISTEN",
                  GPUVM_MAPPING_EVENT: "GPUVM_MAPPING_EVENT",
-                 GPUVM_DEVICE_STATS: "GPUVM_DEVICE_STATS", GPUVM_CLOCK: "GPUVM_CLOCK",
-                 GPUVM_POSTED_WRITES: "GPUVM_POSTED_WRITES"}
+                 GPUVM_DEVICE_STATS: "GPUVM_DEVICE_STATS", GPUVM_CLOCK: "GPUVM_CLOCK"}
 
 # ---------------------------------------------------------------- header flags
 TYPE_COMMAND = 0
@@ -85,7 +83,8 @@ MAX_MSG_FDS = 8
 DEFAULT_PEER_MSG_FDS = 1  # what a peer that did not say takes (the spec)
 MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
 EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
-EXTENSIONS = ("mapping", "stats", "clock", "posted")
+EXTENSIONS = ("mapping", "stats", "clock")
+WRITE_MULTIPLE_KEY = "write_multiple"  # VERSION capability: REGION_WRITE_MULTI is served
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
@@ -278,11 +277,13 @@ ACCESS_WITH_VALUE = {n: struct.Struct(ACCESS_MESSAGE.format + c) for n, c in VAL
 VALUE = {n: struct.Struct("<" + c) for n, c in VALUE_CODES.items()}
 VALUE_MASK = {n: (1 << 8 * n) - 1 for n in VALUE_CODES}
 assert ACCESS_MESSAGE.size == HEADER_SIZE + ACCESS.size
-# GPUVM_POSTED_WRITES: the payload is 1..MAX_POSTED_STORES of these, {u64 offset, u32
-# region, u32 count (1, 2, 4 or 8), u64 value (fits in count bytes)} -- a REGION_WRITE's
-# access and its value, the value always 8 bytes so that every store is one fixed record
-POSTED_STORE = struct.Struct("<QIIQ")
-MAX_POSTED_STORES = 4096  # a KVM coalesced ring holds 170 (4 KiB page, 24-byte entries)
+# REGION_WRITE_MULTI (the spec's): the payload is {u64 wr_cnt} and wr_cnt of these, {u64
+# offset, u32 region, u32 count (1..8), u8 data[8]} -- a REGION_WRITE's access and its
+# data, always 8 bytes (read here as one little-endian u64, of which `count` bytes count);
+# the reply is {u64 wr_cnt}, the writes done
+WRITE_MULTI_COUNT = struct.Struct("<Q")
+WRITE_MULTI_RECORD = struct.Struct("<QIIQ")
+MAX_POSTED_STORES = 4096  # records a client puts in one (a KVM coalesced ring holds 170)
 
 
 class ProtocolError(VfioError):
