@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuvm.bench import vms
+from gpuvm.errors import UserError
+from gpuvm.vmm import vm_process
 from gpuvm.vmm.kvm import kvm_usable
 
 USABLE, WHY = kvm_usable()
@@ -21,3 +23,28 @@ def test_vms_bench_runs_each_benchmark_alone_once_then_all_at_once() -> None:
     # the ring takes the page-table stores: what exits is a few hundred, not ~50,000
     assert all(0 < vm["exits"] < 2_000 for vm in p["vms"])
     vms.print_vms_bench(r)
+
+
+@pytest.mark.slow  # four isolated VM runs
+def test_isolated_vms_with_a_drain_in_one_message_and_one_a_store(capsys) -> None:
+    """--posted both: the ring's pass twice, each drained store a message of its own
+    and each drain one message; same exits, both pass, and the speed-up is printed."""
+    r = vms.run_vms_bench(("vecadd", "vecadd"), backend="kvm", mode="fv", size=16,
+                          isolated=True, ring="on", posted="both")
+    assert list(r["passes"]) == ["unposted", "on"]
+    for p in r["passes"].values():
+        assert all(vm["passed"] for vm in p["vms"]) and p["alone"]["vecadd"]["passed"]
+    vms.print_vms_bench(r)
+    out = capsys.readouterr().out
+    assert "one vfio-user message a drained store" in out and "one a drain" in out
+
+
+def test_the_posted_switch_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv(vm_process.POSTED_ENV, raising=False)
+    assert vm_process.posts_writes()
+    with vm_process.posting(False):
+        assert not vm_process.posts_writes()
+    assert vm_process.posts_writes()
+    monkeypatch.setenv(vm_process.POSTED_ENV, "no")
+    with pytest.raises(UserError, match="GPUVM_POSTED_WRITES='no'"):
+        vm_process.posts_writes()

@@ -20,6 +20,7 @@ from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
 from gpuvm.run.isolated import device_memory
+from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop
 
 HEADER = "<HHIII"  # msg id, command, size, flags, error
@@ -264,3 +265,94 @@ def test_command_before_version_is_refused(served):
     send(sock, 1, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
     assert recv(sock)[0] == (1, CMD_GET_INFO, 16, REPLY | ERROR, EINVAL)
     assert server.closed.wait(5)
+
+
+CMD_WRITE_MULTI = 15  # REGION_WRITE_MULTI
+WRITE = "<QIIQ"  # offset, region, count, data (8 bytes, little-endian)
+
+
+def _multi(*writes, count=None):
+    return struct.pack("<Q", len(writes) if count is None else count) + \
+        b"".join(struct.pack(WRITE, *w) for w in writes)
+
+
+def test_write_multiple_is_offered_to_every_client(served):
+    """The spec's REGION_WRITE_MULTI, no gpuvm extension: a plain client is offered it."""
+    sock, *_ = served
+    header, payload, _ = version(sock)
+    assert json.loads(payload[4:-1])["capabilities"]["write_multiple"] is True
+
+
+def test_write_multi_is_trapped_writes_in_order_one_message(served):
+    """REGION_WRITE_MULTI hands each write to the device as the REGION_WRITE of its
+    count would, in order: the same counts as those writes, one reply of wr_cnt."""
+    sock, vgpu, server, _ = served
+    version(sock)
+    writes = [(regs.PMC_INTR_EN, 0, 4, 1), (regs.PCI_COMMAND, 7, 2, 6),
+              (regs.PMC_INTR_EN, 0, 4, 0), (regs.PMC_INTR_EN, 0, 4, 1)]
+    before = vgpu.counters()
+    send(sock, 5, CMD_WRITE_MULTI, _multi(*writes))
+    assert recv(sock) == ((5, CMD_WRITE_MULTI, 24, REPLY, 0), struct.pack("<Q", 4), [])
+    multi = vgpu.counters()
+    for i, (offset, region, count, value) in enumerate(writes):
+        send(sock, 10 + i, CMD_WRITE, struct.pack("<QII", offset, region, count) +
+             value.to_bytes(count, "little"))
+        assert recv(sock)[0][3:] == (REPLY, 0)
+    trapped = vgpu.counters()
+    by_multi = {k: v - before.get(k, 0) for k, v in multi.items() if v != before.get(k, 0)}
+    by_writes = {k: v - multi.get(k, 0) for k, v in trapped.items() if v != multi.get(k, 0)}
+    assert by_multi == by_writes and sum(by_multi.values()) == 3  # BAR0's (config: no trap)
+    send(sock, 20, CMD_WRITE, struct.pack("<QII", regs.PMC_INTR_EN, 0, 4) + bytes(4))
+    recv(sock)
+    # the last write wins (in order); data past a write's count is not written
+    send(sock, 21, CMD_WRITE_MULTI, _multi(*writes[:3], (regs.PMC_INTR_EN, 0, 4, 0xFF << 32 | 1),
+                                           (regs.PCI_COMMAND, 7, 3, 0xAA000002)))
+    assert recv(sock)[1] == struct.pack("<Q", 5)
+    assert vgpu.read(0, regs.PMC_INTR_EN, 4) == 1
+    assert vgpu.config.read(regs.PCI_COMMAND, 2) == 2  # 3 bytes: as REGION_WRITE takes them
+    assert not server.closed.is_set()
+
+
+@pytest.mark.parametrize("payload", [
+    b"",  # no wr_cnt
+    _multi(),  # no write
+    _multi((regs.PMC_INTR_EN, 0, 4, 1))[:-1],  # cut short
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), count=2),  # wr_cnt is not the writes that follow
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), (regs.PMC_INTR_EN, 0, 4, 1), count=1),
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), (regs.PMC_INTR_EN, 0, 9, 1)),  # count > 8
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), (regs.PMC_INTR_EN, 0, 0, 1)),  # count 0
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), (regs.BAR0_SIZE - 2, 0, 4, 1)),  # past BAR0
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), (0, 0xDEADBEEF, 4, 1)),  # no such region
+    _multi((regs.PMC_INTR_EN, 0, 4, 1), ((1 << 64) - 4, 7, 4, 1)),  # offset wraps
+], ids=["empty", "no-write", "cut", "count-high", "count-low", "size-9", "size-0",
+        "past-bar0", "no-region", "wraps"])
+def test_a_malformed_write_multi_is_refused_whole_and_the_connection_goes_on(served,
+                                                                              payload):
+    """A hostile client's REGION_WRITE_MULTI gets EINVAL and does nothing -- not even its
+    good first write -- and only that command is refused: the connection goes on."""
+    sock, vgpu, server, gone = served
+    version(sock)
+    before = vgpu.counters()
+    send(sock, 5, CMD_WRITE_MULTI, payload)
+    assert recv(sock) == ((5, CMD_WRITE_MULTI, 16, REPLY | ERROR, EINVAL), b"", [])
+    assert vgpu.counters() == before and vgpu.read(0, regs.PMC_INTR_EN, 4) == 0
+    send(sock, 6, CMD_GET_INFO, struct.pack("<IIII", 16, 0, 0, 0))
+    assert recv(sock)[0] == (6, CMD_GET_INFO, 32, REPLY, 0)
+    assert not server.closed.is_set() and not gone
+
+
+@pytest.mark.parametrize("multi", [True, False], ids=["write-multi", "one-each"])
+def test_the_client_posts_a_drain_in_one_message_or_writes_each(served, multi):
+    """What a coalesced ring's drain costs a VMM: one REGION_WRITE_MULTI per
+    MAX_POSTED_STORES, or one REGION_WRITE each where it may not use it; the device sees
+    the same stores, counted the same, either way."""
+    sock, vgpu, _, _ = served
+    device = VfioUserDevice(sock, "vm0", write_multiple=multi)
+    assert device.write_multiple == multi
+    stores = [(0, regs.PMC_INTR_EN, 4, i & 1) for i in range(4097)]
+    before, sent = vgpu.counters(), device._msg_id
+    device.write_posted(stores)
+    assert device._msg_id - sent == (2 if multi else 4097)
+    assert vgpu.counters()["trap.bar0.virtual.write"] - \
+        before.get("trap.bar0.virtual.write", 0) == 4097
+    assert vgpu.read(0, regs.PMC_INTR_EN, 4) == 0  # the last store, in order

@@ -13,8 +13,9 @@ indices; payloads cut short; unknown commands, replies, no-reply and reserved fl
 server-to-client commands sent the wrong way; replays of the last message; a second
 VERSION; DMA_MAP/UNMAP of windows and flags good and bad, with fds of every kind (memfds
 too short or long enough, eventfds, pipes, sockets, /dev/null) and fds riding on commands
-that take none; SET_IRQS with counts that disagree with the fds; resets; gpuvm's
-extension commands with and without having negotiated them.  Now and then a message
+that take none; SET_IRQS with counts that disagree with the fds; resets;
+REGION_WRITE_MULTI whole, cut short, miscounted and out of bounds; gpuvm's extension
+commands with and without having negotiated them.  Now and then a message
 ends the connection as the spec allows -- a header that cannot be framed (too short, too
 long), a hang-up inside a message, a command before VERSION -- and the client connects
 again (a fresh vGPU each time).
@@ -423,6 +424,28 @@ class HostileClient:
             self._exchange("GPUVM_MAPPING_LISTEN", self._command(
                 p.GPUVM_MAPPING_LISTEN, struct.pack("<I", rng.choice([0, 1, 7]))))
 
+    def _write_multi(self, rng: random.Random) -> None:
+        """REGION_WRITE_MULTI, now and then malformed: cut short, no write, a wr_cnt
+        that is not the writes that follow, a count outside 1..8, a write outside its
+        region or in one that does not exist."""
+        writes = []
+        for _ in range(rng.choice([0, 1, 3, 170, 1000])):
+            writes.append(p.WRITE_MULTI_RECORD.pack(
+                rng.choice([0x40, 0x140, rng.randrange(0, 1 << 24), rng.getrandbits(64)]),
+                rng.choice([1, 3, 7, 7, 8, rng.getrandbits(32)]),
+                rng.choice([1, 2, 4, 8, 4, 4, 3, 0, 9, rng.getrandbits(32)]),
+                rng.getrandbits(64)))
+        count = len(writes) if rng.random() < 0.9 else rng.getrandbits(64)
+        payload = p.WRITE_MULTI_COUNT.pack(count) + b"".join(writes)
+        if rng.random() < 0.1:
+            payload = payload[:rng.randrange(len(payload))]
+        got = self._exchange("REGION_WRITE_MULTI", self._command(p.REGION_WRITE_MULTI,
+                                                                 payload))
+        if got is not None and not got[0][3] & p.FLAG_ERROR and \
+                (len(got[1]) != 8 or not 0 < struct.unpack("<Q", got[1])[0] <= len(writes)):
+            self.tally.fail(f"REGION_WRITE_MULTI of {len(writes)} writes: a reply of "
+                            f"{got[1].hex()} (expected wr_cnt 1..{len(writes)})")
+
     def _ending(self, rng: random.Random) -> None:
         """A message after which the connection must end; then a fresh one."""
         kind = rng.randrange(3)
@@ -441,6 +464,7 @@ class HostileClient:
 
 CASE_WEIGHTS = {"access": 40, "query": 12, "truncated": 8, "garbage": 6, "wrong_way": 4,
                 "replay": 8, "version": 2, "fds": 8, "dma": 6, "reset": 1, "extension": 4,
+                "write_multi": 3,
                 "ending": 0.1}
 CASES = list(CASE_WEIGHTS)
 WEIGHTS = list(CASE_WEIGHTS.values())

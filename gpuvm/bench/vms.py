@@ -6,7 +6,10 @@ Wall times side by side in one run: what concurrency costs when the VMs share no
 but this machine's cores (and Python's GIL, unless --isolated puts each VM in its own
 VMM process).  On KVM the whole comparison runs twice, with the coalesced-MMIO ring off
 (every posted store exits) and on, so what the ring saves is measured in the same run;
-each VM's exits to userspace are shown beside its wall time.
+each VM's exits to userspace are shown beside its wall time.  With --isolated and the
+ring on, `--posted both` also runs the ring's pass with each drained store sent as a
+vfio-user message of its own (not one REGION_WRITE_MULTI a drain), so what one message a
+drain saves the mediator's process is measured in the same run too.
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ from gpuvm.run.spec import RunOptions, VmSpec
 from gpuvm.vmm.backends import BACKENDS, resolve_backend
 from gpuvm.vmm.kvm.runner import coalescing
 from gpuvm.vmm.kvm.vcpu import COALESCED_STORES, DIRECT_ACCESSES
+from gpuvm.vmm.vm_process import posting
 
 DEFAULT = ("mmul", "madd", "fmadd", "memcpy")
 RINGS = {"both": (False, True), "on": (True,), "off": (False,)}
+POSTED = {"both": (False, True), "on": (True,), "off": (False,)}
+# a pass's key -> what the table's title says of it
+PASS_NAMES = {"off": "coalesced MMIO off", "on": "coalesced MMIO on",
+              "unposted": "coalesced MMIO on, one vfio-user message a drained store"}
 
 
 def kvm_exits(result) -> int:
@@ -61,9 +69,10 @@ def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
 
 def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
                   mode: str = "native", size: int | None = None, isolated: bool = False,
-                  ring: str = "both") -> dict:
+                  ring: str = "both", posted: str = "on") -> dict:
     """Each distinct benchmark alone, then one VM per entry of `benchmarks` at once, with
-    the coalesced ring off and/or on (`ring`: both, on, off; only KVM has a ring)."""
+    the coalesced ring off and/or on (`ring`: both, on, off; only KVM has a ring), and
+    an isolated VMM's drained stores in one message and/or one each (`posted`)."""
     backend = resolve_backend(backend)
     rings = RINGS[ring] if backend == "kvm" else (True,)
     # the wall clock: this bench measures the emulator's own speed, VMs running side by
@@ -73,8 +82,10 @@ def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
     specs = [VmSpec(f"vm{i}", b, [size] if size else []) for i, b in enumerate(benchmarks)]
     passes = {}
     for on in rings:
-        with coalescing(on):
-            passes["on" if on else "off"] = _one_pass(specs, options)
+        for post in POSTED[posted] if on and isolated and backend == "kvm" else (True,):
+            with coalescing(on), posting(post):
+                passes["off" if not on else "on" if post else "unposted"] = \
+                    _one_pass(specs, options)
     return {"backend": backend, "mode": mode, "size": size, "isolated": isolated,
             "passes": passes}
 
@@ -85,7 +96,7 @@ def print_vms_bench(r: dict) -> None:
         n = len(p["vms"])
         where = "processes" if r["isolated"] else "threads"
         t = Table(title=f"{n} VMs at once vs one at a time ({r['mode']}, {r['backend']}, "
-                        f"VMs as {where}, coalesced MMIO {ring})")
+                        f"VMs as {where}, {PASS_NAMES[ring]})")
         for col in ("VM", "benchmark", "alone s", f"in the {n}-VM run s", "exits alone",
                     "exits in the run", "pass"):
             t.add_column(col, justify="left" if col in ("VM", "benchmark") else "right")
@@ -99,12 +110,18 @@ def print_vms_bench(r: dict) -> None:
                      f"(machine set-up included), {p['together_s'] / slowest:.2f}x the "
                      f"slowest alone ({slowest:.2f} s)")
         console.print(t)
-    if {"on", "off"} <= r["passes"].keys():
-        off, on = r["passes"]["off"], r["passes"]["on"]
-        lines = [f"{b}: alone {off['alone'][b]['s'] / on['alone'][b]['s']:.1f}x faster"
-                 for b in on["alone"]]
-        lines.append(f"all at once: {off['together_s'] / on['together_s']:.1f}x faster")
-        console.print("with the coalesced ring (off / on, this run): " + "; ".join(lines))
+    for slow, fast, what in (("off", "on", "with the coalesced ring (off / on, this run)"),
+                             ("unposted", "on", "with a drain in one message (one a store / "
+                                                "one a drain, this run)")):
+        if {slow, fast} <= r["passes"].keys():
+            console.print(f"{what}: " + _speedups(r["passes"][slow], r["passes"][fast]))
+
+
+def _speedups(slow: dict, fast: dict) -> str:
+    lines = [f"{b}: alone {slow['alone'][b]['s'] / fast['alone'][b]['s']:.1f}x faster"
+             for b in fast["alone"]]
+    lines.append(f"all at once: {slow['together_s'] / fast['together_s']:.1f}x faster")
+    return "; ".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,6 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each VM in its own VMM process")
     parser.add_argument("--ring", choices=list(RINGS), default="both",
                         help="KVM's coalesced MMIO off, on, or both in turn (default)")
+    parser.add_argument("--posted", choices=list(POSTED), default="on",
+                        help="with --isolated and the ring on: each drain of the ring in "
+                             "one vfio-user message (on, default), one message a store "
+                             "(off), or both in turn")
 
 
 def main_vms(args: argparse.Namespace) -> int:
@@ -129,7 +150,7 @@ def main_vms(args: argparse.Namespace) -> int:
     if args.size < 0:
         raise UserError("--size must be at least 1")
     r = run_vms_bench(benchmarks, args.backend, args.mode, args.size or None,
-                      args.isolated, args.ring)
+                      args.isolated, args.ring, args.posted)
     print_vms_bench(r)
     ok = all(a["passed"] for p in r["passes"].values() for a in p["alone"].values()) and \
         all(vm["passed"] for p in r["passes"].values() for vm in p["vms"])

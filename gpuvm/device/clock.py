@@ -125,10 +125,20 @@ class TimerParty:
             return self.clock._due_at(self)
 
     def horizon(self) -> int | None:
-        times = list(self._pending)
-        if self._alarm is not None:
-            times.append(self._alarm)
-        return min(times) if times else None
+        pending, alarm = self._pending, self._alarm
+        if not pending:
+            return alarm
+        first = min(pending)
+        return first if alarm is None or first < alarm else alarm
+
+    def _may_be_due(self) -> None:
+        """(clock lock held) This timer's horizon may have come earlier: keep the clock's
+        `_due` at or below every timer's horizon at all times, so that a vCPU's turn
+        (`VirtualClock._my_turn`) may skip the timers when its ask comes before `_due`."""
+        h = self.horizon()
+        due = self.clock._due
+        if h is not None and (due is None or h < due):
+            self.clock._due = h
 
     def hold_now(self) -> None:
         """Something to do at once (e.g. the engine was kicked): hold the clock at the
@@ -138,12 +148,14 @@ class TimerParty:
         at = self.clock.local_now()
         with self.clock._lock:
             self._alarm = at if self._alarm is None else min(self._alarm, at)
+            self._may_be_due()
         self.clock.advance()  # others may no longer be due
 
     def set_alarm(self, t: int | None) -> None:
         """Replace the alarm (None: none); may let the clock move on."""
         with self.clock._lock:
             self._alarm = None if t is None else max(t, self.clock._now)
+            self._may_be_due()
         self.clock.advance()
 
     def pending(self, t: int) -> None:
@@ -151,6 +163,7 @@ class TimerParty:
         with self.clock._lock:
             t = max(t, self.clock._now)
             self._pending[t] = self._pending.get(t, 0) + 1
+            self._may_be_due()
         self.clock.advance()  # others may no longer be due
 
     def update(self, handled: list[int], alarm: int | None) -> None:
@@ -165,6 +178,7 @@ class TimerParty:
                             del self._pending[key]
                         break
             self._alarm = None if alarm is None else max(alarm, self.clock._now)
+            self._may_be_due()
         self.clock.advance()
 
     def leave(self) -> None:
@@ -436,7 +450,9 @@ class VirtualClock:
         self._now = 0
         self._timers: list[TimerParty] = []
         self._guests: list[GuestParty] = []
-        self._due: int | None = None  # the earliest timer horizon (guests' fast path)
+        # at or below every timer's horizon (the earliest after `advance`; a timer whose
+        # horizon comes earlier lowers it at once): a guest's fast path in tick and turn
+        self._due: int | None = None
         self._generations: dict[object, int] = {}  # signals so far, per scope (None: all)
         self._local = threading.local()
 
@@ -496,13 +512,22 @@ class VirtualClock:
             self._turn_waiters[first].notify()
 
     def _my_turn(self, party: GuestParty, key: tuple[int, int]) -> bool:
-        """(lock held) See wait_turn."""
+        """(lock held) See wait_turn.  Every exit that takes the mediator's lock asks
+        this, so it is written for speed: a guest's horizon inline, and the timers looked
+        at only when `_due` (at or below each timer's horizon) does not already show that
+        none is at or before the ask."""
+        v, rank = key
         for g in self._guests:
-            if g is not party and not g.blocked and (g.horizon(), g.rank) < key:
-                return False
+            if g is not party and not g.blocked:
+                h = g.v if g.lock_start is None else g.v + round(g.pending)
+                if h < v or h == v and g.rank < rank:
+                    return False
+        due = self._due
+        if due is None or due > v:
+            return True
         for t in self._timers:
             h = t.horizon()
-            if h is not None and (h < key[0] or (h == key[0] and not t.ordered)):
+            if h is not None and (h < v or (h == v and not t.ordered)):
                 return False
         return True
 

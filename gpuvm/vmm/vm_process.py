@@ -16,18 +16,26 @@ vcpu_clock.py): the server must offer the "clock" extension.  A job that says "h
 its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
 different times to start still start their guests when the run says (their start_delay,
 all at once for a scaling run).
+
+$GPUVM_POSTED_WRITES=0 (set by `posting(False)`, inherited from the parent) makes this
+VMM send each store drained from KVM's coalesced ring as a REGION_WRITE of its own, not
+each drain as one REGION_WRITE_MULTI -- the before/after comparison of `gpuvm bench vms
+--posted both`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from gpuvm.device.faults import ChannelFault
+from gpuvm.errors import UserError
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.vcpu_clock import RemoteVcpu
 from gpuvm.vmm.abi import BAR_BASES
@@ -37,6 +45,31 @@ from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boo
 from gpuvm.vmm.vfio_attach import attach
 
 READY, GO = "ready\n", "go\n"  # a held job's lines (see the module docstring)
+POSTED_ENV = "GPUVM_POSTED_WRITES"  # 0: one REGION_WRITE a posted store (see above)
+
+
+def posts_writes() -> bool:
+    """Whether this VMM sends a drain of posted stores in one message, where the server
+    takes REGION_WRITE_MULTI: yes unless $GPUVM_POSTED_WRITES is 0."""
+    value = os.environ.get(POSTED_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise UserError(f"{POSTED_ENV}={value!r}: must be 0 (off) or 1 (on)")
+    return value != "0"
+
+
+@contextlib.contextmanager
+def posting(on: bool) -> Iterator[None]:
+    """VMM processes started inside post their drained stores in one message or not:
+    $GPUVM_POSTED_WRITES, restored after (benchmarks' before/after comparisons)."""
+    before = os.environ.get(POSTED_ENV)
+    os.environ[POSTED_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[POSTED_ENV]
+        else:
+            os.environ[POSTED_ENV] = before
 
 
 def _wait_for_go(go: TextIO) -> bool:
@@ -157,11 +190,16 @@ def read_job(stream: TextIO) -> dict[str, Any]:
 
 def main() -> int:
     job = read_job(sys.stdin)
+    try:
+        multi = posts_writes()
+    except UserError as exc:
+        sys.stderr.write(f"gpuvm: error: {exc}\n")
+        return 2
     if "fd" in job:
         sock = socket.socket(fileno=job["fd"])
-        device = VfioUserDevice(sock, job["name"])
+        device = VfioUserDevice(sock, job["name"], write_multiple=multi)
     else:
-        device = VfioUserDevice.connect(job["socket"], job["name"])
+        device = VfioUserDevice.connect(job["socket"], job["name"], write_multiple=multi)
     record = run_vm(device, job)
     json.dump(record, sys.stdout)
     sys.stdout.flush()

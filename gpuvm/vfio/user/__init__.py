@@ -18,7 +18,8 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
  id   command                      gpuvm
 ====  ===========================  ===================================================
   1   VERSION                      0.1.  Capabilities: max_msg_fds 8, max_data_xfer_size
-                                   1 MiB, max_dma_maps 1024, pgsizes 4096; gpuvm's
+                                   1 MiB, max_dma_maps 1024, pgsizes 4096,
+                                   write_multiple true; gpuvm's
                                    extensions (below) when both sides list them.
                                    Twin-socket mode: not offered.  A second VERSION:
                                    EINVAL.
@@ -59,7 +60,14 @@ VERSION (EINVAL), a major version other than 0 (ENOTSUP).
                                    mapping's flags: EPERM), while it waits for a reply
                                    or in `serve_requests`.
  13   DEVICE_RESET                 The vGPU's channels and shadows dropped and rebuilt.
- 15   REGION_WRITE_MULTI           ENOTSUP (write_multiple is not offered).
+ 15   REGION_WRITE_MULTI           Offered to every client (capability write_multiple:
+                                   true).  Each write as the REGION_WRITE of its count,
+                                   in order; the reply's wr_cnt is how many were done
+                                   (a write the device refuses ends the batch).  wr_cnt
+                                   not the writes that follow, none, a count outside
+                                   1..8, a write outside a writable region: EINVAL,
+                                   nothing done.  gpuvm's VMM sends each drain of KVM's
+                                   coalesced ring as one (docs/vfio-user.md).
  16   DEVICE_FEATURE               ENOTSUP (no migration, no dirty page logging).
  17   MIG_DATA_READ                ENOTSUP.
  18   MIG_DATA_WRITE               ENOTSUP.

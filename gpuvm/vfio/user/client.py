@@ -54,13 +54,15 @@ REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO, p.DEVICE_GET_REGION_IO_F
 _ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
 _VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
 _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
+_MULTI_COUNT, _RECORD = p.WRITE_MULTI_COUNT, p.WRITE_MULTI_RECORD
 
 
 class VfioUserDevice:
     """A device served over `sock` (connected); see the module docstring."""
 
     def __init__(self, sock: socket.socket, name: str = "vfio-user",
-                 extensions: tuple[str, ...] = p.EXTENSIONS) -> None:
+                 extensions: tuple[str, ...] = p.EXTENSIONS,
+                 write_multiple: bool = True) -> None:
         self.sock = sock
         self.name = name
         self.asked = tuple(extensions)  # the gpuvm extensions this client offers
@@ -79,10 +81,13 @@ class VfioUserDevice:
         # used only when both sides offered it
         self.extensions = frozenset(e for e in self.asked
                                     if isinstance(offered, list) and e in offered)
+        # posted stores in one REGION_WRITE_MULTI (write_posted) where the server says so
+        self.write_multiple = write_multiple and \
+            self.server_capabilities.get(p.WRITE_MULTIPLE_KEY) is True
 
     @classmethod
-    def connect(cls, path: str, name: str = "",
-                extensions: tuple[str, ...] = p.EXTENSIONS) -> "VfioUserDevice":
+    def connect(cls, path: str, name: str = "", extensions: tuple[str, ...] = p.EXTENSIONS,
+                write_multiple: bool = True) -> "VfioUserDevice":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
@@ -90,7 +95,7 @@ class VfioUserDevice:
             sock.close()
             raise VfioError(f"cannot connect to vfio-user socket {path}: "
                             f"{exc.strerror}") from None
-        return cls(sock, name or path, extensions)
+        return cls(sock, name or path, extensions, write_multiple)
 
     # ---------------------------------------------------------------- transport
     def _next_msg_id(self) -> int:
@@ -346,6 +351,28 @@ class VfioUserDevice:
                             value & _VALUE_MASK[size]),
                 _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region, size),
                 _WHOLE, msg_id, _WRITE)
+
+    def write_posted(self, stores: list[tuple[int, int, int, int]]) -> None:
+        """Posted stores -- (region, offset, size, value) each, in the guest's order --
+        handed to the device as that many trapped writes: one REGION_WRITE_MULTI per
+        MAX_POSTED_STORES where the server offers "write_multiple" (each store ticked,
+        counted and priced there as a REGION_WRITE is) and this client may use it, else
+        one REGION_WRITE each.  A refused store raises VfioError; those before it took
+        effect."""
+        if not self.write_multiple:
+            for region, offset, size, value in stores:
+                self.write(region, offset, size, value)
+            return
+        pack, step = _RECORD.pack, p.MAX_POSTED_STORES
+        for at in range(0, len(stores), step):
+            chunk = stores[at:at + step]
+            reply = self._call(p.REGION_WRITE_MULTI, _MULTI_COUNT.pack(len(chunk)) + b"".join(
+                [pack(offset, region, size, value) for region, offset, size, value in chunk]))
+            done = _MULTI_COUNT.unpack_from(reply.payload)[0] \
+                if len(reply.payload) == _MULTI_COUNT.size else -1
+            if done != len(chunk):
+                raise VfioError(f"{self.name}: REGION_WRITE_MULTI of {len(chunk)} writes: "
+                                f"the server did {done}")
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         """Grants come only from a server with the mapping extension; without it the

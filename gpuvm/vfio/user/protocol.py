@@ -83,6 +83,7 @@ MAX_MSG_FDS = 8
 MAX_DMA_MAPS = 1024  # windows a client may hold at once (the spec's default is 65535)
 EXTENSIONS_KEY = "gpuvm"  # VERSION capabilities: the gpuvm extensions a side offers
 EXTENSIONS = ("mapping", "stats", "clock")
+WRITE_MULTIPLE_KEY = "write_multiple"  # VERSION capability: REGION_WRITE_MULTI is served
 MAX_MESSAGE_SIZE = MAX_DATA_XFER_SIZE + 4096  # a larger header.size is refused (E2BIG)
 # Polling for the peer's next message before sleeping pays only when the peer runs on
 # another core meanwhile: with fewer than 4 cores the poller takes the core the peer
@@ -291,6 +292,13 @@ ACCESS_WITH_VALUE = {n: struct.Struct(ACCESS_MESSAGE.format + c) for n, c in VAL
 VALUE = {n: struct.Struct("<" + c) for n, c in VALUE_CODES.items()}
 VALUE_MASK = {n: (1 << 8 * n) - 1 for n in VALUE_CODES}
 assert ACCESS_MESSAGE.size == HEADER_SIZE + ACCESS.size
+# REGION_WRITE_MULTI (the spec's): the payload is {u64 wr_cnt} and wr_cnt of these, {u64
+# offset, u32 region, u32 count (1..8), u8 data[8]} -- a REGION_WRITE's access and its
+# data, always 8 bytes (read here as one little-endian u64, of which `count` bytes count);
+# the reply is {u64 wr_cnt}, the writes done
+WRITE_MULTI_COUNT = struct.Struct("<Q")
+WRITE_MULTI_RECORD = struct.Struct("<QIIQ")
+MAX_POSTED_STORES = 4096  # records a client puts in one (a KVM coalesced ring holds 170)
 
 
 class ProtocolError(VfioError):

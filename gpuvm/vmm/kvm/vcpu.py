@@ -109,6 +109,8 @@ class ExitLoop:
         # where a queued store goes: (base, end, bar, write slot) per window
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
+        # where the drain sends its stores at once (None: one device.write each)
+        self._post = getattr(session.device, "write_posted", None)
         self.direct = direct
         # (bar, read slot, write slot) per window, to count what did not exit
         self._direct_slots = tuple((w.bar, 1 + 2 * i, 2 + 2 * i)
@@ -155,8 +157,11 @@ class ExitLoop:
         exactly as the exit path hands a trapped store: the vCPU's exit tick, then the
         window's write count, then `device.write`.  So each one is still a trapped access
         of the modelled system -- counts and virtual time are those of a run without the
-        ring, only the KVM exits are fewer.  Called before every exit is handled (the
-        stores came first) and on a flush kick; returns why the guest must stop, or None."""
+        ring, only the KVM exits are fewer.  A device in another process that takes
+        posted stores (`write_posted`: over vfio-user, where the server ticks and prices
+        each store as it hands it on) gets the whole drain in one message, in order.
+        Called before every exit is handled (the stores came first) and on a flush kick;
+        returns why the guest must stop, or None."""
         u32, u64 = self._u32, self._u64
         first_at, last_at, entries = self.ring_first_at, self.ring_last_at, self._ring_entries
         ring_max, entry_size = api.RING_MAX, api.RING_ENTRY_SIZE
@@ -166,8 +171,11 @@ class ExitLoop:
         counts = self.counters.slots
         windows = self._write_windows
         masks = MASKS
+        post = self._post
+        posted: list[tuple[int, int, int, int]] = []
         first, last = u32[first_at], u32[last_at]  # the vCPU is not running: last stays
         counts[self.counters.coalesced_slot] += (last - first) % ring_max
+        failure = None
         while first != last:
             at = entries + first * entry_size
             addr = u64[at >> 3]
@@ -179,12 +187,18 @@ class ExitLoop:
                 if base <= addr < end:
                     break
             else:
-                return (f"coalesced MMIO write of {size} bytes at guest-physical {addr:#x}, "
-                        f"outside every BAR window")
+                failure = (f"coalesced MMIO write of {size} bytes at guest-physical "
+                           f"{addr:#x}, outside every BAR window")
+                break
             tick()
             counts[wslot] += 1
-            write(bar, addr - base, size, value)
-        return None
+            if post is None:
+                write(bar, addr - base, size, value)
+            else:
+                posted.append((bar, addr - base, size, value))
+        if posted:
+            post(posted)
+        return failure
 
     def release(self) -> None:
         """Drop the views on kvm_run so the mapping can be closed."""
