@@ -34,8 +34,8 @@ run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
 
 # The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
-# paper's numbers (results/paper/latest/report.md); about 3 minutes on 2 idle cores (it
-# takes about 230 s of CPU; on a loaded host it takes as long as the host lets it).
+# paper's numbers (results/paper/latest/report.md); 3 to 4 minutes on 2 idle cores,
+# with the host's speed (it takes about 200-230 s of CPU).
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 
