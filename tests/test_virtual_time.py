@@ -110,6 +110,20 @@ def test_one_vm_alone_spends_exactly_its_priced_counts(mode):
     assert counts.get("mediator_lock.waits", 0) == 0
 
 
+# Each mode's one-VM virtual time (mmul n=32, xen-2014 prices) and the two fv-opt VMs'
+# of the threaded fixture, in ns, as the code stated them before the vGPU ownership
+# refactor, the layout module and the fault fixes (issue 76): a refactor changes none.
+# A change that means to move them (a price, the guest, what is counted) updates them
+# and says why in its commit.
+PINNED_VIRTUAL_NS = {"fv": 1_372_157_808, "fv-opt": 156_434_232, "pv": 13_589_120}
+PINNED_FV_OPT_PAIR_NS = [224_282_696, 224_426_888]
+
+
+def test_virtual_times_are_the_pinned_ones(streams, threaded):
+    assert {mode: alone for mode, (_, alone) in streams.items()} == PINNED_VIRTUAL_NS
+    assert [sum(ns for _, ns, _ in phases) for phases, _ in threaded] == PINNED_FV_OPT_PAIR_NS
+
+
 @pytest.fixture(scope="module")
 def streams() -> dict[str, tuple[VmStream, int]]:
     """Each mode's single-VM stream, recorded once, and that VM's own virtual time."""
