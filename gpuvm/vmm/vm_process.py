@@ -25,14 +25,13 @@ each drain as one REGION_WRITE_MULTI -- the before/after comparison of `gpuvm be
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, ContextManager, TextIO
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.errors import UserError
@@ -40,6 +39,7 @@ from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.vcpu_clock import RemoteVcpu
 from gpuvm.vmm.abi import BAR_BASES
 from gpuvm.vmm.backends import make_runner
+from gpuvm.vmm.env_switch import env_switch
 from gpuvm.vmm.guest_ram import GuestRam, prealloc_for
 from gpuvm.vmm.guest_session import GuestOutcome, GuestSession, PhaseRecord, boot_params_for
 from gpuvm.vmm.vfio_attach import attach
@@ -57,19 +57,10 @@ def posts_writes() -> bool:
     return value != "0"
 
 
-@contextlib.contextmanager
-def posting(on: bool) -> Iterator[None]:
+def posting(on: bool) -> ContextManager[None]:
     """VMM processes started inside post their drained stores in one message or not:
     $GPUVM_POSTED_WRITES, restored after (benchmarks' before/after comparisons)."""
-    before = os.environ.get(POSTED_ENV)
-    os.environ[POSTED_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[POSTED_ENV]
-        else:
-            os.environ[POSTED_ENV] = before
+    return env_switch(POSTED_ENV, on)
 
 
 def _wait_for_go(go: TextIO) -> bool:

@@ -9,18 +9,18 @@ a one-line reason and the guest's RIP, and the thread releases its fds and mappi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager
 
 from gpuvm.device import regs
 from gpuvm.errors import UserError
 from gpuvm.vmm import abi
 from gpuvm.vmm.abi import BAR_BASES
+from gpuvm.vmm.env_switch import env_switch
 from gpuvm.vmm.guest_ram import GuestRam
 from gpuvm.vmm.guest_session import GuestFailed, GuestOutcome, GuestSession, ThreadUsage
 from gpuvm.vmm.guest_thread import GuestThread
@@ -46,19 +46,10 @@ def coalescing_default() -> bool:
     return value != "0"
 
 
-@contextlib.contextmanager
-def coalescing(on: bool) -> Iterator[None]:
+def coalescing(on: bool) -> ContextManager[None]:
     """KVM runners made inside (and VMM processes started inside) use the coalesced ring
     or not: $GPUVM_COALESCE, restored after (benchmarks' before/after comparisons)."""
-    before = os.environ.get(COALESCE_ENV)
-    os.environ[COALESCE_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[COALESCE_ENV]
-        else:
-            os.environ[COALESCE_ENV] = before
+    return env_switch(COALESCE_ENV, on)
 
 
 def coalesced_zones(windows: tuple[BarRange, ...], apertures_mapped: bool = False
