@@ -131,8 +131,10 @@ class MdevServer:
             uuid = next((u for u, s in self.active.items() if s is server), None)
             if uuid is None:
                 return
-            del self.active[uuid]
-            self.machine.detach(self.specs[uuid])
+            try:  # the mdev reads as free only once its vGPU and partition are gone
+                self.machine.detach(self.specs[uuid])
+            finally:
+                del self.active[uuid]
         log.info("mdev %s: VMM gone (%s); vGPU removed, partition reclaimed", uuid,
                  server.disconnect_reason or "closed")
 
