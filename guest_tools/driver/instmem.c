@@ -3,8 +3,7 @@
 
 void inst_zero(struct gpu *g, uint64_t bar3, uint64_t bytes)
 {
-    for (uint64_t off = 0; off < bytes; off += 8)
-        plat_wr64(BAR3, bar3 + off, 0);
+    plat_zero64(BAR3, bar3, bytes / 8);
     g->stats.pt_zero_words += bytes / 8;
 }
 
@@ -19,10 +18,8 @@ int inst_new(struct gpu *g, uint64_t size, int zero, struct instobj *o)
     if ((err = vm_map(&g->bar3, o->bar3, o->vram, o->size, TARGET_VRAM, 0)) ||
         (err = vm_flush(&g->bar3)))
         goto fail_va;
-    if (zero) {
-        for (uint64_t off = 0; off < o->size; off += 8)
-            plat_wr64(BAR3, o->bar3 + off, 0);
-    }
+    if (zero)
+        plat_zero64(BAR3, o->bar3, o->size / 8);
     return 0;
 fail_va:
     vm_unmap(&g->bar3, o->bar3, o->size);

@@ -109,6 +109,12 @@ void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
     check_abort();
 }
 
+void plat_zero64(unsigned bar, uint64_t off, uint64_t count)
+{
+    for (uint64_t i = 0; i < count; i++)
+        plat_wr64(bar, off + i * 8, 0);
+}
+
 void plat_out(uint32_t port, uint32_t value)
 {
     port_out(port, value);

@@ -45,6 +45,14 @@ void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
     ((volatile uint64_t *)boot->bar_writes)[bar]++;
 }
 
+void plat_zero64(unsigned bar, uint64_t off, uint64_t count)
+{
+    void *dst = (void *)bar_ptr(bar, off);
+    uint64_t n = count;
+    __asm__ volatile("rep stosq" : "+D"(dst), "+c"(n) : "a"(0ULL) : "memory");
+    ((volatile uint64_t *)boot->bar_writes)[bar] += count;
+}
+
 void plat_out(uint32_t port, uint32_t value)
 {
     __asm__ volatile("outl %0, %w1" : : "a"(value), "Nd"((uint16_t)port) : "memory");
