@@ -3,7 +3,7 @@
 
 void inst_zero(struct gpu *g, uint64_t bar3, uint64_t bytes)
 {
-    plat_zero64(BAR3, bar3, bytes / 8);
+    plat_zero(BAR3, bar3, bytes / 8, 8);
     g->stats.pt_zero_words += bytes / 8;
 }
 
@@ -19,7 +19,7 @@ int inst_new(struct gpu *g, uint64_t size, int zero, struct instobj *o)
         (err = vm_flush(&g->bar3)))
         goto fail_va;
     if (zero)
-        plat_zero64(BAR3, o->bar3, o->size / 8);
+        plat_zero(BAR3, o->bar3, o->size / 8, 8);
     return 0;
 fail_va:
     vm_unmap(&g->bar3, o->bar3, o->size);

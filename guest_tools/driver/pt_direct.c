@@ -51,8 +51,7 @@ static void zero_entries(struct gpu_vm *vm, uint64_t vram, uint64_t bar3, uint64
 {
     struct gpu *g = vm->gpu;
     if (is_bar_vm(vm)) {
-        for (uint64_t i = 0; i < count; i++)
-            pramin_wr64(g, vram + i * 8, 0);
+        pramin_zero64(g, vram, count);
         g->stats.pt_zero_words += count;
     } else {
         inst_zero(g, bar3, count * 8);

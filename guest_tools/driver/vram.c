@@ -40,6 +40,19 @@ uint32_t pramin_rd32(struct gpu *g, uint64_t vram)
     return gpu_rd32(g, PRAMIN_WINDOW + (uint32_t)(vram & 0xffff));
 }
 
+void pramin_zero64(struct gpu *g, uint64_t vram, uint64_t count)
+{
+    uint64_t words = count * 2;  /* as pramin_wr64 stores them: two 32-bit halves */
+    while (words) {
+        pramin_move(g, vram);
+        uint64_t in_window = (0x10000 - (vram & 0xffff)) / 4;
+        uint64_t n = words < in_window ? words : in_window;
+        plat_zero(BAR0, PRAMIN_WINDOW + (vram & 0xffff), n, 4);
+        vram += n * 4;
+        words -= n;
+    }
+}
+
 void pramin_wr64(struct gpu *g, uint64_t vram, uint64_t v)
 {
     pramin_wr32(g, vram, (uint32_t)v);

@@ -86,6 +86,9 @@ void vram_free(struct gpu *g, uint64_t addr);
 void pramin_wr32(struct gpu *g, uint64_t vram, uint32_t v);
 uint32_t pramin_rd32(struct gpu *g, uint64_t vram);
 void pramin_wr64(struct gpu *g, uint64_t vram, uint64_t v);
+/* `count` pramin_wr64(.., 0) at vram, vram + 8, ...: the same stores, each run within
+ * one window position a single plat_zero. */
+void pramin_zero64(struct gpu *g, uint64_t vram, uint64_t count);
 
 /* Write flush of BAR/PRAMIN stores before the device is told to look (PFLUSH). */
 int gpu_bar_flush(struct gpu *g);

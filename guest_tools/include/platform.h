@@ -29,11 +29,12 @@ uint32_t plat_rd32(unsigned bar, uint64_t off);
 void plat_wr32(unsigned bar, uint64_t off, uint32_t value);
 uint64_t plat_rd64(unsigned bar, uint64_t off);
 void plat_wr64(unsigned bar, uint64_t off, uint64_t value);
-/* `count` 64-bit stores of zero at off, off + 8, ...: the very stores of `count`
- * plat_wr64 calls, in order.  On KVM they are one `rep stosq`, which KVM's instruction
- * emulator repeats inside the kernel while each store lands in its coalesced-MMIO ring,
- * so a page of zeroed entries costs a few exits instead of one per store. */
-void plat_zero64(unsigned bar, uint64_t off, uint64_t count);
+/* `count` stores of zero, `width` (4 or 8) bytes each, at off, off + width, ...: the
+ * very stores of `count` plat_wr32/plat_wr64 calls, in order.  On KVM they are one
+ * `rep stos`, which KVM's instruction emulator repeats inside the kernel while each
+ * store lands in its coalesced-MMIO ring, so a page of zeroed entries costs a few exits
+ * instead of one per store. */
+void plat_zero(unsigned bar, uint64_t off, uint64_t count, unsigned width);
 void plat_out(uint32_t port, uint32_t value);
 
 /* Guest-physical address of a pointer into guest RAM (and back).  A pointer outside

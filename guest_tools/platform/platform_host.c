@@ -109,10 +109,14 @@ void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
     check_abort();
 }
 
-void plat_zero64(unsigned bar, uint64_t off, uint64_t count)
+void plat_zero(unsigned bar, uint64_t off, uint64_t count, unsigned width)
 {
-    for (uint64_t i = 0; i < count; i++)
-        plat_wr64(bar, off + i * 8, 0);
+    for (uint64_t i = 0; i < count; i++) {
+        if (width == 8)
+            plat_wr64(bar, off + i * 8, 0);
+        else
+            plat_wr32(bar, off + i * 4, 0);
+    }
 }
 
 void plat_out(uint32_t port, uint32_t value)

@@ -45,11 +45,14 @@ void plat_wr64(unsigned bar, uint64_t off, uint64_t value)
     ((volatile uint64_t *)boot->bar_writes)[bar]++;
 }
 
-void plat_zero64(unsigned bar, uint64_t off, uint64_t count)
+void plat_zero(unsigned bar, uint64_t off, uint64_t count, unsigned width)
 {
     void *dst = (void *)bar_ptr(bar, off);
     uint64_t n = count;
-    __asm__ volatile("rep stosq" : "+D"(dst), "+c"(n) : "a"(0ULL) : "memory");
+    if (width == 8)
+        __asm__ volatile("rep stosq" : "+D"(dst), "+c"(n) : "a"(0ULL) : "memory");
+    else
+        __asm__ volatile("rep stosl" : "+D"(dst), "+c"(n) : "a"(0U) : "memory");
     ((volatile uint64_t *)boot->bar_writes)[bar] += count;
 }
 
