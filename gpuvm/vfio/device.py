@@ -100,6 +100,14 @@ class MappingListener(Protocol):
 
     def unmap(self, region: int, offset: int, size: int) -> None: ...
 
+    def post(self, region: int, offset: int, size: int, allowed: bool) -> None:
+        """Stores to [offset, offset+size) of `region` take effect only at a later trapped
+        access: the VMM may queue them, in order, until the guest's next exit (allowed);
+        or, from now on, each must reach the device before the guest goes on.  Said on
+        the trap path of the access that changes it.  A VMM may ignore it (every store
+        then reaches the device at once, which is always correct)."""
+        ...
+
 
 class VfioDevice(Protocol):
     """What a VMM may do with an attached device (see the module docstring)."""

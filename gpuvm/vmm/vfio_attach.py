@@ -48,6 +48,7 @@ class MemslotListener:
         self.table = table
         table.device_maps = True
         self.areas = {i: r.sparse for i, r in regions.items() if r.mappable}
+        self.sizes = {i: r.size for i, r in regions.items() if i in BAR_BASES}
 
     def _check(self, region: int, offset: int, size: int) -> None:
         if not any(a.offset <= offset and offset + size <= a.offset + a.size
@@ -62,6 +63,12 @@ class MemslotListener:
     def unmap(self, region: int, offset: int, size: int) -> None:
         self._check(region, offset, size)
         self.table.unmap(BAR_BASES[region] + offset, size)
+
+    def post(self, region: int, offset: int, size: int, allowed: bool) -> None:
+        if not (region in self.sizes and 0 <= offset and offset + size <= self.sizes[region]):
+            raise VfioError(f"region {region}: [{offset:#x}, {offset + size:#x}) is not "
+                            f"inside a memory BAR")
+        self.table.post(BAR_BASES[region] + offset, size, allowed)
 
     def slots_in_use(self) -> int:
         return self.table.slots_in_use

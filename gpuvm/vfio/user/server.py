@@ -94,6 +94,10 @@ class _ForwardingListener:
     def unmap(self, region: int, offset: int, size: int) -> None:
         self.server.notify(p.MappingEvent(region, p.MAPPING_UNMAP, offset, 0, size))
 
+    def post(self, region: int, offset: int, size: int, allowed: bool) -> None:
+        """Not forwarded (GPUVM_MAPPING_EVENT has no such kind): a remote VMM's stores to
+        such a zone always exit, which is always correct, only slower."""
+
 
 class DeviceServer:
     """Serves `device` on the connected socket `sock` (see the module docstring)."""

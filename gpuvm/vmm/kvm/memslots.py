@@ -44,6 +44,15 @@ class SlotSink(Protocol):
                           flags: int = 0) -> None: ...
 
 
+class PostingSink(SlotSink, Protocol):
+    """A VM whose MMIO stores to a zone may queue for its next exit (KvmVm: KVM's
+    coalesced ring)."""
+
+    def coalesce(self, gpa: int, size: int) -> None: ...
+
+    def uncoalesce(self, gpa: int, size: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class Mapping:
     """One KVM slot: guest-physical [gpa, gpa+size) backed by host [host_address, ...)."""
@@ -84,6 +93,10 @@ class MemslotTable:
         # whether a device maps pages here as it judges (BAR remap), set when one is
         # connected: its decisions follow the guest's trapped accesses
         self.device_maps = False
+        # zones a device says may queue their stores (`post`), and whether the runner
+        # queues them (the KVM runner, where its coalesced ring is on)
+        self._posted: set[tuple[int, int]] = set()
+        self.accepts_posting = False
 
     # ---------------------------------------------------------------- binding
     def bind(self, vm: SlotSink) -> None:
@@ -95,11 +108,36 @@ class MemslotTable:
                                    "KVM_CAP_READONLY_MEM")
             for m in list(self._maps):
                 self._add_to_kernel(m)
+            if self.accepts_posting:
+                for gpa, size in sorted(self._posted):
+                    self._posting_vm().coalesce(gpa, size)
 
     def unbind(self) -> None:
         """Detach before the VM fd closes; later calls only update the table."""
         with self._lock:
             self._vm = None
+
+    def post(self, gpa: int, size: int, allowed: bool) -> None:
+        """A device says its stores to [gpa, gpa+size) may wait, in order, for the guest's
+        next exit (allowed) -- they take effect only at a later trapped access -- or
+        from now on must each exit.  Called on the trap path of the access that changes
+        it, before the guest goes on, so the guest's next store already sees the zone."""
+        _check_range(gpa, size)
+        with self._lock:
+            if allowed == ((gpa, size) in self._posted):
+                return
+            if allowed:
+                self._posted.add((gpa, size))
+            else:
+                self._posted.discard((gpa, size))
+            if self._vm is not None and self.accepts_posting:
+                vm = self._posting_vm()
+                (vm.coalesce if allowed else vm.uncoalesce)(gpa, size)
+
+    def _posting_vm(self) -> PostingSink:
+        vm = self._vm
+        assert vm is not None and hasattr(vm, "coalesce"), "accepts_posting without a ring"
+        return vm  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- queries
     @property

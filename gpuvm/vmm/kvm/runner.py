@@ -169,7 +169,8 @@ class KvmRunner(GuestThread):
         pages as it judges from the guest's trapped accesses (a mediated vGPU in a remap
         mode: a BAR3 or PRAMIN store can make it map or unmap pages, which the guest's
         next access must already see), unless those mappings are the passed-through
-        GPU's own apertures, which no queued store changes (`coalesced_zones`)."""
+        GPU's own apertures, which no queued store changes (`coalesced_zones`).  Such a
+        device says itself which zones may queue, and when (MemslotTable.post)."""
         return self.coalesce and (self.direct_counting or not self.memslots.device_maps)
 
     @property
@@ -202,6 +203,8 @@ class KvmRunner(GuestThread):
             vm.set_sregs(sregs)
             vm.set_regs(long_mode.entry_regs(abi.GUEST_IMAGE_BASE, abi.GUEST_STACK_TOP - 8,
                                              abi.GUEST_BOOT_PARAMS))
+            # a remapping device may still say which of its zones can queue (`post`)
+            self.memslots.accepts_posting = self.coalesce and bool(vm.coalesced_ring)
             self.memslots.bind(vm)
             if self.coalescing_safe and vm.coalesced_ring:
                 for gpa, size in coalesced_zones(self.windows, self.direct_counting):
@@ -228,8 +231,7 @@ class KvmRunner(GuestThread):
                     vm.run[api.RUN_IMMEDIATE_EXIT] = 1  # stopped before it began
             loop = self.loop_class(vm, self.session, self.windows, self.counters,
                                    self._stop_reason,
-                                   coalesced=self.coalescing_safe and
-                                   bool(vm.coalesced_ring),
+                                   coalesced=self.coalesce and bool(vm.coalesced_ring),
                                    direct=self._direct_accesses())
             self.session.start()
             started = True

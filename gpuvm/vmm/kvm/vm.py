@@ -108,6 +108,13 @@ class KvmVm:
         _ioctl(self.vm_fd, api.KVM_REGISTER_COALESCED_MMIO, bytes(zone),
                f"KVM_REGISTER_COALESCED_MMIO (gpa {gpa:#x}, size {size:#x})")
 
+    def uncoalesce(self, gpa: int, size: int) -> None:
+        """Stores to a zone `coalesce` registered exit again, each (the ring must have
+        been drained of them first: the exit loop drains before it handles any exit)."""
+        zone = api.KvmCoalescedMmioZone(gpa, size, 0)
+        _ioctl(self.vm_fd, api.KVM_UNREGISTER_COALESCED_MMIO, bytes(zone),
+               f"KVM_UNREGISTER_COALESCED_MMIO (gpa {gpa:#x}, size {size:#x})")
+
     def get_regs(self) -> api.KvmRegs:
         regs = api.KvmRegs()
         _ioctl_into(self.vcpu_fd, api.KVM_GET_REGS, regs, "KVM_GET_REGS")
