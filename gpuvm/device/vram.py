@@ -83,6 +83,7 @@ class Vram:
         self.u8 = np.frombuffer(_reservation_type(size).from_address(address),
                                 dtype=np.uint8)
         self._bytes = memoryview(self.u8)
+        self._words = self._bytes.cast("I")  # an aligned 32-bit store without numpy
         self.u32 = self.u8.view(np.uint32)
         self.u64 = self.u8.view(np.uint64)
         self.pages = self.u8.reshape(-1, regs.SMALL_PAGE)
@@ -175,6 +176,9 @@ class Vram:
         return int.from_bytes(self._bytes[addr:addr + length], "little")
 
     def write_bytes(self, addr: int, length: int, value: int) -> None:
+        if length == 4 and not addr & 3:  # most BAR stores: a page-table word
+            self._words[addr >> 2] = value & 0xFFFFFFFF
+            return
         self._bytes[addr:addr + length] = (value & ((1 << (8 * length)) - 1)).to_bytes(length,
                                                                                      "little")
 
@@ -183,6 +187,7 @@ class Vram:
         drop this object's views; the range is unmapped when the last view of it goes
         (a memslot user may still hold one)."""
         self.u8 = self.u32 = self.u64 = self.pages = np.empty(0, dtype=np.uint8)
+        self._words.release()
         self._bytes.release()
         for piece in self._pieces.values():
             os.close(piece.fd)
