@@ -83,7 +83,9 @@ class Vram:
         self.u8 = np.frombuffer(_reservation_type(size).from_address(address),
                                 dtype=np.uint8)
         self._bytes = memoryview(self.u8)
-        self._words = self._bytes.cast("I")  # an aligned 32-bit store without numpy
+        # aligned 32- and 64-bit stores without numpy or a bytes object (BAR stores)
+        self._words = self._bytes.cast("I")
+        self._quads = self._bytes.cast("Q")
         self.u32 = self.u8.view(np.uint32)
         self.u64 = self.u8.view(np.uint64)
         self.pages = self.u8.reshape(-1, regs.SMALL_PAGE)
@@ -176,7 +178,10 @@ class Vram:
         return int.from_bytes(self._bytes[addr:addr + length], "little")
 
     def write_bytes(self, addr: int, length: int, value: int) -> None:
-        if length == 4 and not addr & 3:  # most BAR stores: a page-table word
+        if length == 8 and not addr & 7:  # most BAR stores: a page-table entry
+            self._quads[addr >> 3] = value & 0xFFFFFFFFFFFFFFFF
+            return
+        if length == 4 and not addr & 3:
             self._words[addr >> 2] = value & 0xFFFFFFFF
             return
         self._bytes[addr:addr + length] = (value & ((1 << (8 * length)) - 1)).to_bytes(length,
@@ -188,6 +193,7 @@ class Vram:
         (a memslot user may still hold one)."""
         self.u8 = self.u32 = self.u64 = self.pages = np.empty(0, dtype=np.uint8)
         self._words.release()
+        self._quads.release()
         self._bytes.release()
         for piece in self._pieces.values():
             os.close(piece.fd)
