@@ -83,7 +83,8 @@ class Vram:
         self.u8 = np.frombuffer(_reservation_type(size).from_address(address),
                                 dtype=np.uint8)
         self._bytes = memoryview(self.u8)
-        # aligned 32- and 64-bit stores without numpy or a bytes object (BAR stores)
+        # aligned 32- and 64-bit accesses without numpy or a bytes object (BAR stores,
+        # the PRAMIN window)
         self._words = self._bytes.cast("I")
         self._quads = self._bytes.cast("Q")
         self.u32 = self.u8.view(np.uint32)
@@ -164,14 +165,14 @@ class Vram:
         self.u8[addr:addr + length] = 0
 
     def read_u32(self, addr: int) -> int:
-        return int(self.u32[addr >> 2]) if not addr & 3 else \
+        return self._words[addr >> 2] if not addr & 3 else \
             int.from_bytes(self._bytes[addr:addr + 4], "little")
 
     def write_u32(self, addr: int, value: int) -> None:
         if addr & 3:
             self._bytes[addr:addr + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
         else:
-            self.u32[addr >> 2] = value & 0xFFFFFFFF
+            self._words[addr >> 2] = value & 0xFFFFFFFF
 
     def read_bytes(self, addr: int, length: int) -> int:
         """Little-endian integer of 1, 2, 4 or 8 bytes."""

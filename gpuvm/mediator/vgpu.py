@@ -59,6 +59,7 @@ _PRAMIN_END = regs.PRAMIN_WINDOW + regs.PRAMIN_WINDOW_SIZE
 # per access: fv's page-table stores take this path tens of thousands of times a run)
 _FORWARDED = {bar: (f"trap.bar{bar}.forward.read", f"trap.bar{bar}.forward.write")
               for bar in (regs.BAR1, regs.BAR3)}
+_PRAMIN_COUNTS = ("trap.bar0.pramin.read", "trap.bar0.pramin.write")
 _UNLOCKED = frozenset({"virtual", "faked", "refused", "passthrough"})
 
 
@@ -387,8 +388,7 @@ class VGpu:
 
     # ------------------------------------------------------------------ PRAMIN
     def _pramin(self, offset: int, size: int, value: int | None) -> int:
-        kind = "read" if value is None else "write"
-        self.counts[f"trap.bar0.pramin.{kind}"] += 1
+        self.counts[_PRAMIN_COUNTS[value is not None]] += 1
         addr = (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
             offset - regs.PRAMIN_WINDOW
         if size != 4 or offset & 3 or not self.policy.guest_vram_ok(addr, 4):
