@@ -81,6 +81,29 @@ def test_flags_and_limit(mmu, vram):
     assert exc.value.reason == regs.FAULT_VM_LIMIT
 
 
+def test_a_page_walked_before_is_still_checked_per_access(mmu, vram):
+    """translate_one keeps each page's walk until a flush: each access is still checked
+    against the space's limit and the PTE's flags, and counted."""
+    set_pde(vram, 0, small=SPT)
+    vram.u64[(SPT + 8) >> 3] = pte(0x400000, read_only=True)
+    vram.u64[(SPT + 16) >> 3] = pte(0x401000, supervisor=True)
+    space = Space(PD)
+    before = mmu.counters.total["vm.translations"]
+    for _ in range(2):
+        assert mmu.translate_one(space, 0x1004, False) == (regs.TARGET_VRAM, 0x400004)
+        with pytest.raises(VmFault) as exc:
+            mmu.translate_one(space, 0x1008, True)
+        assert exc.value.reason == regs.FAULT_READ_ONLY
+        assert mmu.translate_one(space, 0x2000, True) == (regs.TARGET_VRAM, 0x401000)
+        with pytest.raises(VmFault) as exc:
+            mmu.translate_one(space, 0x2000, False, user=True)
+        assert exc.value.reason == regs.FAULT_SUPERVISOR_ONLY
+        with pytest.raises(VmFault) as exc:  # the same directory under a shorter limit
+            mmu.translate_one(Space(PD, limit=0x1FFF), 0x2000, False)
+        assert exc.value.reason == regs.FAULT_VM_LIMIT
+    assert mmu.counters.total["vm.translations"] == before + 4
+
+
 def test_sysram_target_outside_port_is_a_dma_fault(mmu, vram):
     set_pde(vram, 0, small=SPT)
     vram.u64[(SPT + 8) >> 3] = pte(0x200000, target=regs.TARGET_SYSRAM)  # port is 1 MiB

@@ -95,7 +95,7 @@ class BarAperture:
             if space is None:
                 raise VmFault(regs.FAULT_NO_CHANNEL, offset, write)
             target, phys = self.mmu.translate_one(space, offset, write, user=False)
-            self.mmu.view(target, phys, size, DATA, write)
+            self.mmu.touch(target, phys, size, DATA, write)
             return target, phys
         except (VmFault, DmaFault) as exc:
             reason = exc.reason if isinstance(exc, VmFault) else regs.FAULT_PAGE_NOT_PRESENT

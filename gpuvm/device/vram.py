@@ -83,6 +83,10 @@ class Vram:
         self.u8 = np.frombuffer(_reservation_type(size).from_address(address),
                                 dtype=np.uint8)
         self._bytes = memoryview(self.u8)
+        # aligned 32- and 64-bit accesses without numpy or a bytes object (BAR stores,
+        # the PRAMIN window)
+        self._words = self._bytes.cast("I")
+        self._quads = self._bytes.cast("Q")
         self.u32 = self.u8.view(np.uint32)
         self.u64 = self.u8.view(np.uint64)
         self.pages = self.u8.reshape(-1, regs.SMALL_PAGE)
@@ -161,20 +165,26 @@ class Vram:
         self.u8[addr:addr + length] = 0
 
     def read_u32(self, addr: int) -> int:
-        return int(self.u32[addr >> 2]) if not addr & 3 else \
+        return self._words[addr >> 2] if not addr & 3 else \
             int.from_bytes(self._bytes[addr:addr + 4], "little")
 
     def write_u32(self, addr: int, value: int) -> None:
         if addr & 3:
             self._bytes[addr:addr + 4] = (value & 0xFFFFFFFF).to_bytes(4, "little")
         else:
-            self.u32[addr >> 2] = value & 0xFFFFFFFF
+            self._words[addr >> 2] = value & 0xFFFFFFFF
 
     def read_bytes(self, addr: int, length: int) -> int:
         """Little-endian integer of 1, 2, 4 or 8 bytes."""
         return int.from_bytes(self._bytes[addr:addr + length], "little")
 
     def write_bytes(self, addr: int, length: int, value: int) -> None:
+        if length == 8 and not addr & 7:  # most BAR stores: a page-table entry
+            self._quads[addr >> 3] = value & 0xFFFFFFFFFFFFFFFF
+            return
+        if length == 4 and not addr & 3:
+            self._words[addr >> 2] = value & 0xFFFFFFFF
+            return
         self._bytes[addr:addr + length] = (value & ((1 << (8 * length)) - 1)).to_bytes(length,
                                                                                      "little")
 
@@ -183,6 +193,8 @@ class Vram:
         drop this object's views; the range is unmapped when the last view of it goes
         (a memslot user may still hold one)."""
         self.u8 = self.u32 = self.u64 = self.pages = np.empty(0, dtype=np.uint8)
+        self._words.release()
+        self._quads.release()
         self._bytes.release()
         for piece in self._pieces.values():
             os.close(piece.fd)

@@ -75,6 +75,9 @@ class Channels:
         self.shadowing = shadowing
         self.by_vchid = table.by_vchid
         table.userd_poll = table.kick = 0
+        # the bound channels' RAMIN addresses, kept exact wherever a binding changes
+        # (_set_inst): reflect tests each trapped store against it in one lookup
+        self._ramin: frozenset[int] = frozenset(table.ramin_pages())
         # Every channel's shadow instance block and USERD page are taken now, so a guest
         # that fills its shadow reserve with page tables can still program its channels.
         for vchid in range(part.channels):
@@ -135,13 +138,13 @@ class Channels:
         try:
             if target != regs.TARGET_VRAM:
                 raise ChannelRefused("instance block not in VRAM")
-            ch.guest_inst = inst
+            self._set_inst(ch, inst)
             try:
                 self._build_shadow(ch)
             except PoolExhausted:
                 raise ChannelRefused("the shadow reserve is full") from None
         except ChannelRefused:
-            ch.guest_inst = None
+            self._set_inst(ch, None)
             count("trap.refused.channel_instance", 1)
             return
         self._resume_userd(ch)
@@ -160,6 +163,12 @@ class Channels:
             self.vram.u32[(ch.shadow_userd + regs.USERD_GP_PUT) >> 2] = put
             self.vram.u32[(ch.shadow_userd + regs.USERD_GP_GET) >> 2] = get
             ch.put = put
+
+    def _set_inst(self, ch: VChannel, inst: int | None) -> None:
+        """Bind (or, given None, unbind) a channel's guest RAMIN: the one place a
+        binding changes, so the set reflect consults stays exact."""
+        ch.guest_inst = inst
+        self._ramin = frozenset(self.table.ramin_pages())
 
     def _build_shadow(self, ch: VChannel) -> None:
         vram, policy = self.vram, self.policy
@@ -183,7 +192,8 @@ class Channels:
             for off in regs.RAMFC_PROGRESS_WORDS:
                 self.vram.u32[(guest + off) >> 2] = self.vram.u32[(ch.shadow_inst + off) >> 2]
         self.host.set_poll_page(ch.pchid, None)
-        ch.guest_inst = ch.guest_pd = None
+        self._set_inst(ch, None)
+        ch.guest_pd = None
         ch.put = 0
         self.vram.u8[ch.shadow_userd:ch.shadow_userd + regs.USERD_STRIDE] = 0
         self.shadowing.release_unused({c.guest_pd for c in self.by_vchid.values() if c.bound})
@@ -237,6 +247,8 @@ class Channels:
     def reflect(self, guest_addr: int) -> None:
         """A guest write landed at guest_addr: rebuild shadows of RAMIN it touched."""
         page = guest_addr & ~0xFFF
+        if page not in self._ramin:  # almost every store: no channel's RAMIN
+            return
         for ch in self.by_vchid.values():
             if ch.guest_inst == page:
                 self.rebuild(ch)
