@@ -58,6 +58,24 @@ def test_fewer_exits_keep_counts_and_priced_exits(mode: str,
     assert (unexited[DIRECT_ACCESSES] > 40_000) == (mode == "native")
 
 
+@pytest.mark.slow
+def test_a_remap_mode_queues_pramin_stores_while_no_channel_is_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fv-opt remaps BAR pages as its trapped accesses tell it, so it says itself when its
+    PRAMIN stores may queue (MappingListener.post): while no channel is bound -- the BAR
+    VMs' tables of Init, written before the first channel -- and not after.  The counts
+    and priced exits are those of the run where each store exits."""
+    trapped, trapped_stream = run("fv-opt", "0", monkeypatch)
+    fewer, fewer_stream = run("fv-opt", "1", monkeypatch)
+    queued = {name: c.pop(COALESCED_STORES, 0) for name, c in fewer}
+    assert fewer == trapped
+    assert fewer_stream == trapped_stream
+    pramin = {name: c.get("trap.bar0.pramin.write", 0) for name, c in trapped}
+    assert queued["Init"] > 4_000 and queued["Init"] <= pramin["Init"]
+    # once its channel is bound, every store exits again (Close unbinds it last)
+    assert all(queued[name] == 0 for name in ("HtoD", "Launch", "DtoH"))
+
+
 def test_the_switch_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUVM_COALESCE", raising=False)
     assert coalescing_default()

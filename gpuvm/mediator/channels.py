@@ -42,6 +42,10 @@ class AddressSpaces(Protocol):
         """Free the shadows of directories no bound channel uses."""
         ...
 
+    def pramin_posting(self, allowed: bool) -> None:
+        """No channel is bound any more (allowed), or one is now: PRAMIN stores may queue."""
+        ...
+
 
 # The scheduler's port for one VM (Submissions.submit with the VM's key bound):
 # doorbell(pchid, put, ledger), and channel_reset(pchid) -- a (re)bound channel starts at
@@ -78,6 +82,7 @@ class Channels:
         # the bound channels' RAMIN addresses, kept exact wherever a binding changes
         # (_set_inst): reflect tests each trapped store against it in one lookup
         self._ramin: frozenset[int] = frozenset(table.ramin_pages())
+        shadowing.pramin_posting(not self._ramin)
         # Every channel's shadow instance block and USERD page are taken now, so a guest
         # that fills its shadow reserve with page tables can still program its channels.
         for vchid in range(part.channels):
@@ -168,7 +173,9 @@ class Channels:
         """Bind (or, given None, unbind) a channel's guest RAMIN: the one place a
         binding changes, so the set reflect consults stays exact."""
         ch.guest_inst = inst
-        self._ramin = frozenset(self.table.ramin_pages())
+        before, self._ramin = self._ramin, frozenset(self.table.ramin_pages())
+        if bool(before) != bool(self._ramin):
+            self.shadowing.pramin_posting(not self._ramin)
 
     def _build_shadow(self, ch: VChannel) -> None:
         vram, policy = self.vram, self.policy

@@ -75,6 +75,7 @@ class Shadowing:
         self.empty_pd = part.shadow_pool.alloc(regs.PD_BYTES)  # for refused directories
         vram.u8[self.empty_pd:self.empty_pd + regs.PD_BYTES] = 0
         self.remapper: MappingListener | None = None  # the VMM's (BAR remap)
+        self._pramin_posted = True  # see pramin_posting
         self._remapped = {regs.BAR1: RemapState.empty(self.bar1.pages),
                           regs.BAR3: RemapState.empty(self.bar3.pages)}
 
@@ -229,6 +230,26 @@ class Shadowing:
         guest_pages.update(self.bar1.guest_table_pages())
         guest_pages.update(self.bar3.guest_table_pages())
         return {self.policy.host_vram(p) for p in guest_pages}
+
+    def set_remapper(self, listener: MappingListener | None) -> None:
+        """The VMM's listener for BAR remap (None: it is going): what is remapped now, and
+        whether PRAMIN stores may queue, are said to the new one."""
+        if listener is None and self.remapper is not None:
+            self.unmap_all()
+        self.remapper = listener
+        self.pramin_posting(self._pramin_posted)
+        self.refresh_remap()
+
+    def pramin_posting(self, allowed: bool) -> None:
+        """Whether the guest's PRAMIN stores may wait in the VMM's queue for its next exit,
+        in a remap mode (elsewhere the VMM queues them anyway): only while no channel is
+        bound.  A PRAMIN store changes VRAM and the shadows' write history, which the
+        next trapped access reads -- except a store into a bound channel's RAMIN, which
+        rebuilds its shadow and can change what is remapped: the guest's next access
+        must already see that.  Channels says when the bound set empties or fills."""
+        self._pramin_posted = allowed
+        if self.mode.remap and self.remapper is not None:
+            self.remapper.post(regs.BAR0, regs.PRAMIN_WINDOW, regs.PRAMIN_WINDOW_SIZE, allowed)
 
     def refresh_remap(self) -> None:
         if not self.mode.remap or self.remapper is None:

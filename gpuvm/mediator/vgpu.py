@@ -296,10 +296,7 @@ class VGpu:
 
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         with self.mediator_lock:
-            if listener is None and self.shadowing.remapper is not None:
-                self.shadowing.unmap_all()
-            self.shadowing.remapper = listener
-            self.shadowing.refresh_remap()
+            self.shadowing.set_remapper(listener)
 
     def dma_map(self, iova: int, memory: np.ndarray, flags: int) -> None:
         window = self.services.bus_window
