@@ -255,6 +255,9 @@ class Granted:
         for i in range(0, size, regs.SMALL_PAGE):
             self.pages.pop((bar, offset + i), None)
 
+    def post(self, bar: int, offset: int, size: int, allowed: bool) -> None:
+        """Queues nothing: every store reaches the vGPU at once (always allowed)."""
+
 
 def test_a_changed_remapped_page_is_resynced_at_the_flush(lazy_world):
     """fv-opt: a remapped page is used without a trap, so a flush that changes its entry
