@@ -8,14 +8,11 @@ from __future__ import annotations
 import os
 import select
 import socket
-import threading
-from types import SimpleNamespace
 
 import pytest
 
 from gpuvm.device import regs
 from gpuvm.device.clock import VirtualClock
-from gpuvm.run.isolated import removable
 from gpuvm.vfio import abi
 from gpuvm.vfio.device import VfioError
 from gpuvm.vfio.register_file import RegisterFileDevice
@@ -136,24 +133,3 @@ def test_a_vmm_that_hangs_up_mid_run_retires_only_its_own_vcpu(served):
     assert clock.now_ns() == PRICE
     server.vcpu.leaving.leave()  # its vGPU removed there
     assert clock.now_ns() == other.v == 1000
-
-
-def _vm(name: str, left_at: int | None) -> SimpleNamespace:
-    """A VM process as the isolated run's loop sees it: its vCPU left the clock at
-    `left_at` (None: it is still on it)."""
-    vcpu = SimpleNamespace(party=SimpleNamespace(v=left_at or 0), ended=left_at is not None)
-    closed = threading.Event()
-    closed.set()
-    return SimpleNamespace(name=name, server=SimpleNamespace(vcpu=vcpu, closed=closed))
-
-
-def test_isolated_vgpus_are_removed_in_the_order_their_vcpus_left():
-    """A removal waits for device time to reach that VM's last time, which an earlier
-    VM's timer holds until that one is removed: removing the later first waited until
-    the scheduler forced it (5 s), half of the runs of two pv VMs."""
-    early, late, running = _vm("early", 10), _vm("late", 20), _vm("running", None)
-    names = lambda vms: [vm.name for vm in vms]  # noqa: E731
-    assert names(removable([late, early], [late, early, running])) == ["early", "late"]
-    # the one that left first is still exiting (its process has not ended): wait for it
-    assert names(removable([late], [late, early, running])) == []
-    assert names(removable([early], [late, early])) == ["early"]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -24,7 +23,6 @@ from gpuvm.experiment.report import shares_in_window
 from gpuvm.experiment.rundir import config_hash
 from gpuvm.mediator.submission import Submissions, WatchdogLimits
 from gpuvm.run import run_vms
-from gpuvm.run.execute import _removable
 from gpuvm.run.spec import RunError, RunOptions, VmSpec, device_clock
 from gpuvm.vmm import vfio_attach
 from gpuvm.vmm.guest_session import GuestSession
@@ -159,24 +157,6 @@ def test_the_virtual_clock_is_the_default_isolated_vms_too():
 def test_an_unknown_clock_is_refused():
     with pytest.raises(RunError, match="clock: unknown device clock 'cpu'"):
         run_vms([VmSpec("A", "idle", [])], RunOptions(mode="fv-opt", clock="cpu"))
-
-
-def _vm(name: str, last: int, closing: bool) -> SimpleNamespace:
-    """A VM as the run loop sees it: its vCPU's time, and whether its guest has ended
-    (its thread let go of the clock) -- its thread may still be closing."""
-    return SimpleNamespace(name=name, party=SimpleNamespace(v=last),
-                           session=SimpleNamespace(leaving=object() if closing else None))
-
-
-def test_ended_vms_give_back_their_devices_in_the_order_they_left_the_clock():
-    """A removal waits for device time to reach its VM's last time, which an earlier
-    VM's timer holds until that VM is removed: the later one first, or before one still
-    closing, waited until the scheduler forced it (5 s)."""
-    early, late, running = _vm("early", 10, True), _vm("late", 20, True), _vm("r", 5, False)
-    names = lambda vms: [vm.name for vm in vms]  # noqa: E731
-    assert names(_removable([late, early], [late, early, running])) == ["early", "late"]
-    assert names(_removable([late], [late, early, running])) == []  # early still closing
-    assert names(_removable([early], [early, late])) == ["early"]
 
 
 def test_experiment_files_choose_the_clock():

@@ -139,6 +139,10 @@ class Submissions:
         self.limits = limits or WatchdogLimits()
         self.kills: list[tuple[object, int, str]] = []  # (vm, pchid, reason)
         self._used: dict[object, int] = {}  # device time charged per VM
+        # doorbells per VM rung (its vCPU's thread the only writer) and handed to the
+        # dispatcher (the loop's the only writer): equal when none is on the way
+        self._rung: dict[object, int] = {}
+        self._taken: dict[object, int] = {}
         self._started_at = 0
         self._started_wall = 0.0
         self._seen_now = -1  # device time as the watchdog last saw it, and when it moved
@@ -220,9 +224,12 @@ class Submissions:
         # nothing of a removed VM is kept (a long-running daemon served thousands)
         self._rank.pop(vm, None)
         self._used.pop(vm, None)
+        self._rung.pop(vm, None)
+        self._taken.pop(vm, None)
         self.dispatcher.metrics.pop(vm, None)
 
     def submit(self, vm: object, pchid: int, put: int, ledger: list | None = None) -> None:
+        self._rung[vm] = self._rung.get(vm, 0) + 1
         self._events.put(("submit", vm, Doorbell(pchid, put, ledger), self._stamp()))
 
     def on_idle(self, pchid: int, busy_ns: int) -> None:
@@ -241,16 +248,22 @@ class Submissions:
             return copy.deepcopy(m) if m is not None else None
 
     def wait_idle(self, vm: object, timeout: float = 5.0) -> bool:
-        """Wait until nothing of `vm` is queued or running (its last completion counted)."""
+        """Wait until nothing of `vm` is queued or running (its last completion counted).
+        Only `vm`'s own work: under a virtual clock another VM's events may wait for
+        device time that this VM's removal, after this wait, lets pass."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
                 running = self.dispatcher.running
                 if not self.dispatcher.queued(vm) and (running is None or running.vm is not vm) \
-                        and self._events.empty() and not self._ready:
+                        and not self._submits_pending(vm):
                     return True
             time.sleep(0.001)
         return False
+
+    def _submits_pending(self, vm: object) -> bool:
+        """A doorbell of `vm` not yet handed to the dispatcher."""
+        return self._rung.get(vm, 0) != self._taken.get(vm, 0)
 
     def close(self) -> None:
         self._stopping = True
@@ -431,6 +444,7 @@ class Submissions:
             finally:
                 done.set()
         elif kind == "submit":
+            self._taken[a] = self._taken.get(a, 0) + 1
             if a in self.dispatcher.metrics and self.dispatcher.metrics[a].removed_at is None:
                 self.dispatcher.submit(a, b, now)
                 self._start_picked()

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
@@ -24,6 +25,7 @@ from gpuvm.run.host_fit import available_bytes, shortfall
 from gpuvm.run.isolated import run_isolated
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
+from gpuvm.run.removals import REMOVAL_WAIT_S, Removals
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
 from gpuvm.vfio.device import VfioError
@@ -165,8 +167,8 @@ def _start(machine: Machine, spec: VmSpec, params: list[int], flags: int, ram: G
 
 def _leave_clock(r: _Running) -> object | None:
     """An ended VM's vCPU leaves the virtual clock, and a timer holds device time at its
-    last time until its vGPU is removed there (_detach_at_last_time): every VM that
-    ended is let go first, so none holds back the removal of another."""
+    last time until its vGPU is removed there (_remove_at_last_time, on a thread of its
+    own: gpuvm/run/removals.py)."""
     if r.party is None:
         return None
     if r.session.leaving is not None:  # the guest's thread let go as it ended
@@ -174,35 +176,29 @@ def _leave_clock(r: _Running) -> object | None:
     return r.party.retire()
 
 
-def _removable(ended: list[_Running], running: list[_Running]) -> list[_Running]:
-    """Of the `ended` VMs, those whose devices may be given back now, in the order their
-    vCPUs left the virtual clock.  A vGPU's removal waits for device time to reach its
-    VM's last time, which the timer of a VM that left earlier holds until that VM is
-    removed: one whose guest ended earlier but whose thread is still closing is waited
-    for (the next look), else the later removal waited the 5 s after which the scheduler
-    forces it."""
-    def last(r: _Running) -> int:
-        return r.party.v if r.party is not None else 0
-
-    closing = [last(r) for r in running if r not in ended and r.session.leaving is not None]
-    first = min(closing, default=None)
-    return [r for r in sorted(ended, key=last) if first is None or last(r) <= first]
+def _result(machine: Machine, r: _Running, outcome: object) -> VmResult:
+    """An ended VM's result, with the scheduler's record of it (once its GPU work is
+    done), before its device is given back."""
+    metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
+    return VmResult(r.spec, outcome, r.attached.stats.faults(), metrics)
 
 
-def _detach_at_last_time(machine: Machine, r: _Running, leaving: object | None) -> None:
-    """Give back an ended VM's device.  On a virtual clock its vGPU is removed at its
-    vCPU's last time (held there by `leaving`, from _leave_clock): this thread stamps
-    the removal with that time."""
-    if r.party is None:
-        machine.detach(r.spec)
-        return
+def _remove_at_last_time(machine: Machine, r: _Running, outcome: object,
+                         leaving: object) -> VmResult:
+    """An ended VM's result, then its device given back on a virtual clock: its vGPU is
+    removed at its vCPU's last time (held there by `leaving`, from _leave_clock): this
+    thread (gpuvm/run/removals.py) stamps the removal with that time."""
+    assert r.party is not None
     clock = r.party.clock
-    clock.bind_thread(r.party)  # stamps: its (last) time
     try:
+        result = _result(machine, r, outcome)
+        r.attached.detach()
+        clock.bind_thread(r.party)  # stamps: its (last) time
         machine.detach(r.spec)
-    finally:
+    finally:  # whatever happened, device time is not held back for it any longer
         clock.bind_thread(None)
-        leaving.leave()
+        leaving.leave()  # type: ignore[attr-defined]
+    return result
 
 
 def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
@@ -223,6 +219,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     virtual = clock is not None and clock.virtual
     woken = threading.Event()
     arrivals = clock.timer("arrivals", woken.set, ordered=True) if virtual else None
+    removals = Removals()
+    finished: list[VmResult] = []
 
     def start_ns(b: tuple[VmSpec, list[int], int]) -> int:
         return round(b[0].start_delay * 1e9)
@@ -263,25 +261,31 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 r.runner.start()
                 for o in observers:
                     o.started(machine, r.spec, r.attached.device, r.session)
-            ended = _removable([r for r in running if not r.runner.alive()
-                                or now >= r.deadline], running)
+            ended = [r for r in running if not r.runner.alive() or now >= r.deadline]
             leaving = {r.spec.name: _leave_clock(r) for r in ended if not r.runner.alive()}
             for r in ended:
                 outcome = r.runner.join(max(0.0, r.deadline - time.monotonic()))
-                metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
-                results[r.spec.name] = VmResult(r.spec, outcome, r.attached.stats.faults(),
-                                                metrics)
-                for o in observers:
-                    o.finished(machine, results[r.spec.name])
                 running.remove(r)
+                if r.party is not None and not r.runner.alive():
+                    removals.start(r.spec.name, partial(
+                        _remove_at_last_time, machine, r, outcome,
+                        leaving.get(r.spec.name) or _leave_clock(r)))
+                    r.party.leave()  # an ended VM holds no device time back
+                    continue
+                if r.party is not None:
+                    r.party.leave()
+                finished.append(_result(machine, r, outcome))
                 if r.runner.alive():
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
-                    _detach_at_last_time(machine, r, leaving.get(r.spec.name)
-                                         or _leave_clock(r))
-                if r.party is not None:
-                    r.party.leave()  # an ended VM holds no device time back
+                    machine.detach(r.spec)
+            finished.extend(removals.take())
+            for result in finished:
+                results[result.spec.name] = result
+                for o in observers:
+                    o.finished(machine, result)
+            finished.clear()
             for o in observers:
                 o.tick(machine)
             if (pending or running) and virtual:
@@ -291,6 +295,11 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                 next_start = pending[0][0].start_delay - (time.monotonic() - t0) if pending \
                     else POLL_S
                 time.sleep(max(0.0, min(POLL_S, next_start)))
+        removals.join()
+        for result in removals.take():
+            results[result.spec.name] = result
+            for o in observers:
+                o.finished(machine, result)
         return [results[spec.name] for spec, _, _ in boot]
     finally:
         if arrivals is not None:
@@ -302,6 +311,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             if r.runner.started():
                 r.runner.join(5)
             stuck = stuck or r.runner.alive()
+        removals.join(REMOVAL_WAIT_S)
         # A guest thread that would not stop may still touch its RAM and the GPU: then
         # both stay mapped (leaked) rather than pulled from under it.
         for o in observers:

@@ -37,8 +37,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
+from gpuvm.run.removals import REMOVAL_WAIT_S, Removals
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
@@ -178,29 +180,40 @@ def start_together(vms: list[VmProcess], options: RunOptions) -> None:
         vm.drain()
 
 
-def collect_vm(machine: Machine, vm: VmProcess
-               ) -> tuple[dict[str, Any], Any, ServedTime]:
+def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any, ServedTime]:
     """The finished (or dead) VM's record, scheduler metrics and the server's time on
-    it (DeviceServer.served_ns); its device detached."""
-    if vm.reader is None:
-        vm.drain()
-    assert vm.reader is not None
-    vm.reader.join()
-    out = "".join(vm.output)
-    rc = vm.process.wait()
-    vm.server.closed.wait(10)
+    it (DeviceServer.served_ns); its device detached (on a virtual clock at its last
+    time: run on a thread of its own, gpuvm/run/removals.py)."""
     try:
-        record = json.loads(out) if rc == 0 and out else None
-    except ValueError:
-        record = None
-    if record is None:
-        why = f"VMM process exited with status {rc}" if rc >= 0 else \
-            f"VMM process killed by {signal.Signals(-rc).name}"
-        record = vm_process.failed_outcome(vm.spec.name, why)
-    metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
-    served = ServedTime(*vm.server.served_ns())
-    _detach_at_last_time(machine, vm)
+        if vm.reader is None:
+            vm.drain()
+        assert vm.reader is not None
+        vm.reader.join()
+        out = "".join(vm.output)
+        rc = vm.process.wait()
+        vm.server.closed.wait(10)
+        try:
+            record = json.loads(out) if rc == 0 and out else None
+        except ValueError:
+            record = None
+        if record is None:
+            why = f"VMM process exited with status {rc}" if rc >= 0 else \
+                f"VMM process killed by {signal.Signals(-rc).name}"
+            record = vm_process.failed_outcome(vm.spec.name, why)
+        metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
+        served = ServedTime(*vm.server.served_ns())
+    finally:  # whatever happened, the device is given back and holds no time back
+        _detach_at_last_time(machine, vm)
     return record, metrics, served
+
+
+def _result(machine: Machine, vm: VmProcess) -> VmResult:
+    """A finished VM's result, its device given back (collect_vm)."""
+    record, metrics, served = collect_vm(machine, vm)
+    outcome, faults = vm_process.recorded_outcome(record)
+    if vm.server.vcpu is not None:  # its priced event stream, for the rows
+        outcome.session.clock_party = vm.server.vcpu.party
+    return VmResult(vm.spec, outcome, faults, metrics, served)
 
 
 def _detach_at_last_time(machine: Machine, vm: VmProcess) -> None:
@@ -227,22 +240,6 @@ def _last_time(vm: VmProcess) -> int | None:
     return vcpu.party.v if vcpu is not None and vcpu.ended else None
 
 
-def removable(ended: list[VmProcess], running: list[VmProcess]) -> list[VmProcess]:
-    """Of the VMs whose processes `ended`, those whose vGPUs may be removed now, in the
-    order of their vCPUs' last times.  A removal waits (in wall time) for device time to
-    reach that VM's last time, which an earlier one's timer holds back until that VM is
-    removed: so a VM whose process is still exiting after its guest ended earlier is
-    removed first, and the ones after it wait for it (not for the 5 s the scheduler
-    gives a removal before it forces it)."""
-    for vm in ended:
-        vm.server.closed.wait(10)  # exited or killed: the hang-up retires its vCPU
-    exiting = [t for vm in running if vm not in ended
-               if (t := _last_time(vm)) is not None]
-    first = min(exiting, default=None)
-    order = sorted(ended, key=lambda vm: _last_time(vm) or 0)
-    return [vm for vm in order if first is None or (_last_time(vm) or 0) <= first]
-
-
 def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                  programs: dict, backend: str, options: RunOptions,
                  on_spawn: Callable[[VmProcess], None] | None = None) -> list:
@@ -258,6 +255,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     woken = threading.Event()
     # on a virtual clock a VM arrives when device time reaches its start_delay
     arrivals = clock.timer("arrivals", woken.set, ordered=True) if clock else None
+    removals = Removals()
     if arrivals is not None and pending:
         arrivals.set_alarm(_start_ns(pending[0][0]))
 
@@ -290,18 +288,19 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             for vm in ended:
                 if vm.process.poll() is None:
                     vm.process.kill()
-            for vm in removable(ended, running):
-                record, metrics, served = collect_vm(machine, vm)
-                outcome, faults = vm_process.recorded_outcome(record)
-                if vm.server.vcpu is not None:  # its priced event stream, for the rows
-                    outcome.session.clock_party = vm.server.vcpu.party
-                results[vm.spec.name] = VmResult(vm.spec, outcome, faults, metrics, served)
+            for vm in ended:
                 running.remove(vm)
+                removals.start(vm.spec.name, partial(_result, machine, vm))
+            for result in removals.take():
+                results[result.spec.name] = result
             if (pending or running) and arrivals is not None:
                 woken.wait(POLL_S)  # the arrivals' waker, or a look at the VMs
                 woken.clear()
             elif pending or running:
                 time.sleep(POLL_S)
+        removals.join()
+        for result in removals.take():
+            results[result.spec.name] = result
         return [results[spec.name] for spec, _, _ in boot]
     finally:
         if arrivals is not None:
@@ -310,6 +309,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
             vm.process.kill()
             vm.process.wait()
             vm.server.closed.wait(10)
+        removals.join(REMOVAL_WAIT_S)
         if loop is not None:
             loop.close()
         machine.close()
