@@ -34,8 +34,8 @@ run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
 
 # The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
-# paper's numbers (results/paper/latest/report.md); 3 to 4 minutes on 2 idle cores,
-# with the host's speed (it takes about 200-230 s of CPU).
+# paper's numbers (results/paper/latest/report.md); under 2 minutes on 2 idle cores
+# (about 100 s of CPU).
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
 
