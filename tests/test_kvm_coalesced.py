@@ -20,14 +20,15 @@ USABLE, WHY = kvm_usable()
 pytestmark = [pytest.mark.kvm, pytest.mark.skipif(not USABLE, reason=WHY)]
 
 
-def run(mode: str, coalesce: str, monkeypatch: pytest.MonkeyPatch
+def run(mode: str, coalesce: str, monkeypatch: pytest.MonkeyPatch, isolated: bool = False
         ) -> tuple[list[tuple[str, dict[str, int]]], list[list]]:
     """Each phase's counters, and the vCPU's priced event stream with how long each wait
     on the GPU lasted left out (see the test)."""
     monkeypatch.setenv("GPUVM_COALESCE", coalesce)
     prices = load_costs(COST_PROFILE).event_prices(MODES[mode].mediated)  # as `gpuvm run`
     (result,) = run_vms([VmSpec("vm0", "mmul", [64], mdev_type="gpuvm-Q6000-8Q")],
-                        RunOptions(mode=mode, backend="kvm", clock="virtual", prices=prices))
+                        RunOptions(mode=mode, backend="kvm", clock="virtual", prices=prices,
+                                   isolated=isolated))
     assert result.passed, result.outcome.describe_failure()
     stream = [e if e[0] != "w" else ["w"] for e in result.session.clock_party.stream.entries]
     return [(p.name, dict(p.counters)) for p in result.session.phases], stream
@@ -73,6 +74,23 @@ def test_a_remap_mode_queues_pramin_stores_while_no_channel_is_bound(
     pramin = {name: c.get("trap.bar0.pramin.write", 0) for name, c in trapped}
     assert queued["Init"] > 4_000 and queued["Init"] <= pramin["Init"]
     # once its channel is bound, every store exits again (Close unbinds it last)
+    assert all(queued[name] == 0 for name in ("HtoD", "Launch", "DtoH"))
+
+
+@pytest.mark.slow
+def test_an_isolated_vmm_hears_when_pramin_stores_may_queue(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over vfio-user the same word comes as a GPUVM_MAPPING_EVENT (post / trap) ahead of
+    the reply to the access that caused it: the VMM in its own process queues the same
+    PRAMIN stores, and counts and priced exits are those of the VM run as a thread."""
+    threaded, threaded_stream = run("fv-opt", "1", monkeypatch)
+    isolated, isolated_stream = run("fv-opt", "1", monkeypatch, isolated=True)
+    queued = {name: c.pop(COALESCED_STORES, 0) for name, c in isolated}
+    for _, c in threaded:
+        c.pop(COALESCED_STORES, None)
+    assert isolated == threaded
+    assert isolated_stream == threaded_stream
+    assert queued["Init"] > 4_000
     assert all(queued[name] == 0 for name in ("HtoD", "Launch", "DtoH"))
 
 

@@ -534,10 +534,15 @@ class VfioUserDevice:
             self._grants[(ev.region, ev.offset)] = (ev.fd_offset, ev.size)
             if self._listener is not None:
                 self._listener.map(ev.region, ev.offset, address + ev.fd_offset, ev.size)
-        else:
+        elif ev.kind in (p.MAPPING_POST, p.MAPPING_TRAP):
+            if self._listener is not None:
+                self._listener.post(ev.region, ev.offset, ev.size, ev.kind == p.MAPPING_POST)
+        elif ev.kind == p.MAPPING_UNMAP:
             self._grants.pop((ev.region, ev.offset), None)
             if self._listener is not None:
                 self._listener.unmap(ev.region, ev.offset, ev.size)
+        else:
+            raise p.ProtocolError(f"{self.name}: GPUVM_MAPPING_EVENT of unknown kind {ev.kind}")
 
 
 def _errno(exc: VfioError, number: int) -> VfioError:

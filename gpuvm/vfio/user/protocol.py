@@ -219,11 +219,14 @@ class MappingListen(ctypes.LittleEndianStructure):
 
 MAPPING_UNMAP = 0
 MAPPING_MAP = 1
+MAPPING_TRAP = 2  # stores to [offset, +size) must each reach the device (MappingListener.post)
+MAPPING_POST = 3  # ... may wait, in order, for the guest's next exit
 
 
 class MappingEvent(ctypes.LittleEndianStructure):
     """GPUVM_MAPPING_EVENT: map `size` bytes at `offset` of BAR `region` onto bytes
-    [fd_offset, fd_offset + size) of the region's mmap fd (kind MAP), or unmap them."""
+    [fd_offset, fd_offset + size) of the region's mmap fd (kind MAP), or unmap them; or
+    (kinds POST / TRAP, fd_offset 0) say whether stores there may queue."""
     _pack_ = 1
     _fields_ = [("region", _u32), ("kind", _u32), ("offset", _u64), ("fd_offset", _u64),
                 ("size", _u64)]

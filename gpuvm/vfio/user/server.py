@@ -95,8 +95,8 @@ class _ForwardingListener:
         self.server.notify(p.MappingEvent(region, p.MAPPING_UNMAP, offset, 0, size))
 
     def post(self, region: int, offset: int, size: int, allowed: bool) -> None:
-        """Not forwarded (GPUVM_MAPPING_EVENT has no such kind): a remote VMM's stores to
-        such a zone always exit, which is always correct, only slower."""
+        kind = p.MAPPING_POST if allowed else p.MAPPING_TRAP
+        self.server.notify(p.MappingEvent(region, kind, offset, 0, size))
 
 
 class DeviceServer:
