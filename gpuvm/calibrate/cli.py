@@ -24,6 +24,7 @@ from gpuvm.calibrate.footprint import build_and_count, footprint_table
 from gpuvm.calibrate.profile import load, to_json_dict, to_toml
 from gpuvm.calibrate.smart_pinning import crossover
 from gpuvm.calibrate.stats import MIN_REPS
+from gpuvm.cli_values import parse_counts
 from gpuvm.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -44,16 +45,6 @@ def parse_sizes(text: str) -> list[int]:
     """'64M,1G' -> [64 MiB, 1 GiB]; an empty list is a bad size like any other."""
     parts = [part for part in text.split(",") if part.strip()]
     return [parse_size(part) for part in parts] if parts else [parse_size(text)]
-
-
-def parse_counts(text: str, what: str = "VM counts") -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise UserError(f"bad {what} {text!r} (want e.g. 1,8)") from None
-    if not counts or min(counts) < 1:
-        raise UserError(f"bad {what} {text!r}: each must be at least 1")
-    return counts
 
 
 def human(nbytes: int) -> str:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpuvm.cli_values import parse_counts
 from gpuvm.errors import UserError
 from gpuvm.run.host_fit import available_bytes
 from gpuvm.experiment.catalog import NoSuchExperiment, resolve
@@ -24,16 +25,6 @@ from gpuvm.experiment.config import ConfigError, load
 from gpuvm.experiment.costs import load_costs
 from gpuvm.sim.sweep import distinct_points, points_for, run_sweep, traces_for, traces_needed
 from gpuvm.vmm.backends import BACKENDS
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise UserError(f"bad VM counts {text!r} (want e.g. 1,2,4,8)") from None
-    if not values or min(values) < 1:
-        raise UserError(f"bad VM counts {text!r}: each must be at least 1")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     if not exp.scenarios:
         raise UserError(f"{args.config}: has no scenarios of its own (a suite? give one of "
                         "its files)")
-    counts = _ints(args.vms) if args.vms else [0]
+    counts = parse_counts(args.vms) if args.vms else [0]
     _check_room(max(counts))
     points, same_as = distinct_points(exp, points_for(exp, counts, profiles))
     err = Console(stderr=True)
