@@ -25,7 +25,7 @@ from gpuvm.run.host_fit import available_bytes, shortfall
 from gpuvm.run.isolated import run_isolated
 from gpuvm.run.mediated import MediatedMachine, guest_for_mode
 from gpuvm.run.native import NativeMachine
-from gpuvm.run.removals import REMOVAL_WAIT_S, Removals
+from gpuvm.run.removals import REMOVAL_WAIT_S, Removals, detach_at_last_time
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunError, RunOptions, VmSpec
 from gpuvm.vfio.device import VfioError
@@ -188,16 +188,11 @@ def _remove_at_last_time(machine: Machine, r: _Running, outcome: object,
     """An ended VM's result, then its device given back on a virtual clock: its vGPU is
     removed at its vCPU's last time (held there by `leaving`, from _leave_clock): this
     thread (gpuvm/run/removals.py) stamps the removal with that time."""
-    assert r.party is not None
-    clock = r.party.clock
     try:
         result = _result(machine, r, outcome)
         r.attached.detach()
-        clock.bind_thread(r.party)  # stamps: its (last) time
-        machine.detach(r.spec)
     finally:  # whatever happened, device time is not held back for it any longer
-        clock.bind_thread(None)
-        leaving.leave()  # type: ignore[attr-defined]
+        detach_at_last_time(machine, r.spec, r.party, leaving)
     return result
 
 
@@ -220,7 +215,13 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     woken = threading.Event()
     arrivals = clock.timer("arrivals", woken.set, ordered=True) if virtual else None
     removals = Removals()
-    finished: list[VmResult] = []
+
+    def publish(done: list[VmResult]) -> None:
+        """Results the run now has, told to the observers (on this, the loop's thread)."""
+        for result in done:
+            results[result.spec.name] = result
+            for o in observers:
+                o.finished(machine, result)
 
     def start_ns(b: tuple[VmSpec, list[int], int]) -> int:
         return round(b[0].start_delay * 1e9)
@@ -274,18 +275,13 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     continue
                 if r.party is not None:
                     r.party.leave()
-                finished.append(_result(machine, r, outcome))
+                publish([_result(machine, r, outcome)])
                 if r.runner.alive():
                     stuck = True  # its thread would not stop: leave its VM in place
                 else:
                     r.attached.detach()
                     machine.detach(r.spec)
-            finished.extend(removals.take())
-            for result in finished:
-                results[result.spec.name] = result
-                for o in observers:
-                    o.finished(machine, result)
-            finished.clear()
+            publish(removals.take())
             for o in observers:
                 o.tick(machine)
             if (pending or running) and virtual:
@@ -296,10 +292,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     else POLL_S
                 time.sleep(max(0.0, min(POLL_S, next_start)))
         removals.join()
-        for result in removals.take():
-            results[result.spec.name] = result
-            for o in observers:
-                o.finished(machine, result)
+        publish(removals.take())
         return [results[spec.name] for spec, _, _ in boot]
     finally:
         if arrivals is not None:

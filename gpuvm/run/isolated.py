@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
-from gpuvm.run.removals import REMOVAL_WAIT_S, Removals
+from gpuvm.run.removals import REMOVAL_WAIT_S, Removals, detach_at_last_time
 from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
@@ -223,14 +223,9 @@ def _detach_at_last_time(machine: Machine, vm: VmProcess) -> None:
     if vcpu is None:
         machine.detach(vm.spec)
         return
-    clock = vcpu.party.clock
-    clock.bind_thread(vcpu.party)  # stamps the removal with its (last) time
     try:
-        machine.detach(vm.spec)
+        detach_at_last_time(machine, vm.spec, vcpu.party, vcpu.leaving)
     finally:
-        clock.bind_thread(None)
-        if vcpu.leaving is not None:
-            vcpu.leaving.leave()
         vcpu.party.leave()  # a server that never closed: its vCPU holds nothing back
 
 

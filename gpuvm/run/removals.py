@@ -19,6 +19,8 @@ import logging
 import threading
 from typing import Any, Callable
 
+from gpuvm.run.spec import Machine, VmSpec
+
 log = logging.getLogger(__name__)
 
 # how long a run cut short by an error waits for the removals under way: each ends
@@ -63,3 +65,17 @@ class Removals:
         self._threads = [t for t in self._threads if t.is_alive()]
         if self._errors:
             raise self._errors.pop(0)
+
+
+def detach_at_last_time(machine: Machine, spec: VmSpec, party: Any, leaving: Any) -> None:
+    """Give back a VM's device on a virtual clock at its vCPU's last time: the calling
+    thread stamps the removal with `party`'s (last) time, and `leaving`, the timer that
+    holds device time there (None: none does), is let go whatever happens."""
+    clock = party.clock
+    clock.bind_thread(party)
+    try:
+        machine.detach(spec)
+    finally:
+        clock.bind_thread(None)
+        if leaving is not None:
+            leaving.leave()
