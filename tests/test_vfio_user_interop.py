@@ -69,11 +69,21 @@ def start_sample(binary: Path, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
     path = Path(args[-1])
     deadline = time.monotonic() + 30
-    while not path.exists():
+    while not _listening(path):  # the path exists from bind(), a connect works from listen()
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the sample server never listened"
         time.sleep(0.02)
     return proc
+
+
+def _listening(path: Path) -> bool:
+    """Whether a Unix socket bound at `path` listens (its /proc/net/unix flags carry
+    __SO_ACCEPTCON), found without connecting: the samples serve one client at a time."""
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == str(path) and int(fields[3], 16) & 0x10000:
+            return True
+    return False
 
 
 def shared_ram(device: VfioUserDevice, pages: int) -> tuple[np.ndarray, int]:
