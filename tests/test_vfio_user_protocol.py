@@ -351,7 +351,7 @@ def test_the_client_posts_a_drain_in_one_message_or_writes_each(served, multi):
     assert device.write_multiple == multi
     stores = [(0, regs.PMC_INTR_EN, 4, i & 1) for i in range(4097)]
     before, sent = vgpu.counters(), device._msg_id
-    device.write_posted(stores)
+    device.write_many(stores)
     assert device._msg_id - sent == (2 if multi else 4097)
     assert vgpu.counters()["trap.bar0.virtual.write"] - \
         before.get("trap.bar0.virtual.write", 0) == 4097

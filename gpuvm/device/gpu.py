@@ -205,6 +205,12 @@ class Gpu:
             else:
                 self.counts.inc("mmio.unimplemented")
 
+    def bar3_write_run(self, offset: int, size: int, values: list[int]) -> bool:
+        """Stores in a row into one page of BAR3, made at once where `BarAperture.
+        write_run` can (False: nothing done; make them one by one with mmio_write)."""
+        with self.lock:
+            return self.bar3.write_run(offset, size, values)
+
     def reg_read(self, offset: int) -> int:
         """A 32-bit BAR0 register read, as a host driver makes it."""
         return self.mmio_read(regs.BAR0, offset, 4)

@@ -170,11 +170,19 @@ class HostDriver:
         return inst
 
     def setup_bar1(self, size: int) -> AddressSpace:
+        self.bar1_space, self.bar1_inst = self._setup_bar(regs.PBUS_BAR1_VM, size)
+        return self.bar1_space
+
+    def setup_bar3(self, size: int) -> AddressSpace:
+        """BAR3 through an address space of its own (map pages into it, then flush with
+        bar_vm=True), as nouveau sets up its BAR3 page-table window."""
+        return self._setup_bar(regs.PBUS_BAR3_VM, size)[0]
+
+    def _setup_bar(self, vm_reg: int, size: int) -> tuple[AddressSpace, int]:
         space = self.new_space()
-        self.bar1_inst = self._instance(space, size - 1)
-        self.wr(regs.PBUS_BAR1_VM, layout.barvm_word(self.bar1_inst))
-        self.bar1_space = space
-        return space
+        inst = self._instance(space, size - 1)
+        self.wr(vm_reg, layout.barvm_word(inst))
+        return space, inst
 
     # ------------------------------------------------------------------ channels
     def create_channel(self, chid: int, space: AddressSpace, gpfifo_va: int,

@@ -251,6 +251,11 @@ class Channels:
             self.host.wr(regs.PFIFO_KICK, ch.pchid)
 
     # ------------------------------------------------------------------ RAMIN reflection
+    def reflects(self, guest_addr: int) -> bool:
+        """Whether a store at guest_addr lands in a bound channel's RAMIN (`reflect`
+        rebuilds that channel's shadow)."""
+        return guest_addr & ~0xFFF in self._ramin
+
     def reflect(self, guest_addr: int) -> None:
         """A guest write landed at guest_addr: rebuild shadows of RAMIN it touched."""
         page = guest_addr & ~0xFFF

@@ -120,6 +120,12 @@ class VfioDevice(Protocol):
 
     def write(self, region: int, offset: int, size: int, value: int) -> None: ...
 
+    # A device may also take posted stores (KVM's coalesced ring, drained) at once:
+    # write_many(stores, exit_) -- (region, offset, size, value) each, in order, each
+    # one trapped write, `exit_` (None, or the vCPU's exit on a virtual clock) called
+    # before each.  A refused store raises VfioError with `done` set to the number of
+    # stores before it, which took effect.  The VMM looks it up with getattr.
+
     def set_mapping_listener(self, listener: MappingListener | None) -> None:
         """Where grants and revocations of sparse areas go (BAR remap)."""
         ...

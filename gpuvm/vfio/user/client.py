@@ -32,7 +32,7 @@ import os
 import select
 import socket
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class VfioUserDevice:
         # used only when both sides offered it
         self.extensions = frozenset(e for e in self.asked
                                     if isinstance(offered, list) and e in offered)
-        # posted stores in one REGION_WRITE_MULTI (write_posted) where the server says so
+        # posted stores in one REGION_WRITE_MULTI (write_many) where the server says so
         self.write_multiple = write_multiple and \
             self.server_capabilities.get(p.WRITE_MULTIPLE_KEY) is True
 
@@ -352,13 +352,19 @@ class VfioUserDevice:
                 _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region, size),
                 _WHOLE, msg_id, _WRITE)
 
-    def write_posted(self, stores: list[tuple[int, int, int, int]]) -> None:
+    def write_many(self, stores: list[tuple[int, int, int, int]],
+                   exit_: Callable[[], None] | None = None) -> None:
         """Posted stores -- (region, offset, size, value) each, in the guest's order --
         handed to the device as that many trapped writes: one REGION_WRITE_MULTI per
         MAX_POSTED_STORES where the server offers "write_multiple" (each store ticked,
         counted and priced there as a REGION_WRITE is) and this client may use it, else
-        one REGION_WRITE each.  A refused store raises VfioError; those before it took
+        one REGION_WRITE each.  `exit_`, where this process keeps a vCPU clock of its
+        own (not so over vfio-user: the server keeps it), is called for each store as it
+        is handed over.  A refused store raises VfioError; those before it took
         effect."""
+        if exit_ is not None:
+            for _ in stores:
+                exit_()
         if not self.write_multiple:
             for region, offset, size, value in stores:
                 self.write(region, offset, size, value)

@@ -759,9 +759,15 @@ class DeviceServer:
                                        f"writable region"), errno.EINVAL)
         self._answered_access = True
         exit_, write, masks = self._exit, self.device.write, _VALUE_MASK
+        many = getattr(self.device, "write_many", None)
         done = 0
         try:
-            for offset, region, count, value in records:
+            if many is not None and all(count in masks for _, _, count, _ in records):
+                # the device takes them in order, each one trapped write (VfioDevice)
+                many([(region, offset, count, value & masks[count])
+                      for offset, region, count, value in records], exit_)
+                done = len(records)
+            for offset, region, count, value in records[done:]:
                 if exit_ is not None:
                     exit_()
                 if count in masks:
@@ -771,6 +777,7 @@ class DeviceServer:
                         write(region, at, size, value >> 8 * (at - offset) & masks[size])
                 done += 1
         except VfioError as exc:
+            done = getattr(exc, "done", done)
             if not done:
                 raise
             self.refusals += 1

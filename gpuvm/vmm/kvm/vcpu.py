@@ -110,7 +110,7 @@ class ExitLoop:
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
         # where the drain sends its stores at once (None: one device.write each)
-        self._post = getattr(session.device, "write_posted", None)
+        self._many = getattr(session.device, "write_many", None)
         self.direct = direct
         # (bar, read slot, write slot) per window, to count what did not exit
         self._direct_slots = tuple((w.bar, 1 + 2 * i, 2 + 2 * i)
@@ -157,22 +157,23 @@ class ExitLoop:
         exactly as the exit path hands a trapped store: the vCPU's exit tick, then the
         window's write count, then `device.write`.  So each one is still a trapped access
         of the modelled system -- counts and virtual time are those of a run without the
-        ring, only the KVM exits are fewer.  A device in another process that takes
-        posted stores (`write_posted`: over vfio-user, where the server ticks and prices
-        each store as it hands it on) gets the whole drain in one message, in order.
-        Called before every exit is handled (the stores came first) and on a flush kick;
-        returns why the guest must stop, or None."""
+        ring, only the KVM exits are fewer.  A device that takes posted stores at once
+        (`write_many`: the vGPU, which lands a run of them in one page at once, ticking
+        each; over vfio-user, one message, the server ticking each) gets the whole
+        drain, in order.  Called before every exit is handled (the stores came first)
+        and on a flush kick; returns why the guest must stop, or None."""
         u32, u64 = self._u32, self._u64
         first_at, last_at, entries = self.ring_first_at, self.ring_last_at, self._ring_entries
         ring_max, entry_size = api.RING_MAX, api.RING_ENTRY_SIZE
         len_at, data_at = api.RING_ENTRY_LEN, api.RING_ENTRY_DATA
-        tick = self.session.exit_ticker() or _no_tick
+        ticker = self.session.exit_ticker()
+        tick = ticker or _no_tick
         write = self.session.device.write
         counts = self.counters.slots
         windows = self._write_windows
         masks = MASKS
-        post = self._post
-        posted: list[tuple[int, int, int, int]] = []
+        many = self._many
+        stores: list[tuple[int, int, int, int]] = []
         first, last = u32[first_at], u32[last_at]  # the vCPU is not running: last stays
         counts[self.counters.coalesced_slot] += (last - first) % ring_max
         failure = None
@@ -190,14 +191,14 @@ class ExitLoop:
                 failure = (f"coalesced MMIO write of {size} bytes at guest-physical "
                            f"{addr:#x}, outside every BAR window")
                 break
-            tick()
             counts[wslot] += 1
-            if post is None:
+            if many is None:
+                tick()
                 write(bar, addr - base, size, value)
             else:
-                posted.append((bar, addr - base, size, value))
-        if posted:
-            post(posted)
+                stores.append((bar, addr - base, size, value))
+        if stores:
+            many(stores, ticker)
         return failure
 
     def release(self) -> None:
