@@ -222,8 +222,12 @@ class World:
             bar = regs.BAR1 if op.a & 1 else regs.BAR3
             size = (1, 2, 4, 8)[(op.a >> 1) % 4]
             offset = (op.b % (v.bar_sizes[bar] + 0x2000)) & ~(size - 1)
-            if op.c & 1:
-                v.write(bar, offset, size, self._value(t, op.c) & ((1 << (8 * size)) - 1))
+            mask = (1 << (8 * size)) - 1
+            if op.c & 3 == 3:  # posted: a drain's run of stores in a row, handed at once
+                v.write_many([(bar, offset + size * k, size, self._value(t, op.c + k) & mask)
+                              for k in range(1 + (op.c >> 2) % 64)])
+            elif op.c & 1:
+                v.write(bar, offset, size, self._value(t, op.c) & mask)
             else:
                 v.read(bar, offset, size)
         elif kind == "hypercall":

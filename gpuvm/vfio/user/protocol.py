@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from gpuvm.vfio.device import VfioError
 
 # ---------------------------------------------------------------- commands (spec table)
@@ -301,6 +303,10 @@ assert ACCESS_MESSAGE.size == HEADER_SIZE + ACCESS.size
 # the reply is {u64 wr_cnt}, the writes done
 WRITE_MULTI_COUNT = struct.Struct("<Q")
 WRITE_MULTI_RECORD = struct.Struct("<QIIQ")
+# the same records as numpy reads a whole message of them at once
+WRITE_MULTI_RECORDS = np.dtype([("offset", "<u8"), ("region", "<u4"), ("count", "<u4"),
+                                ("value", "<u8")])
+assert WRITE_MULTI_RECORDS.itemsize == WRITE_MULTI_RECORD.size
 MAX_POSTED_STORES = 4096  # records a client puts in one (a KVM coalesced ring holds 170)
 
 

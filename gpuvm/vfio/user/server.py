@@ -59,6 +59,10 @@ _ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
 _VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
 _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
 _MULTI_COUNT, _RECORD = p.WRITE_MULTI_COUNT, p.WRITE_MULTI_RECORD
+_RECORDS = p.WRITE_MULTI_RECORDS
+# a REGION_WRITE_MULTI value's mask by its count, for the counts a device takes whole
+_WHOLE_COUNT = np.array([n in _VALUE_MASK for n in range(9)])
+_COUNT_MASKS = np.array([_VALUE_MASK.get(n, 0) for n in range(9)], dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ class DeviceServer:
         self._regions: dict[int, RegionInfo] = {}
         self._read_limit: dict[int, int] = {}
         self._write_limit: dict[int, int] = {}
+        self._write_limits = np.zeros(1, dtype=np.uint64)
         self._num_irqs = 0
         self.refusals = 0  # commands answered with an error (or dropped replies)
         self._send_lock = threading.Lock()
@@ -463,6 +468,10 @@ class DeviceServer:
         self._num_irqs = info.num_irqs
         self._read_limit = {i: r.size for i, r in self._regions.items() if r.readable}
         self._write_limit = {i: r.size for i, r in self._regions.items() if r.writable}
+        # the same by region index, for a whole REGION_WRITE_MULTI at once (last: 0)
+        self._write_limits = np.zeros(max(self._regions, default=0) + 2, dtype=np.uint64)
+        for i, size in self._write_limit.items():
+            self._write_limits[i] = size
         self.extensions = {e for e in wanted if e in self.offered}
         reply_caps: dict[str, Any] = dict(SERVER_CAPABILITIES)
         if self.extensions:
@@ -750,39 +759,47 @@ class DeviceServer:
             raise _errno(VfioError(f"REGION_WRITE_MULTI: {len(payload)} payload bytes are "
                                    f"not wr_cnt and that many {_RECORD.size}-byte writes"),
                          errno.EINVAL)
-        records = list(_RECORD.iter_unpack(memoryview(payload)[_MULTI_COUNT.size:]))
-        limits = self._write_limit
-        for i, (offset, region, count, _) in enumerate(records):
-            if not 0 < count <= 8 or offset + count > limits.get(region, 0):
-                raise _errno(VfioError(f"REGION_WRITE_MULTI write {i}: {count} bytes at "
-                                       f"{offset:#x} of region {region} is not inside a "
-                                       f"writable region"), errno.EINVAL)
+        rec = np.frombuffer(payload, dtype=_RECORDS, count=n, offset=_MULTI_COUNT.size)
+        offsets, regions, counts = rec["offset"], rec["region"], rec["count"]
+        limits = self._write_limits
+        limit = limits[np.minimum(regions, len(limits) - 1)]  # the last: 0, no region
+        # (checked whole before any is done; offset > limit first: no u64 wrap after)
+        bad = (counts - 1 > 7) | (offsets > limit) | (offsets + counts > limit)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise _errno(VfioError(f"REGION_WRITE_MULTI write {i}: {counts[i]} bytes at "
+                                   f"{int(offsets[i]):#x} of region {regions[i]} is not "
+                                   f"inside a writable region"), errno.EINVAL)
         self._answered_access = True
         exit_, write, masks = self._exit, self.device.write, _VALUE_MASK
         many = getattr(self.device, "write_many", None)
+        whole = bool(_WHOLE_COUNT[counts].all())  # no count needs pieces
+        values = rec["value"] & _COUNT_MASKS[counts] if whole else rec["value"]
         done = 0
         try:
-            if many is not None and all(count in masks for _, _, count, _ in records):
+            if many is not None and whole:
                 # the device takes them in order, each one trapped write (VfioDevice)
-                many([(region, offset, count, value & masks[count])
-                      for offset, region, count, value in records], exit_)
-                done = len(records)
-            for offset, region, count, value in records[done:]:
-                if exit_ is not None:
-                    exit_()
-                if count in masks:
-                    write(region, offset, count, value & masks[count])
-                else:  # as REGION_WRITE takes it: aligned pieces, one access
-                    for at, size in _pieces(offset, count):
-                        write(region, at, size, value >> 8 * (at - offset) & masks[size])
-                done += 1
+                many(list(zip(regions.tolist(), offsets.tolist(), counts.tolist(),
+                              values.tolist())), exit_)
+                done = n
+            else:
+                for offset, region, count, value in zip(offsets.tolist(), regions.tolist(),
+                                                        counts.tolist(), values.tolist()):
+                    if exit_ is not None:
+                        exit_()
+                    if count in masks:
+                        write(region, offset, count, value & masks[count])
+                    else:  # as REGION_WRITE takes it: aligned pieces, one access
+                        for at, size in _pieces(offset, count):
+                            write(region, at, size, value >> 8 * (at - offset) & masks[size])
+                    done += 1
         except VfioError as exc:
             done = getattr(exc, "done", done)
             if not done:
                 raise
             self.refusals += 1
             log.info("%s: REGION_WRITE_MULTI stopped after %d of %d writes: %s", self.name,
-                     done, len(records), exc)
+                     done, n, exc)
         return _MULTI_COUNT.pack(done), []
 
     _HANDLERS: dict[int, Callable[["DeviceServer", p.Message], tuple[bytes, list[int]]]] = {
