@@ -20,6 +20,7 @@ from gpuvm.mediator.mediator import Mediator
 from gpuvm.mediator.modes import MODES
 from gpuvm.mediator.partition import PartitionSpec
 from gpuvm.run.isolated import device_memory
+from gpuvm.vfio.device import PostedStores
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop
 
@@ -351,7 +352,7 @@ def test_the_client_posts_a_drain_in_one_message_or_writes_each(served, multi):
     assert device.write_multiple == multi
     stores = [(0, regs.PMC_INTR_EN, 4, i & 1) for i in range(4097)]
     before, sent = vgpu.counters(), device._msg_id
-    device.write_many(stores)
+    device.write_many(PostedStores.of(stores))
     assert device._msg_id - sent == (2 if multi else 4097)
     assert vgpu.counters()["trap.bar0.virtual.write"] - \
         before.get("trap.bar0.virtual.write", 0) == 4097

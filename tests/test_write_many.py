@@ -13,6 +13,7 @@ import pytest
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
 from gpuvm.mediator.mediator import Mediator
+from gpuvm.vfio.device import PostedStores
 
 from test_mediator_isolation import Vm
 
@@ -86,7 +87,7 @@ def test_write_many_leaves_what_one_write_each_leaves(worlds):
     assert one.state() == many.state()
     for region, offset, size, value in stores(one):
         one.vm.vgpu.write(region, offset, size, value)
-    many.vm.vgpu.write_many(stores(many))
+    many.vm.vgpu.write_many(PostedStores.of(stores(many)))
     after_one, after_many = one.state(), many.state()
     for name, a, b in zip(("vGPU counts", "device counts", "VRAM", "faults",
                            "BAR3 write history"), after_one, after_many):
@@ -106,10 +107,10 @@ def test_a_run_lands_at_once(worlds):
     taken = []
     real = aperture.write_run
 
-    def write_run(offset: int, size: int, values: list[int]) -> bool:
+    def write_run(offset: int, size: int, values) -> bool:
         taken.append((len(values), real(offset, size, values)))
         return taken[-1][1]
     aperture.write_run = write_run
-    world.vm.vgpu.write_many([(regs.BAR3, 8 * i, 8, i) for i in range(100)])
+    world.vm.vgpu.write_many(PostedStores.of([(regs.BAR3, 8 * i, 8, i) for i in range(100)]))
     assert taken == [(99, True)]  # the first through write, the rest at once
     assert world.gpu.vram.u64[(world.vm.vgpu.policy.host_vram(world.data) >> 3) + 99] == 99

@@ -39,6 +39,7 @@ from gpuvm.mediator.partition import PartitionSpec
 from gpuvm.mediator.submission import WatchdogLimits
 from gpuvm.mediator.vgpu import VGpu
 from gpuvm.vfio import abi as vfio
+from gpuvm.vfio.device import PostedStores
 from gpuvm.vmm import abi
 from gpuvm.vmm.guest_ram import GuestRam
 
@@ -224,8 +225,9 @@ class World:
             offset = (op.b % (v.bar_sizes[bar] + 0x2000)) & ~(size - 1)
             mask = (1 << (8 * size)) - 1
             if op.c & 3 == 3:  # posted: a drain's run of stores in a row, handed at once
-                v.write_many([(bar, offset + size * k, size, self._value(t, op.c + k) & mask)
-                              for k in range(1 + (op.c >> 2) % 64)])
+                v.write_many(PostedStores.of([(bar, offset + size * k, size,
+                                               self._value(t, op.c + k) & mask)
+                                              for k in range(1 + (op.c >> 2) % 64)]))
             elif op.c & 1:
                 v.write(bar, offset, size, self._value(t, op.c) & mask)
             else:

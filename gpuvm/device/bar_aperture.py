@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from gpuvm.device import layout, regs
 from gpuvm.device.counters import Counters
 from gpuvm.device.mmio_bus import MmioBus
@@ -103,7 +105,7 @@ class BarAperture:
             self.counts.inc(f"vm.faults.bar{self.bar}")
             return None
 
-    def write_run(self, offset: int, size: int, values: list[int]) -> bool:
+    def write_run(self, offset: int, size: int, values: np.ndarray) -> bool:
         """Aligned stores of `size` (4 or 8) bytes at `offset` and on, one each of
         `values` (masked), inside one page: what that many `write`s do -- each counted
         and translated, the page checked present and writable for each -- made at once,

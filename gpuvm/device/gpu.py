@@ -14,6 +14,8 @@ from collections import defaultdict
 from threading import get_ident
 from typing import Callable
 
+import numpy as np
+
 from gpuvm.device import regs
 from gpuvm.device.bar_aperture import BarAperture
 from gpuvm.device.blocks.pbdma import Pbdma
@@ -205,7 +207,7 @@ class Gpu:
             else:
                 self.counts.inc("mmio.unimplemented")
 
-    def bar3_write_run(self, offset: int, size: int, values: list[int]) -> bool:
+    def bar3_write_run(self, offset: int, size: int, values: np.ndarray) -> bool:
         """Stores in a row into one page of BAR3, made at once where `BarAperture.
         write_run` can (False: nothing done; make them one by one with mmio_write)."""
         with self.lock:

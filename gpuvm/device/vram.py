@@ -188,7 +188,7 @@ class Vram:
         self._bytes[addr:addr + length] = (value & ((1 << (8 * length)) - 1)).to_bytes(length,
                                                                                      "little")
 
-    def write_run(self, addr: int, size: int, values: list[int]) -> None:
+    def write_run(self, addr: int, size: int, values: np.ndarray) -> None:
         """Aligned stores of `size` (4 or 8) bytes, one each of `values` (already masked
         to that size), at `addr` and on: the same bytes as that many `write_bytes`."""
         view = self.u64 if size == 8 else self.u32

@@ -22,7 +22,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -43,9 +43,10 @@ from gpuvm.mediator.planted import planted
 from gpuvm.mediator.shadowing import Shadowing
 from gpuvm.mediator.vm_faults import VmFaults
 from gpuvm.vfio import abi as vfio
-from gpuvm.vfio.device import (DeviceInfo, IrqInfo, IrqTriggers, MappingListener, RegionInfo,
-                               config_region_info, pci_device_info,
-                               SparseArea, VfioError, absent_region, bar_region_info)
+from gpuvm.vfio.device import (VALUE_MASKS, DeviceInfo, IrqInfo, IrqTriggers, MappingListener,
+                               PostedStores, RegionInfo, SparseArea, VfioError,
+                               absent_region, bar_region_info, config_region_info,
+                               pci_device_info)
 from gpuvm.vfio.pci_config import PciConfig
 from shadow.bar_window import NOT_VRAM
 from shadow.entries import EntryPolicy
@@ -64,23 +65,7 @@ _UNLOCKED = frozenset({"virtual", "faked", "refused", "passthrough"})
 
 
 _CONFIG = vfio.VFIO_PCI_CONFIG_REGION_INDEX
-
-
-def _run_end(stores: Sequence[tuple[int, int, int, int]], i: int) -> int:
-    """Past the last store of the run starting at stores[i]: same region, same size
-    (4 or 8), each at the end of the one before, all in one 4 KiB page of the region."""
-    region, offset, size, _ = stores[i]
-    if size != 4 and size != 8:
-        return i + 1
-    page_end = (offset | 0xFFF) + 1
-    j, n, at = i + 1, len(stores), offset + size
-    while j < n and at < page_end:
-        r, o, s, _ = stores[j]
-        if o != at or r != region or s != size:
-            break
-        at += size
-        j += 1
-    return j
+_PAGE_SHIFT = np.uint64(regs.SMALL_PAGE_SHIFT)  # a run of posted stores stays in one page
 
 
 def _owned_by(owner: Mapping[int, object], vm: object, pchid: int) -> bool:
@@ -278,46 +263,59 @@ class VGpu:
                     return
             self._bar_access(region, offset, size, value)
 
-    def write_many(self, stores: Sequence[tuple[int, int, int, int]],
-                   exit_: Callable[[], None] | None = None) -> None:
-        """Posted stores -- (region, offset, size, value) each, in the guest's order --
-        each one trapped write as `write` takes it, `exit_` (the vCPU's exit on a
-        virtual clock) called before each.
+    def write_many(self, stores: PostedStores, exit_: Callable[[], None] | None = None
+                   ) -> None:
+        """Posted stores, in the guest's order, each one trapped write as `write` takes
+        it, `exit_` (the vCPU's exit on a virtual clock) called before each.
 
         Why: KVM's coalesced ring hands the VMM stores ~150 at a time, and nearly all
         (fv mmul: 49,000 of 49,139) are 8-byte page-table entries or PRAMIN words in a
         row -- a VMM serving several VMs spent ~80% of its time on them one at a time.
-        A run of them into one page (`_run_end`) is still counted, priced, ticked and
-        locked store by store, so counts and virtual times are those of one `write`
-        each; what lands at once is the rest: one translation, one slice of VRAM, one
-        note to the shadows.  Its first store goes through `write` (any lazy resync
-        happens there, charged to that exit); where the rest cannot land at once (a
-        page that faults, a channel's RAMIN, an oversubscribed VM, a monitor watching
-        each access) they go through `write` too.  The run's stores land after the
-        last one's exit instead of between them: no one else may look at this VM's
-        memory in between (other VMs cannot; its own engines see a posted store at no
-        defined time anyway)."""
-        i, n = 0, len(stores)
+        A run of them into one page is still counted, priced, ticked and locked store
+        by store, so counts and virtual times are those of one `write` each; what lands
+        at once is the rest: one translation, one slice of VRAM, one note to the
+        shadows.  Its first store goes through `write` (any lazy resync happens there,
+        charged to that exit); where the rest cannot land at once (a page that faults,
+        a channel's RAMIN, an oversubscribed VM, misaligned stores) they go through
+        `write` too.  The run's stores land after the last one's exit instead of
+        between them: no one else may look at this VM's memory in between (other VMs
+        cannot; its own engines see a posted store at no defined time anyway)."""
+        n = len(stores)
+        regions, offsets, sizes, values = stores.regions, stores.offsets, stores.sizes, \
+            stores.values
+        # where each run starts: a store that does not go on from the one before
+        follows = np.zeros(n, dtype=bool)
+        if n > 1:
+            follows[1:] = (regions[1:] == regions[:-1]) & (sizes[1:] == sizes[:-1]) & \
+                (offsets[1:] == offsets[:-1] + sizes[:-1]) & \
+                (offsets[1:] >> _PAGE_SHIFT == offsets[:-1] >> _PAGE_SHIFT)
+        starts = np.flatnonzero(~follows).tolist()
         write = self.write
-        while i < n:
-            region, offset, size, value = stores[i]
-            if exit_ is not None:
-                exit_()
-            try:
+        done = 0
+        try:
+            for s, e in zip(starts, starts[1:] + [n]):
+                region, offset, size, value = next(stores.rows(s, s + 1))
+                if exit_ is not None:
+                    exit_()
                 write(region, offset, size, value)
-            except VfioError as exc:
-                exc.done = i  # type: ignore[attr-defined]  # (see VfioDevice)
-                raise
-            j = _run_end(stores, i)
-            i += 1
-            if j > i and self._land_run(region, offset + size, size, stores[i:j], exit_):
-                i = j
+                done = s + 1
+                if e > done and not self._land_run(region, offset + size, size,
+                                                   values[done:e], exit_):
+                    for region, offset, size, value in stores.rows(done, e):
+                        if exit_ is not None:
+                            exit_()
+                        write(region, offset, size, value)
+                        done += 1
+                done = e
+        except VfioError as exc:
+            exc.done = done  # type: ignore[attr-defined]  # (see VfioDevice)
+            raise
 
-    def _land_run(self, region: int, offset: int, size: int,
-                  run: Sequence[tuple[int, int, int, int]],
+    def _land_run(self, region: int, offset: int, size: int, values: np.ndarray,
                   exit_: Callable[[], None] | None) -> bool:
-        """The rest of a run (see write_many) from `offset`: False, having done nothing,
-        where it cannot land at once."""
+        """The rest of a run (see write_many): stores of `values` from `offset` on.
+        False, having done nothing, where they cannot land at once."""
+        m = len(values)
         if self.tenant is not None:
             return False
         if region == regs.BAR3:
@@ -332,10 +330,10 @@ class VGpu:
                 if host != NOT_VRAM else None
             counter, locked = _FORWARDED[regs.BAR3][1], True
         elif region == 0 and size == 4 and not offset & 3 and \
-                regs.PRAMIN_WINDOW <= offset and offset + 4 * len(run) <= _PRAMIN_END:
+                regs.PRAMIN_WINDOW <= offset and offset + 4 * m <= _PRAMIN_END:
             guest = (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
                 offset - regs.PRAMIN_WINDOW
-            if not self.policy.guest_vram_ok(guest, 4 * len(run)):
+            if not self.policy.guest_vram_ok(guest, 4 * m):
                 return False
             counter, locked = _PRAMIN_COUNTS[1], False
         else:
@@ -347,7 +345,7 @@ class VGpu:
         if party is not None or exit_ is not None:  # each store's exit, price and hold
             price = meter.prices.exit_ns.get(region, 0)
             hold = meter.trap_hold
-            for _ in run:
+            for _ in range(m):
                 if exit_ is not None:
                     exit_()
                 if party is not None:
@@ -355,20 +353,19 @@ class VGpu:
                     if locked:
                         with hold:
                             pass
-        mask = (1 << 8 * size) - 1
-        values = [store[3] & mask for store in run]
-        self.counts[counter] += len(run)
+        values = values & VALUE_MASKS[size]
+        self.counts[counter] += m
         with self.mediator_lock:
             if region == regs.BAR3:
                 if not self.gpu.bar3_write_run(self.part.bar3_base + offset, size, values):
-                    self.counts[counter] -= len(run)  # counted again, one at a time
-                    for _, at, _, value in run:
-                        self._bar_access(region, at, size, value)
+                    self.counts[counter] -= m  # counted again, one at a time
+                    for k, value in enumerate(values.tolist()):
+                        self._bar_access(region, offset + size * k, size, value)
                     return True
             else:
                 self._vram.write_run(self.policy.host_vram(guest), 4, values)
             if guest is not None:
-                self.shadowing.note_write(guest, size * len(run))
+                self.shadowing.note_write(guest, size * m)
                 self.channels.reflect(guest)
         return True
 

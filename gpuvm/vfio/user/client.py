@@ -38,7 +38,8 @@ import numpy as np
 
 from gpuvm.device.faults import ChannelFault
 from gpuvm.vfio import abi, caps
-from gpuvm.vfio.device import DeviceInfo, IrqInfo, MappingListener, RegionInfo, VfioError
+from gpuvm.vfio.device import (DeviceInfo, IrqInfo, MappingListener, PostedStores, RegionInfo,
+                               VfioError)
 from gpuvm.vfio.user import protocol as p
 from gpuvm.vfio.user.server import SharedMemory
 
@@ -54,7 +55,7 @@ REPLIES_WITH_FDS = frozenset({p.DEVICE_GET_REGION_INFO, p.DEVICE_GET_REGION_IO_F
 _ACCESS_MESSAGE, _ACCESS_WITH_VALUE = p.ACCESS_MESSAGE, p.ACCESS_WITH_VALUE
 _VALUE, _VALUE_MASK, _WHOLE = p.VALUE, p.VALUE_MASK, p.ACCESS_MESSAGE.size
 _READ, _WRITE, _COMMAND, _REPLY = p.REGION_READ, p.REGION_WRITE, p.TYPE_COMMAND, p.TYPE_REPLY
-_MULTI_COUNT, _RECORD = p.WRITE_MULTI_COUNT, p.WRITE_MULTI_RECORD
+_MULTI_COUNT = p.WRITE_MULTI_COUNT
 
 
 class VfioUserDevice:
@@ -352,28 +353,30 @@ class VfioUserDevice:
                 _ACCESS_MESSAGE.pack(msg_id, _WRITE, _WHOLE, _REPLY, 0, offset, region, size),
                 _WHOLE, msg_id, _WRITE)
 
-    def write_many(self, stores: list[tuple[int, int, int, int]],
+    def write_many(self, stores: PostedStores,
                    exit_: Callable[[], None] | None = None) -> None:
-        """Posted stores -- (region, offset, size, value) each, in the guest's order --
-        handed to the device as that many trapped writes: one REGION_WRITE_MULTI per
-        MAX_POSTED_STORES where the server offers "write_multiple" (each store ticked,
-        counted and priced there as a REGION_WRITE is) and this client may use it, else
-        one REGION_WRITE each.  `exit_`, where this process keeps a vCPU clock of its
-        own (not so over vfio-user: the server keeps it), is called for each store as it
-        is handed over.  A refused store raises VfioError; those before it took
-        effect."""
+        """Posted stores, in the guest's order, handed to the device as that many
+        trapped writes: one REGION_WRITE_MULTI per MAX_POSTED_STORES where the server
+        offers "write_multiple" (each store ticked, counted and priced there as a
+        REGION_WRITE is) and this client may use it, else one REGION_WRITE each.
+        `exit_`, where this process keeps a vCPU clock of its own (not so over
+        vfio-user: the server keeps it), is called for each store as it is handed over.
+        A refused store raises VfioError; those before it took effect."""
         if exit_ is not None:
-            for _ in stores:
+            for _ in range(len(stores)):
                 exit_()
         if not self.write_multiple:
-            for region, offset, size, value in stores:
+            for region, offset, size, value in stores.rows():
                 self.write(region, offset, size, value)
             return
-        pack, step = _RECORD.pack, p.MAX_POSTED_STORES
-        for at in range(0, len(stores), step):
-            chunk = stores[at:at + step]
-            reply = self._call(p.REGION_WRITE_MULTI, _MULTI_COUNT.pack(len(chunk)) + b"".join(
-                [pack(offset, region, size, value) for region, offset, size, value in chunk]))
+        records = np.empty(len(stores), dtype=p.WRITE_MULTI_RECORDS)
+        records["offset"], records["region"] = stores.offsets, stores.regions
+        records["count"], records["value"] = stores.sizes, stores.values
+        step = p.MAX_POSTED_STORES
+        for at in range(0, len(records), step):
+            chunk = records[at:at + step]
+            reply = self._call(p.REGION_WRITE_MULTI,
+                               _MULTI_COUNT.pack(len(chunk)) + chunk.tobytes())
             done = _MULTI_COUNT.unpack_from(reply.payload)[0] \
                 if len(reply.payload) == _MULTI_COUNT.size else -1
             if done != len(chunk):

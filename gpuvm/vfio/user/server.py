@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gpuvm.vfio import abi, caps
-from gpuvm.vfio.device import RegionInfo, VfioError
+from gpuvm.vfio.device import PostedStores, RegionInfo, VfioError
 from gpuvm.vfio.user import protocol as p
 from gpuvm.vfio.user.vcpu_clock import ServedVcpu
 
@@ -779,8 +779,7 @@ class DeviceServer:
         try:
             if many is not None and whole:
                 # the device takes them in order, each one trapped write (VfioDevice)
-                many(list(zip(regions.tolist(), offsets.tolist(), counts.tolist(),
-                              values.tolist())), exit_)
+                many(PostedStores(regions, offsets, counts, values), exit_)
                 done = n
             else:
                 for offset, region, count, value in zip(offsets.tolist(), regions.tolist(),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
+
 # --------------------------------------------------------------------------------------
 # ioctl number encoding (asm-generic/ioctl.h)
 # --------------------------------------------------------------------------------------
@@ -191,6 +193,12 @@ RING_ENTRY_PHYS_ADDR = 0  # u64
 RING_ENTRY_LEN = 8  # u32
 RING_ENTRY_DATA = 16  # u8[8]
 PAGE_SIZE = 4096
+# the entries as numpy reads a drain of them at once (data: little-endian, `len` bytes)
+RING_ENTRY_DTYPE = np.dtype([("phys_addr", "<u8"), ("len", "<u4"), ("pio", "<u4"),
+                             ("data", "<u8")])
+assert RING_ENTRY_DTYPE.itemsize == RING_ENTRY_SIZE and \
+    RING_ENTRY_DTYPE.fields["len"][1] == RING_ENTRY_LEN and \
+    RING_ENTRY_DTYPE.fields["data"][1] == RING_ENTRY_DATA
 RING_MAX = (PAGE_SIZE - RING_ENTRIES) // RING_ENTRY_SIZE  # 170: entries the ring indexes
 # KVM_EXIT_FAIL_ENTRY: hardware_entry_failure_reason u64 @32
 # KVM_EXIT_INTERNAL_ERROR: suberror u32 @32, ndata u32 @36, data u64[] @40

@@ -22,6 +22,9 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
+from gpuvm.vfio.device import VALUE_MASKS, PostedStores
 from gpuvm.vmm.guest_session import GuestSession
 from gpuvm.vmm.kvm import kvm_api as api
 from gpuvm.vmm.kvm.flusher import FLUSHER
@@ -104,11 +107,16 @@ class ExitLoop:
         ring = vm.coalesced_ring if coalesced else 0
         self.ring_first_at = (ring + api.RING_FIRST) // 4 if ring else 0
         self.ring_last_at = (ring + api.RING_LAST) // 4 if ring else 0
-        self._ring_entries = ring + api.RING_ENTRIES
+        # its entries, read a drain at a time (none without a ring)
+        self._ring = np.frombuffer(vm.run, dtype=api.RING_ENTRY_DTYPE, count=api.RING_MAX,
+                                   offset=ring + api.RING_ENTRIES) if ring else \
+            np.zeros(0, dtype=api.RING_ENTRY_DTYPE)
         self.coalesced = bool(ring)  # without a ring the exit path does not look at it
         # where a queued store goes: (base, end, bar, write slot) per window
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
+        self._window_bars = np.array([w.bar for w in windows], dtype=np.uint32)
+        self._window_bases = np.array([w.base for w in windows], dtype=np.uint64)
         # where the drain sends its stores at once (None: one device.write each)
         self._many = getattr(session.device, "write_many", None)
         self.direct = direct
@@ -162,47 +170,47 @@ class ExitLoop:
         each; over vfio-user, one message, the server ticking each) gets the whole
         drain, in order.  Called before every exit is handled (the stores came first)
         and on a flush kick; returns why the guest must stop, or None."""
-        u32, u64 = self._u32, self._u64
-        first_at, last_at, entries = self.ring_first_at, self.ring_last_at, self._ring_entries
-        ring_max, entry_size = api.RING_MAX, api.RING_ENTRY_SIZE
-        len_at, data_at = api.RING_ENTRY_LEN, api.RING_ENTRY_DATA
-        ticker = self.session.exit_ticker()
-        tick = ticker or _no_tick
-        write = self.session.device.write
-        counts = self.counters.slots
-        windows = self._write_windows
-        masks = MASKS
-        many = self._many
-        stores: list[tuple[int, int, int, int]] = []
+        u32 = self._u32
+        first_at, last_at = self.ring_first_at, self.ring_last_at
         first, last = u32[first_at], u32[last_at]  # the vCPU is not running: last stays
-        counts[self.counters.coalesced_slot] += (last - first) % ring_max
+        n = (last - first) % api.RING_MAX
+        if not n:
+            return None
+        entries = self._ring[(np.arange(n) + first) % api.RING_MAX]  # copied, in order
+        u32[first_at] = last  # every entry is copied: KVM may reuse them
+        counts = self.counters.slots
+        counts[self.counters.coalesced_slot] += n
+        addrs, sizes = entries["phys_addr"], entries["len"]
+        window = np.full(n, len(self._write_windows), dtype=np.intp)  # none yet
+        for i, (base, end, _, _) in enumerate(self._write_windows):
+            window[(addrs >= base) & (addrs < end)] = i
         failure = None
-        while first != last:
-            at = entries + first * entry_size
-            addr = u64[at >> 3]
-            size = u32[(at + len_at) >> 2]
-            value = u64[(at + data_at) >> 3] & masks[size]
-            first = (first + 1) % ring_max
-            u32[first_at] = first  # the entry is copied: KVM may reuse it
-            for base, end, bar, wslot in windows:
-                if base <= addr < end:
-                    break
-            else:
-                failure = (f"coalesced MMIO write of {size} bytes at guest-physical "
-                           f"{addr:#x}, outside every BAR window")
-                break
-            counts[wslot] += 1
-            if many is None:
-                tick()
-                write(bar, addr - base, size, value)
-            else:
-                stores.append((bar, addr - base, size, value))
-        if stores:
-            many(stores, ticker)
+        outside = np.flatnonzero(window == len(self._write_windows))
+        if len(outside):  # those before it are handed on; the guest stops there
+            n = int(outside[0])
+            failure = (f"coalesced MMIO write of {sizes[n]} bytes at guest-physical "
+                       f"{int(addrs[n]):#x}, outside every BAR window")
+            entries, addrs, sizes, window = entries[:n], addrs[:n], sizes[:n], window[:n]
+        for i, queued in enumerate(np.bincount(window, minlength=len(self._write_windows))
+                                   .tolist()[:len(self._write_windows)]):
+            counts[self._write_windows[i][3]] += queued
+        stores = PostedStores(self._window_bars[window], addrs - self._window_bases[window],
+                              sizes, entries["data"] & VALUE_MASKS[sizes])
+        ticker = self.session.exit_ticker()
+        if self._many is not None:
+            if n:
+                self._many(stores, ticker)
+        else:
+            write = self.session.device.write
+            for bar, offset, size, value in stores.rows():
+                if ticker is not None:
+                    ticker()
+                write(bar, offset, size, value)
         return failure
 
     def release(self) -> None:
         """Drop the views on kvm_run so the mapping can be closed."""
+        self._ring = np.zeros(0, dtype=api.RING_ENTRY_DTYPE)  # its view of kvm_run goes
         for name in ("_u16", "_u32", "_u64", "_u8"):
             getattr(self, name).release()
         if self.direct is not None:
