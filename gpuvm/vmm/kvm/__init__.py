@@ -13,7 +13,7 @@ import fcntl
 import os
 
 from gpuvm.vmm.kvm import kvm_api as api
-from gpuvm.vmm.kvm.vm import KvmError, open_kvm
+from gpuvm.vmm.kvm.vm import KvmError, create_vm_fd, open_kvm
 
 
 def kvm_usable() -> tuple[bool, str]:
@@ -25,9 +25,9 @@ def kvm_usable() -> tuple[bool, str]:
         return False, str(exc)
     try:
         try:
-            vm_fd = fcntl.ioctl(kvm_fd, api.KVM_CREATE_VM, 0)
-        except OSError as exc:
-            return False, f"/dev/kvm opens but KVM_CREATE_VM fails: {exc.strerror}"
+            vm_fd = create_vm_fd(kvm_fd)
+        except KvmError as exc:
+            return False, f"/dev/kvm opens but {exc}"
         os.close(vm_fd)
         if not fcntl.ioctl(kvm_fd, api.KVM_CHECK_EXTENSION, api.KVM_CAP_USER_MEMORY):
             return False, "KVM lacks KVM_CAP_USER_MEMORY"

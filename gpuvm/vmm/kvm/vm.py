@@ -49,6 +49,19 @@ def _ioctl(fd: int, request: int, arg: int | bytes | bytearray | memoryview = 0,
         raise KvmError(f"{what} failed: {exc.strerror}") from exc
 
 
+def create_vm_fd(kvm_fd: int) -> int:
+    """KVM_CREATE_VM, again while a signal interrupts it (EINTR, as QEMU's kvm_init
+    does): the kernel gives up on taking the process's memory locks when a signal is
+    pending -- a profiler attaching, a child exiting -- and nothing is wrong."""
+    while True:
+        try:
+            return fcntl.ioctl(kvm_fd, api.KVM_CREATE_VM, 0)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            raise KvmError(f"KVM_CREATE_VM failed: {exc.strerror}") from exc
+
+
 @dataclass
 class KvmVm:
     """A VM fd, one vCPU fd and its kvm_run mmap; `close()` releases all of them."""
@@ -66,7 +79,7 @@ class KvmVm:
     def create(cls) -> "KvmVm":
         kvm_fd = open_kvm()
         try:
-            vm_fd = _ioctl(kvm_fd, api.KVM_CREATE_VM, 0, "KVM_CREATE_VM")
+            vm_fd = create_vm_fd(kvm_fd)
         except BaseException:
             os.close(kvm_fd)
             raise
