@@ -119,13 +119,14 @@ class BarAperture:
                 (offset & 0xFFF) + size * n > 0x1000 or last + size > self.size or \
                 not self.reg & regs.PBUS_BARVM_ENABLE:
             return False
+        mmu = self.mmu
+        mmu.actor = ("bar", self.bar, offset)  # whose walk it is, as `write` says first
         space = self.space()
         if space is None or last > space.limit:
             return False
         frame = self.page_frame(offset)  # present, writable VRAM, as each write checks
         if frame is None:
             return False
-        mmu = self.mmu
         self.counts.total[self._keys[1]] += n
         mmu.counters.total["vm.translations"] += n
         phys = frame + (offset & 0xFFF)

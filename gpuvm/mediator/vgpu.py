@@ -274,9 +274,10 @@ class VGpu:
         A run of them into one page is still counted, priced, ticked and locked store
         by store, so counts and virtual times are those of one `write` each; what lands
         at once is the rest: one translation, one slice of VRAM, one note to the
-        shadows.  Its first store goes through `write` (any lazy resync happens there,
-        charged to that exit); where the rest cannot land at once (a page that faults,
-        a channel's RAMIN, an oversubscribed VM, misaligned stores) they go through
+        shadows.  Where the BAR window waits for a lazy resync, the run's first store
+        goes through `write` (the resync happens there, charged to that exit) and the
+        rest land at once; where they cannot land at once (a page that faults, a
+        channel's RAMIN, an oversubscribed VM, misaligned stores) they go through
         `write` too.  The run's stores land after the last one's exit instead of
         between them: no one else may look at this VM's memory in between (other VMs
         cannot; its own engines see a posted store at no defined time anyway)."""
@@ -295,6 +296,9 @@ class VGpu:
         try:
             for s, e in zip(starts, starts[1:] + [n]):
                 region, offset, size, value = next(stores.rows(s, s + 1))
+                if e - s > 1 and self._land_run(region, offset, size, values[s:e], exit_):
+                    done = e
+                    continue
                 if exit_ is not None:
                     exit_()
                 write(region, offset, size, value)
@@ -313,8 +317,8 @@ class VGpu:
 
     def _land_run(self, region: int, offset: int, size: int, values: np.ndarray,
                   exit_: Callable[[], None] | None) -> bool:
-        """The rest of a run (see write_many): stores of `values` from `offset` on.
-        False, having done nothing, where they cannot land at once."""
+        """Stores of `values` from `offset` on, in a row (see write_many).  False,
+        having done nothing, where they cannot land at once."""
         m = len(values)
         if self.tenant is not None:
             return False
