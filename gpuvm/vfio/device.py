@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -118,7 +118,8 @@ class PostedStores:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def rows(self, start: int = 0, stop: int | None = None):
+    def rows(self, start: int = 0, stop: int | None = None
+             ) -> Iterator[tuple[int, int, int, int]]:
         """(region, offset, size, value) of stores start..stop as Python ints."""
         cut = slice(start, stop)
         return zip(self.regions[cut].tolist(), self.offsets[cut].tolist(),

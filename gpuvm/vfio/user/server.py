@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gpuvm.vfio import abi, caps
-from gpuvm.vfio.device import PostedStores, RegionInfo, VfioError
+from gpuvm.vfio.device import VALUE_MASKS, PostedStores, RegionInfo, VfioError
 from gpuvm.vfio.user import protocol as p
 from gpuvm.vfio.user.vcpu_clock import ServedVcpu
 
@@ -62,7 +62,6 @@ _MULTI_COUNT, _RECORD = p.WRITE_MULTI_COUNT, p.WRITE_MULTI_RECORD
 _RECORDS = p.WRITE_MULTI_RECORDS
 # a REGION_WRITE_MULTI value's mask by its count, for the counts a device takes whole
 _WHOLE_COUNT = np.array([n in _VALUE_MASK for n in range(9)])
-_COUNT_MASKS = np.array([_VALUE_MASK.get(n, 0) for n in range(9)], dtype=np.uint64)
 
 
 @dataclass(frozen=True)
@@ -774,7 +773,7 @@ class DeviceServer:
         exit_, write, masks = self._exit, self.device.write, _VALUE_MASK
         many = getattr(self.device, "write_many", None)
         whole = bool(_WHOLE_COUNT[counts].all())  # no count needs pieces
-        values = rec["value"] & _COUNT_MASKS[counts] if whole else rec["value"]
+        values = rec["value"] & VALUE_MASKS[counts] if whole else rec["value"]
         done = 0
         try:
             if many is not None and whole:

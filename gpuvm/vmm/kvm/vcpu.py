@@ -33,7 +33,7 @@ from gpuvm.vmm.kvm.vm import KvmVm
 COALESCED_STORES = "kvm.coalesced_stores"
 DIRECT_ACCESSES = "kvm.direct_accesses"
 # value masks by access size (index = bytes)
-MASKS = tuple((1 << (8 * n)) - 1 for n in range(9))
+MASKS = tuple(VALUE_MASKS.tolist())
 
 
 def _no_tick() -> None:
