@@ -22,6 +22,7 @@ def test_vms_bench_runs_each_benchmark_alone_once_then_all_at_once() -> None:
     assert all(vm["passed"] for vm in p["vms"]) and p["alone"]["vecadd"]["passed"]
     # the ring takes the page-table stores: what exits is a few hundred, not ~50,000
     assert all(0 < vm["exits"] < 2_000 for vm in p["vms"])
+    assert p["served_s"] is None  # threads of this process: no server
     vms.print_vms_bench(r)
 
 
@@ -34,9 +35,11 @@ def test_isolated_vms_with_a_drain_in_one_message_and_one_a_store(capsys) -> Non
     assert list(r["passes"]) == ["unposted", "on"]
     for p in r["passes"].values():
         assert all(vm["passed"] for vm in p["vms"]) and p["alone"]["vecadd"]["passed"]
+        assert 0 < p["served_s"] < p["together_s"]  # the server's thread, as a share
     vms.print_vms_bench(r)
     out = capsys.readouterr().out
     assert "one vfio-user message a drained store" in out and "one a drain" in out
+    assert "the server's one thread answered their accesses for" in " ".join(out.split())
 
 
 def test_the_posted_switch_is_read_from_the_environment(monkeypatch) -> None:
