@@ -8,7 +8,7 @@ import threading
 import time
 
 from gpuvm.mediator.submission import Submissions
-from scheduler import FifoPolicy
+from scheduler import CreditPolicy, FifoPolicy
 from scheduler.decision import IDLE, Wait
 
 
@@ -165,3 +165,23 @@ def test_removing_the_vm_on_the_gpu_frees_it():
     sub.submit(b, 8, 1)
     assert wait_for(lambda: engine.rung == [0, 8])
     sub.close()
+
+
+def test_a_status_screen_reads_a_vms_standing_until_it_leaves():
+    """A status screen (the run's trace, `gpuvm smi`) reads each VM's share and credit
+    from its own thread, while a VM that ends is removed on another: it gets None once
+    the VM has left, not the policy's "not added" error -- which, read from the policy
+    directly, once ended a traced two-VM BAND run with a traceback."""
+    sub, _ = make(CreditPolicy())
+    a, b = object(), object()
+    sub.add_vm(a, 1.0)
+    sub.add_vm(b, 3.0)
+    share, credit = sub.standing(b)
+    assert share == 0.75 and credit is not None and credit > 0
+    sub.remove_vm(a, set())
+    assert sub.standing(a) is None and sub.standing(b)[0] == 1.0
+    sub.close()
+    fifo, _ = make(FifoPolicy())  # no credit under FIFO
+    fifo.add_vm(a, 1.0)
+    assert fifo.standing(a) == (1.0, None)
+    fifo.close()

@@ -247,6 +247,18 @@ class Submissions:
             m = self.dispatcher.metrics.get(vm)
             return copy.deepcopy(m) if m is not None else None
 
+    def standing(self, vm: object) -> tuple[float, float | None] | None:
+        """`vm`'s share of the GPU and its credit in ns (None under a policy without
+        credit), read under the lock; None once it has left the scheduler.  For status
+        screens, which run on threads of their own: the policy is the scheduler
+        thread's, and a VM that ends is removed on its own thread (run/removals.py)."""
+        with self._lock:
+            policy = self.dispatcher.policy
+            if vm not in policy.vms:
+                return None
+            credit = getattr(policy, "credit", None)
+            return policy.share(vm), float(credit(vm)) if credit is not None else None
+
     def wait_idle(self, vm: object, timeout: float = 5.0) -> bool:
         """Wait until nothing of `vm` is queued or running (its last completion counted).
         Only `vm`'s own work: under a virtual clock another VM's events may wait for

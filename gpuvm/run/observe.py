@@ -206,20 +206,12 @@ class StatusWriter:
                 st.window_s = (window[1] - window[0]) / 1e9
             self._engine_last = (dev_now, done)
         self._window = window
-        weights = self._weights(med)
-        total_w = sum(weights.values()) or 1.0
         for name, (spec, device, session) in list(self.vms.items()):
-            st.vgpus.append(self._vgpu(name, spec, device, session, med, weights, total_w))
+            st.vgpus.append(self._vgpu(name, spec, device, session, med))
         return st
 
-    @staticmethod
-    def _weights(med: Any) -> dict[object, float]:
-        if med is None:
-            return {}
-        return dict(getattr(med.submissions.dispatcher.policy, "_weights", {}))
-
-    def _vgpu(self, name: str, spec: VmSpec, device: Any, session: GuestSession, med: Any,
-              weights: dict[object, float], total_w: float) -> VgpuStatus:
+    def _vgpu(self, name: str, spec: VmSpec, device: Any, session: GuestSession,
+              med: Any) -> VgpuStatus:
         counters = device.counters()
         traps = sum(v for k, v in counters.items() if k.startswith("trap.bar"))
         now = time.monotonic()
@@ -231,13 +223,13 @@ class StatusWriter:
             part = device.part
             gpu = med.gpu
             util = self._utilisation(name, self._channel_work.get(name, 0))
-            policy = med.submissions.dispatcher.policy
-            credit = float(policy.credit(device)) if hasattr(policy, "credit") else None
+            # (a VM that has just ended may have left the scheduler: no share, no credit)
+            share, credit = med.submissions.standing(device) or (0.0, None)
             return VgpuStatus(name, device.uuid, device.type_id, device.mode.name,
                               spec.benchmark, _vram_used(gpu.vram, part.vram_base,
                                                          part.vram_size),
                               part.vram_size, len(device.channels.by_vchid), util,
-                              weights.get(device, 0.0) / total_w, credit, rate,
+                              share, credit, rate,
                               counters.get("shadow.syncs", 0), phase)
         gpu = device.gpu  # native: a whole GPU of its own
         dev_now = gpu.device_time_ns()
