@@ -124,12 +124,9 @@ class TraceRecorder:
             if m is not None:
                 values["utilisation"] = m.utilisation_series(
                     np.array([gpu_now]), 100_000_000)[0].item()
-            policy = med.submissions.dispatcher.policy
-            if hasattr(policy, "credit"):
-                try:
-                    values["credit ms"] = policy.credit(device) / 1e6
-                except (KeyError, ValueError):
-                    pass
+            standing = med.submissions.standing(device)  # None: it has left
+            if standing is not None and standing[1] is not None:
+                values["credit ms"] = standing[1] / 1e6
         for key, value in values.items():
             self.events.append({"ph": "C", "name": key, "pid": pid, "ts": now,
                                 "args": {"value": value}})
