@@ -34,7 +34,7 @@ run: guest
 	$(VPY) -m gpuvm experiment experiments/default.toml
 
 # The paper's whole evaluation: overhead, scaling, isolation, then one report beside the
-# paper's numbers (results/paper/latest/report.md); under 2 minutes on 2 idle cores
+# paper's numbers (results/paper/latest/report.md); under 1.5 minutes on 2 idle cores
 # (about 100 s of CPU).
 paper: guest
 	$(VPY) -m gpuvm experiment experiments/paper.toml
