@@ -61,6 +61,12 @@ class BarWindow:
         self._walk: list[WriteTracker] = []
         self._table: WriteTracker | None = None
 
+    def mapped(self, page: int) -> bool:
+        """Whether the physical BAR's entry for window page `page` is present: a store
+        there reaches memory (else it faults)."""
+        return bool(self.vram.u64.item((self.phys_pt >> 3) + self.first + page)
+                    & regs.PTE_PRESENT)
+
     def _window(self) -> np.ndarray:
         base = (self.phys_pt >> 3) + self.first
         return self.vram.u64[base:base + self.pages]

@@ -325,9 +325,7 @@ class VGpu:
         if region == regs.BAR3:
             window = self.shadowing.bar3
             page = offset >> 12
-            if window.stale or page >= window.pages or \
-                    not self._vram.u64.item((window.phys_pt >> 3) + window.first + page) \
-                    & regs.PTE_PRESENT:
+            if window.stale or page >= window.pages or not window.mapped(page):
                 return False
             host = window.host_pages.item(page)
             guest = host - self.policy.vram_base + (offset & 0xFFF) \
@@ -335,8 +333,7 @@ class VGpu:
             counter, locked = _FORWARDED[regs.BAR3][1], True
         elif region == 0 and size == 4 and not offset & 3 and \
                 regs.PRAMIN_WINDOW <= offset and offset + 4 * m <= _PRAMIN_END:
-            guest = (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
-                offset - regs.PRAMIN_WINDOW
+            guest = self._pramin_addr(offset)
             if not self.policy.guest_vram_ok(guest, 4 * m):
                 return False
             counter, locked = _PRAMIN_COUNTS[1], False
@@ -496,10 +493,14 @@ class VGpu:
         return self._channels_host_ns() - self._engine_host_baseline
 
     # ------------------------------------------------------------------ PRAMIN
+    def _pramin_addr(self, offset: int) -> int:
+        """The guest VRAM address BAR0 `offset` in the PRAMIN window stands for now."""
+        return (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
+            offset - regs.PRAMIN_WINDOW
+
     def _pramin(self, offset: int, size: int, value: int | None) -> int:
         self.counts[_PRAMIN_COUNTS[value is not None]] += 1
-        addr = (self.vregs["pramin_base"] << regs.PBUS_PRAMIN_BASE_SHIFT) + \
-            offset - regs.PRAMIN_WINDOW
+        addr = self._pramin_addr(offset)
         if size != 4 or offset & 3 or not self.policy.guest_vram_ok(addr, 4):
             self.meter.count("trap.refused.pramin", 1)
             return 0xFFFFFFFF
@@ -539,8 +540,7 @@ class VGpu:
                 self.shadowing.note_write(guest, size)  # (the incremental shadows' history)
                 self.channels.reflect(guest)
                 return 0
-        phys_pte = self._vram.u64.item((window.phys_pt >> 3) + window.first + page)
-        if not phys_pte & regs.PTE_PRESENT:
+        if not window.mapped(page):
             self._bar_fault(bar, offset, value is not None)
             return (1 << (8 * size)) - 1
         if value is None:

@@ -98,9 +98,10 @@ alone carries a whole run:
     u64 size}) is one grant or revocation; `offset in the fd` counts from the start of
     the partition's memfd.  Kinds 3 (post) and 2 (trap), offset in the fd 0, say
     whether the guest's stores to that range may wait, in order, for its next exit
-    (MappingListener.post: PRAMIN while no channel is bound, in a remap mode).  The server sends it while it handles the
-    command that caused it, ahead of that command's reply, and the client applies it
-    (a KVM memslot) before returning -- the order an in-process listener sees.  The
+    (MappingListener.post: PRAMIN while no channel is bound, in a remap mode).  The
+    server sends it while it handles the command that caused it, ahead of that
+    command's reply, and the client applies it (a KVM memslot) before returning -- the
+    order an in-process listener sees.  The
     client maps only what the events name, inside the region's sparse areas (the
     MemslotListener checks).
 - Lab counters (extension "stats").  GPUVM_DEVICE_STATS (0x8003, client -> server,
