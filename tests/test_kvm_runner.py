@@ -203,6 +203,18 @@ class LoggedTarget(FakeTarget):
         super().on_write(bar, offset, size, value)
 
 
+class BatchLoggedTarget(LoggedTarget):
+    """Also takes posted stores at once (as the vGPU and a vfio-user client do), logging
+    each hand-off's size before its stores."""
+
+    def write_many(self, stores, exit_) -> None:
+        self.log.append(("hand-off", len(stores)))
+        for bar, offset, size, value in stores.rows():
+            if exit_ is not None:
+                exit_()
+            self.write(bar, offset, size, value)
+
+
 class TickLog(GuestSession):
     def tick(self) -> None:
         self.device.log.append(("tick",))
@@ -218,7 +230,7 @@ def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: 
     the sequence, values and counts of a run where every store exits."""
     runs = {}
     for coalesce in (False, True):
-        target = LoggedTarget({(0, 0x100): 41})
+        target = BatchLoggedTarget({(0, 0x100): 41})
         runner, session, target, ram = make_vm(image, MODE_COALESCE, target=target,
                                                param1=stores, session_cls=TickLog,
                                                coalesce=coalesce)
@@ -232,7 +244,10 @@ def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: 
     expected += [("tick",), ("write", 0, regs.PRAMIN_WINDOW + 0x40, 4, 0xABCD),
                  ("tick",), ("read", 0, 0x100, 4), ("tick",), ("write", 0, 0x104, 4, 42)]
     assert trapped_log[-len(expected) - 1:-1] == expected  # then the exit port's tick
-    assert queued_log == trapped_log
+    assert [e for e in queued_log if e[0] != "hand-off"] == trapped_log
+    # stores that found the ring full waited with the ring's: all of them (and the
+    # PRAMIN store) reach the device in one hand-off, just before the read
+    assert [e for e in queued_log if e[0] == "hand-off"] == [("hand-off", stores + 1)]
     assert trapped.pop("kvm.coalesced_stores") == 0
     through_ring = queued.pop("kvm.coalesced_stores")
     assert queued == trapped and trapped["exits.mmio.bar3.write"] == stores
@@ -240,18 +255,22 @@ def test_coalesced_stores_reach_the_device_as_trapped_ones(image: Path, stores: 
     assert through_ring >= (stores + 1) - (stores + 1) // 169
 
 
-def test_a_guest_that_never_exits_has_its_queued_stores_handed_on(image: Path) -> None:
-    """The flusher kicks a vCPU whose ring holds stores: they reach the device while the
-    guest spins without a single exit."""
-    runner, _, target, ram = make_vm(image, MODE_COALESCE_SPIN, name="ring-spinner")
+# 170: the ring takes 169, the last finds it full and exits: then only the loop holds them
+@pytest.mark.parametrize("stores", [1, 170])
+def test_a_guest_that_never_exits_has_its_queued_stores_handed_on(image: Path,
+                                                                  stores: int) -> None:
+    """The flusher kicks a vCPU whose ring holds stores, or whose exit loop holds them:
+    they reach the device while the guest spins without a single exit."""
+    runner, _, target, ram = make_vm(image, MODE_COALESCE_SPIN, name="ring-spinner",
+                                     param1=stores)
     runner.start()
     deadline = time.monotonic() + 5
-    while not target.writes and time.monotonic() < deadline:
+    while len(target.writes) < stores and time.monotonic() < deadline:
         time.sleep(0.01)
     outcome = runner.join(0.05)
     ram.close()
-    assert target.writes == [(3, 0x80, 8, 0x5151)]
-    assert runner.exit_counters()["exits.mmio.bar3.write"] == 1
+    assert target.writes == [(3, 0x80 + 8 * i, 8, 0x5151 + i) for i in range(stores)]
+    assert runner.exit_counters()["exits.mmio.bar3.write"] == stores
     assert outcome.failure is not None and "timed out" in outcome.failure
 
 

@@ -123,8 +123,9 @@ int guest_main(struct gpuvm_boot_params *bp)
     case MODE_COALESCE:
         coalesce(bp);
         return 0;
-    case MODE_COALESCE_SPIN:  /* queued stores, then no exit at all */
-        REG64(bp->bar_base[3], 0x80) = 0x5151;
+    case MODE_COALESCE_SPIN:  /* params[1] (at least 1) queued stores, then no exit */
+        for (uint64_t i = 0; i < (bp->params[1] ? bp->params[1] : 1); i++)
+            REG64(bp->bar_base[3], 0x80 + i * 8) = 0x5151 + i;
         for (;;)
             __asm__ volatile("pause");
     case MODE_SPIN:

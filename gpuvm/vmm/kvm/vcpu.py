@@ -31,6 +31,9 @@ from gpuvm.vmm.kvm.flusher import FLUSHER
 from gpuvm.vmm.kvm.vm import KvmVm
 
 COALESCED_STORES = "kvm.coalesced_stores"
+# posted stores a vCPU holds before it hands them on unasked (~96 rings full; one
+# REGION_WRITE_MULTI of ~390 KB, under max_data_xfer_size)
+HELD_STORES_MAX = 1 << 14
 DIRECT_ACCESSES = "kvm.direct_accesses"
 # value masks by access size (index = bytes)
 MASKS = tuple(VALUE_MASKS.tolist())
@@ -112,6 +115,14 @@ class ExitLoop:
                                    offset=ring + api.RING_ENTRIES) if ring else \
             np.zeros(0, dtype=api.RING_ENTRY_DTYPE)
         self.coalesced = bool(ring)  # without a ring the exit path does not look at it
+        # Posted stores taken from the ring (and stores that found it full) not yet handed
+        # to the device, in order: chunks of ring entries.  `_held_exits` of them exited.
+        self._held: list[np.ndarray] = []
+        self._held_n = 0
+        self._held_exits = 0
+        # a store that found the ring full may wait with them (not where accesses to
+        # pages mapped as memory are counted: those are ticked in order with the exits)
+        self._holds = bool(ring) and direct is None
         # where a queued store goes: (base, end, bar, write slot) per window
         self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
                                     for i, w in enumerate(windows))
@@ -124,11 +135,12 @@ class ExitLoop:
         self._direct_slots = tuple((w.bar, 1 + 2 * i, 2 + 2 * i)
                                    for i, w in enumerate(windows))
 
-    def ring_state(self) -> tuple[int, int]:
-        """The coalesced ring's (first, last): stores wait in it while they differ (any
-        thread may ask)."""
+    def ring_state(self) -> tuple[int, int, int]:
+        """The coalesced ring's (first, last) and the posted stores held since they left
+        it: stores wait while first and last differ or any are held (any thread may
+        ask)."""
         u32 = self._u32
-        return u32[self.ring_first_at], u32[self.ring_last_at]
+        return u32[self.ring_first_at], u32[self.ring_last_at], self._held_n
 
     def count_direct(self) -> None:
         """Count the guest's BAR accesses that did not exit (pages of a passed-through
@@ -161,25 +173,55 @@ class ExitLoop:
                     device_count(bar, 0, 1)
 
     def drain(self) -> str | None:
-        """Hand every store queued in the coalesced ring to the device, oldest first,
-        exactly as the exit path hands a trapped store: the vCPU's exit tick, then the
-        window's write count, then `device.write`.  So each one is still a trapped access
-        of the modelled system -- counts and virtual time are those of a run without the
-        ring, only the KVM exits are fewer.  A device that takes posted stores at once
-        (`write_many`: the vGPU, which lands a run of them in one page at once, ticking
-        each; over vfio-user, one message, the server ticking each) gets the whole
-        drain, in order.  Called before every exit is handled (the stores came first)
-        and on a flush kick; returns why the guest must stop, or None."""
+        """Hand every posted store -- those held and those queued in the coalesced ring
+        -- to the device, oldest first, exactly as the exit path hands a trapped store:
+        the vCPU's exit tick, then the window's write count, then `device.write`.  So
+        each one is still a trapped access of the modelled system -- counts and virtual
+        time are those of a run without the ring, only the KVM exits are fewer.  A
+        device that takes posted stores at once (`write_many`: the vGPU, which lands a
+        run of them in one page at once, ticking each; over vfio-user, one message, the
+        server ticking each) gets them all, in order.  Called before every exit that is
+        not itself a posted store is handled (the stores came first) and on a flush
+        kick; returns why the guest must stop, or None."""
+        self._take()
+        return self._hand_on()
+
+    def _take(self) -> None:
+        """Move the ring's entries to the held stores, freeing the ring for KVM."""
         u32 = self._u32
         first_at, last_at = self.ring_first_at, self.ring_last_at
         first, last = u32[first_at], u32[last_at]  # the vCPU is not running: last stays
         n = (last - first) % api.RING_MAX
+        if n:
+            self._held.append(self._ring[(np.arange(n) + first) % api.RING_MAX])  # copied
+            u32[first_at] = last
+            self._held_n += n
+
+    def _hold(self, addr: int, size: int, data: int) -> bool:
+        """Hold a store that exited because the ring was full, if it is one: a write into
+        a zone registered now, with room left.  It then waits with the ring's stores
+        for the next exit that is not a posted store, as if the ring were larger --
+        one hand-off (one message, from a VMM in its own process) for ~100 rings
+        instead of two a ring.  Its exit is ticked and counted at the hand-off, in
+        order (it is not one of the coalesced stores)."""
+        if not self._holds or self._held_n >= HELD_STORES_MAX or \
+                not self.vm.posts_at(addr):
+            return False
+        entry = np.zeros(1, dtype=api.RING_ENTRY_DTYPE)
+        entry["phys_addr"], entry["len"], entry["data"] = addr, size, data
+        self._held.append(entry)
+        self._held_n += 1
+        self._held_exits += 1
+        return True
+
+    def _hand_on(self) -> str | None:
+        n = self._held_n
         if not n:
             return None
-        entries = self._ring[(np.arange(n) + first) % api.RING_MAX]  # copied, in order
-        u32[first_at] = last  # every entry is copied: KVM may reuse them
+        entries = self._held[0] if len(self._held) == 1 else np.concatenate(self._held)
         counts = self.counters.slots
-        counts[self.counters.coalesced_slot] += n
+        counts[self.counters.coalesced_slot] += n - self._held_exits
+        self._held, self._held_n, self._held_exits = [], 0, 0
         addrs, sizes = entries["phys_addr"], entries["len"]
         window = np.full(n, len(self._write_windows), dtype=np.intp)  # none yet
         for i, (base, end, _, _) in enumerate(self._write_windows):
@@ -272,12 +314,20 @@ class ExitLoop:
         port_in = self.session.port_in
         tick = self.session.exit_ticker()  # the vCPU's time on a virtual device clock
         coalesced, first_at, last_at = self.coalesced, self.ring_first_at, self.ring_last_at
-        drain = self.drain
+        take, hold, hand_on = self._take, self._hold, self._hand_on
+        held = False  # posted stores wait in self._held (none on entry: see _loop)
         count_direct = self.count_direct if self.direct is not None else None
         while True:
             ioctl(fd, KVM_RUN)
-            if coalesced and u32[first_at] != u32[last_at]:  # queued stores came first
-                failure = drain()
+            if coalesced and (held or u32[first_at] != u32[last_at]):
+                # posted stores came first: a store that found the ring full waits
+                # with them; any other exit has them handed on before it
+                take()
+                held = u32[reason_at] == EXIT_MMIO and u8[is_write_at] and \
+                    hold(u64[addr_at], u32[len_at], u64[data_at])
+                if held:
+                    continue
+                failure = hand_on()
                 if failure is not None:
                     return failure
             if count_direct is not None:  # so did accesses to pages mapped as memory

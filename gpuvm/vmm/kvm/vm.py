@@ -74,6 +74,8 @@ class KvmVm:
     readonly_mem: bool = False
     # byte offset of the coalesced-MMIO ring in `run`; 0: KVM has none
     coalesced_ring: int = 0
+    # the zones registered now, as (gpa, size): where stores are posted, not trapped
+    zones: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     @classmethod
     def create(cls) -> "KvmVm":
@@ -120,6 +122,7 @@ class KvmVm:
         zone = api.KvmCoalescedMmioZone(gpa, size, 0)
         _ioctl(self.vm_fd, api.KVM_REGISTER_COALESCED_MMIO, bytes(zone),
                f"KVM_REGISTER_COALESCED_MMIO (gpa {gpa:#x}, size {size:#x})")
+        self.zones.append((gpa, size))
 
     def uncoalesce(self, gpa: int, size: int) -> None:
         """Stores to a zone `coalesce` registered exit again, each (the ring must have
@@ -127,6 +130,12 @@ class KvmVm:
         zone = api.KvmCoalescedMmioZone(gpa, size, 0)
         _ioctl(self.vm_fd, api.KVM_UNREGISTER_COALESCED_MMIO, bytes(zone),
                f"KVM_UNREGISTER_COALESCED_MMIO (gpa {gpa:#x}, size {size:#x})")
+        # KVM drops every zone the range lies in
+        self.zones = [(g, n) for g, n in self.zones if not (g <= gpa and gpa + size <= g + n)]
+
+    def posts_at(self, gpa: int) -> bool:
+        """Whether a store at `gpa` is posted (falls in a registered zone)."""
+        return any(g <= gpa < g + n for g, n in self.zones)
 
     def get_regs(self) -> api.KvmRegs:
         regs = api.KvmRegs()
