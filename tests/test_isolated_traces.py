@@ -17,6 +17,7 @@ from gpuvm.vfio.register_file import RegisterFileDevice
 from gpuvm.vfio.user.client import VfioUserDevice
 from gpuvm.vfio.user.server import DeviceServer
 from gpuvm.vmm import guest_programs
+from gpuvm.vmm.vmm_forks import VmmForkServer
 
 
 class _NoCounters:
@@ -61,8 +62,9 @@ def test_a_held_vm_is_built_but_runs_no_guest_code_until_told_to_go():
     spec = VmSpec("held", "mmul", [32])
     machine = machine_for(options.mode)(options, [spec])
     programs = guest_programs.build_all(["driver"], kinds=("shared",))
+    forks = VmmForkServer()
     vm = spawn_vm(machine, spec, spec.boot_params(), spec.flags(), programs["driver"],
-                  "inproc", options)
+                  "inproc", options, forks)
     try:
         with selectors.DefaultSelector() as sel:  # wait for "ready" without reading it
             sel.register(vm.process.stdout, selectors.EVENT_READ)
@@ -78,4 +80,5 @@ def test_a_held_vm_is_built_but_runs_no_guest_code_until_told_to_go():
     finally:
         if vm.process.poll() is None:
             vm.process.kill()
+        forks.close()
         machine.close()

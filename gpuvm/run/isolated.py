@@ -9,10 +9,12 @@ dies (killed, crashed) is reported failed, its device is torn down by the server
 (interrupts, mappings and DMA dropped) and its vGPU removed, and the others run on.
 
 A process takes a while to start (the interpreter, the imports, the guest's RAM), and
-not the same while for each: VMs due at one time are all built first, each in its own
-process, and their guests then start together (vm_process's "ready" / "go"), so eight
-VMs of a scaling run overlap as eight threads of one process do -- measured on the
-16-core machine, a pv VM's whole run is shorter than the spread of eight process starts.
+not the same while for each: the VMM processes are forks of one fork server the run
+starts first, which has imported the VMM once (gpuvm/vmm/vmm_forks.py), and VMs due at
+one time are all built first, each in its own process, and their guests then start
+together (vm_process's "ready" / "go"), so eight VMs of a scaling run overlap as eight
+threads of one process do -- measured on the 16-core machine, a pv VM's whole run is
+shorter than the spread of eight process starts.
 
 On a virtual device clock (the default) the clock stays here, with the GPU: each VM's
 vCPU is a party of it in this process, driven by what its connection receives -- every
@@ -32,8 +34,6 @@ import json
 import selectors
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +45,7 @@ from gpuvm.run.result import VmResult
 from gpuvm.run.spec import Machine, RunOptions, ServedTime, VmSpec
 from gpuvm.vfio.user.server import DeviceServer, ServerLoop, SharedMemory
 from gpuvm.vmm import vm_process
+from gpuvm.vmm.vmm_forks import ForkedVmm, VmmForkServer
 
 POLL_S = 0.01
 READY_S = 120.0  # a VM process not built by then is killed (reported failed)
@@ -73,7 +74,7 @@ class VmProcess:
     device, its deadline and the output it sends while it runs."""
 
     spec: VmSpec
-    process: subprocess.Popen
+    process: ForkedVmm
     server: DeviceServer
     deadline: float
     # its outcome document, read while it runs: a document larger than the pipe holds
@@ -106,11 +107,11 @@ def _start_ns(spec: VmSpec) -> int:
 
 
 def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
-             program: Any, backend: str, options: RunOptions,
+             program: Any, backend: str, options: RunOptions, forks: VmmForkServer,
              loop: ServerLoop | None = None) -> VmProcess:
     """Create the VM's device, serve it (on `loop`, else on a thread of its own -- always
     on a virtual clock, where that thread is the VM's vCPU, which joins the clock now, at
-    the VM's start), and start the VMM process that attaches it."""
+    the VM's start), and start the VMM process that attaches it (forked by `forks`)."""
     clock = _virtual_clock(machine)
     device = machine.attach(spec)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,13 +135,10 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
            "backend": backend, "timeout": options.timeout,
            "wait_timeout": min(options.wait_slice, options.timeout),
            "hold": True, "clock": "wall" if clock is None else "virtual"}
-    process = subprocess.Popen([sys.executable, "-m", "gpuvm.vmm.vm_process"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               pass_fds=[theirs.fileno()], text=True)
-    theirs.close()
-    assert process.stdin is not None
-    process.stdin.write(json.dumps(job) + "\n")
-    process.stdin.flush()
+    try:
+        process = forks.spawn(job, theirs.fileno())
+    finally:
+        theirs.close()
     deadline = time.monotonic() + READY_S + options.timeout + 30
     return VmProcess(spec, process, server, deadline, metered=metered)
 
@@ -191,6 +189,7 @@ def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any, Se
         vm.reader.join()
         out = "".join(vm.output)
         rc = vm.process.wait()
+        vm.process.close()
         vm.server.closed.wait(10)
         try:
             record = json.loads(out) if rc == 0 and out else None
@@ -247,6 +246,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     # one thread answers every VM's socket -- on a wall clock: on a virtual one each
     # connection's thread is its VM's vCPU, and waits for its turn at the mediator's lock
     loop = ServerLoop() if clock is None else None
+    forks = VmmForkServer()  # the VMM processes: forks of one that imported the VMM
     woken = threading.Event()
     # on a virtual clock a VM arrives when device time reaches its start_delay
     arrivals = clock.timer("arrivals", woken.set, ordered=True) if clock else None
@@ -265,7 +265,7 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                                else now - t0 >= pending[0][0].start_delay):
                 spec, params, flags = pending.pop(0)
                 due.append(spawn_vm(machine, spec, params, flags, programs[spec.program],
-                                    backend, options, loop))
+                                    backend, options, forks, loop))
                 running.append(due[-1])
             if due:
                 start_together(due, options)
@@ -303,8 +303,10 @@ def run_isolated(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
         for vm in running:
             vm.process.kill()
             vm.process.wait()
+            vm.process.close()
             vm.server.closed.wait(10)
         removals.join(REMOVAL_WAIT_S)
+        forks.close()
         if loop is not None:
             loop.close()
         machine.close()

@@ -179,8 +179,9 @@ def read_job(stream: TextIO) -> dict[str, Any]:
     return json.loads(text)
 
 
-def main() -> int:
-    job = read_job(sys.stdin)
+def main(job: dict[str, Any] | None = None) -> int:
+    """Run a job (read from stdin where none is given: a fork server passes its own)."""
+    job = read_job(sys.stdin) if job is None else job
     try:
         multi = posts_writes()
     except UserError as exc:
