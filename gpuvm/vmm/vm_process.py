@@ -9,7 +9,8 @@ turns that document back into the GuestOutcome the run tables read, so a VM run 
 process reports the same things as one run in a thread.
 
 Usage (internal): python -m gpuvm.vmm.vm_process < job.json > outcome.json, where the job
-names the inherited socket fd ("fd") or a socket path ("socket").  A job that says
+names the inherited socket fd ("fd") or a socket path ("socket"); an isolated run forks
+each VMM from a fork server instead (gpuvm/vmm/vmm_forks.py), which hands `main` the job.  A job that says
 "clock": "virtual" runs its vCPU on the server's virtual clock (gpuvm/vfio/user/
 vcpu_clock.py): the server must offer the "clock" extension.  A job that says "hold"
 (an isolated run's) is one line; the VM is then built, "ready" is written as a line of
