@@ -91,3 +91,25 @@ def test_a_vmm_outlives_its_fork_server_and_is_still_accounted_for(
     finally:
         ours.close()
         vmm.close()
+
+
+def test_ctrl_c_is_the_runs_to_act_on(forks: VmmForkServer) -> None:
+    """SIGINT (a Ctrl-C reaches the whole process group) leaves the fork server serving;
+    a VMM takes it as a fresh interpreter would, and ends."""
+    vmm, ours = spawn_silent(forks)
+    try:
+        assert ours.recv(64)
+        os.kill(forks.process.pid, signal.SIGINT)
+        os.kill(vmm.pid, signal.SIGINT)
+        assert vmm.wait(30) != 0
+        time.sleep(0.1)
+        assert forks.process.poll() is None
+        again, theirs = spawn_silent(forks)
+        assert theirs.recv(64)
+        again.kill()
+        assert again.wait(30) == -signal.SIGKILL
+        theirs.close()
+        again.close()
+    finally:
+        ours.close()
+        vmm.close()

@@ -224,7 +224,9 @@ def _pidfd_wait(pidfd: int, timeout: float | None) -> None:
 # ------------------------------------------------------------------ the fork server
 def serve(control: socket.socket) -> None:
     """Fork a VMM for each job that arrives on `control`, report each one's exit; return
-    when the run closes its end."""
+    when the run closes its end.  Ctrl-C is the run's to act on (it kills its VMMs):
+    the fork server ignores SIGINT, its VMMs take it as a fresh interpreter does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sel = selectors.DefaultSelector()
     sel.register(control, selectors.EVENT_READ, None)
     children: dict[int, int] = {}  # pidfd -> pid
@@ -273,6 +275,7 @@ def _child(job: dict[str, Any], fds: list[int], control: socket.socket,
     """In the forked VMM: the pipes become stdin and stdout, then vm_process runs."""
     code = 1
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sel.close()
         control.close()
         for pidfd in children:
