@@ -404,3 +404,13 @@ def test_release_leaves_no_fds(image: Path) -> None:
         time.sleep(0.01)
     assert not any(t.name.startswith("vcpu-") for t in threading.enumerate())
     assert _fds() == before
+
+
+def test_only_a_store_inside_a_zone_is_posted() -> None:
+    """A store KVM may queue lies wholly in a registered zone; one that straddles a zone's
+    end exits as a trapped access, and the exit loop must not hold it as posted."""
+    from gpuvm.vmm.kvm.vm import KvmVm
+    vm = KvmVm(kvm_fd=-1, vm_fd=-1, zones=[(0x1000, 0x100)])
+    assert vm.posts_at(0x1000, 8) and vm.posts_at(0x10F8, 8)
+    assert not vm.posts_at(0x10FC, 8)  # straddles the end
+    assert not vm.posts_at(0xFFC, 4) and not vm.posts_at(0x1100, 4)

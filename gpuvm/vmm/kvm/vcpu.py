@@ -205,7 +205,7 @@ class ExitLoop:
         instead of two a ring.  Its exit is ticked and counted at the hand-off, in
         order (it is not one of the coalesced stores)."""
         if not self._holds or self._held_n >= HELD_STORES_MAX or \
-                not self.vm.posts_at(addr):
+                not self.vm.posts_at(addr, size):
             return False
         entry = np.zeros(1, dtype=api.RING_ENTRY_DTYPE)
         entry["phys_addr"], entry["len"], entry["data"] = addr, size, data

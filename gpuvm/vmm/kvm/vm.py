@@ -133,9 +133,10 @@ class KvmVm:
         # KVM drops every zone the range lies in
         self.zones = [(g, n) for g, n in self.zones if not (g <= gpa and gpa + size <= g + n)]
 
-    def posts_at(self, gpa: int) -> bool:
-        """Whether a store at `gpa` is posted (falls in a registered zone)."""
-        return any(g <= gpa < g + n for g, n in self.zones)
+    def posts_at(self, gpa: int, size: int) -> bool:
+        """Whether a store of `size` bytes at `gpa` is posted (lies in a registered zone,
+        as KVM requires of a store it queues)."""
+        return any(g <= gpa and gpa + size <= g + n for g, n in self.zones)
 
     def get_regs(self) -> api.KvmRegs:
         regs = api.KvmRegs()
