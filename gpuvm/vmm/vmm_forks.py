@@ -112,7 +112,63 @@ class _Ending:
 
 
 class VmmForkServer:
-    """The run's side of a fork server: `spawn` a VMM for a job, `close` at the end."""
+    """The run's side of a fork server: `spawn` a VMM for a job, `close` at the end.  A
+    fork server that has died is started afresh at the next spawn (its VMMs are still
+    collected, see ForkedVmm), so one crash costs the run no VM started after it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one request and its reply at a time
+        self._current = _ForkServerProcess()
+        self._retired: list[_ForkServerProcess] = []
+
+    @property
+    def process(self) -> subprocess.Popen:
+        """The fork server's process now."""
+        return self._current.process
+
+    @property
+    def gone(self) -> bool:
+        """Whether the fork server now running has exited (the next spawn restarts it)."""
+        return self._current.gone
+
+    def spawn(self, job: dict[str, Any], device_fd: int) -> ForkedVmm:
+        """Fork a VMM for `job` (vm_process's), its vfio-user socket `device_fd` (which
+        the caller may close once this returns)."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            with self._lock:
+                spawned = None
+                for _ in range(2):  # the fork server, then a fresh one if it has died
+                    if self._current.gone:
+                        self._retired.append(self._current)
+                        self._current = _ForkServerProcess()
+                    spawned = self._current.request(job, [device_fd, stdin_r, stdout_w])
+                    if spawned is not None:
+                        break
+            if spawned is None:
+                raise ForkServerError(f"the VMM fork server exited (status "
+                                      f"{self._current.process.poll()}) before forking a "
+                                      f"VMM, twice")
+        except BaseException:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w):
+                os.close(fd)
+        pid, pidfd, ended = spawned
+        return ForkedVmm(pid, pidfd, os.fdopen(stdin_w, "w"), os.fdopen(stdout_r, "r"),
+                         ended)
+
+    def close(self) -> None:
+        """Close the control sockets: the fork servers exit (VMMs run on, the run's)."""
+        for server in self._retired + [self._current]:
+            server.close()
+
+
+class _ForkServerProcess:
+    """One fork server process and the thread that reads what it says."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -128,43 +184,24 @@ class VmmForkServer:
         self._spawned: queue.Queue[tuple[int, int, _Ending] | None] = queue.Queue()
         self._endings: dict[int, _Ending] = {}  # by pid, until it is reaped
         self._endings_lock = threading.Lock()
-        self._lock = threading.Lock()  # one request and its reply at a time
-        self._gone = False
+        self.gone = False
         self._reader = threading.Thread(target=self._read, name="vmm fork server",
                                         daemon=True)
         self._reader.start()
 
-    def spawn(self, job: dict[str, Any], device_fd: int) -> ForkedVmm:
-        """Fork a VMM for `job` (vm_process's), its vfio-user socket `device_fd` (which
-        the caller may close once this returns)."""
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
+    def request(self, job: dict[str, Any], fds: list[int]
+                ) -> tuple[int, int, _Ending] | None:
+        """Ask for a fork; its (pid, pidfd, ending), or None if the fork server is gone."""
+        if self.gone:
+            return None
         try:
-            with self._lock:
-                if self._gone:
-                    raise ForkServerError("the VMM fork server has exited")
-                try:
-                    socket.send_fds(self._sock, [json.dumps(job).encode()],
-                                    [device_fd, stdin_r, stdout_w])
-                except OSError as exc:
-                    raise ForkServerError(f"the VMM fork server is gone: {exc}") from None
-                spawned = self._spawned.get()
-            if spawned is None:
-                raise ForkServerError(f"the VMM fork server exited (status "
-                                      f"{self.process.poll()}) before forking a VMM")
-        except BaseException:
-            for fd in (stdin_w, stdout_r):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (stdin_r, stdout_w):
-                os.close(fd)
-        pid, pidfd, ended = spawned
-        return ForkedVmm(pid, pidfd, os.fdopen(stdin_w, "w"), os.fdopen(stdout_r, "r"),
-                         ended)
+            socket.send_fds(self._sock, [json.dumps(job).encode()], fds)
+        except OSError:
+            return None  # the reader sees the end too
+        return self._spawned.get()
 
     def _read(self) -> None:
-        """Hand each "spawned" to the waiting `spawn`, record each "exited"."""
+        """Hand each "spawned" to the waiting request, record each "exited"."""
         try:
             while True:
                 data, fds, _, _ = socket.recv_fds(self._sock, _MESSAGE_MAX, 1)
@@ -185,7 +222,7 @@ class VmmForkServer:
         except OSError:
             pass
         finally:
-            self._gone = True
+            self.gone = True
             with self._endings_lock:
                 for ended in self._endings.values():
                     ended.orphaned = True
@@ -194,7 +231,6 @@ class VmmForkServer:
             self._spawned.put(None)
 
     def close(self) -> None:
-        """Close the control socket: the fork server exits (VMMs run on, the run's)."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
