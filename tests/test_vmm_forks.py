@@ -31,6 +31,18 @@ def spawn_silent(forks: VmmForkServer) -> tuple:
     return vmm, ours
 
 
+def assert_serves(forks: VmmForkServer) -> None:
+    """A VMM forked now runs (it sends VERSION) and is killed."""
+    vmm, ours = spawn_silent(forks)
+    try:
+        assert ours.recv(64)
+        vmm.kill()
+        assert vmm.wait(30) == -signal.SIGKILL
+    finally:
+        ours.close()
+        vmm.close()
+
+
 def test_a_forked_vmm_reports_how_it_ended(capfd: pytest.CaptureFixture) -> None:
     forks = VmmForkServer()  # started here, so that its stderr (its VMMs') is captured
     try:
@@ -89,12 +101,8 @@ def test_a_vmm_outlives_its_fork_server_and_is_still_accounted_for(
         assert vmm.poll() is None  # still running, now nobody's child
         vmm.kill()
         assert vmm.wait(30) == UNKNOWN_EXIT  # it ended; how, no one is left to say
-        again, theirs = spawn_silent(forks)
-        assert forks.process is not first and theirs.recv(64)
-        again.kill()
-        assert again.wait(30) == -signal.SIGKILL
-        theirs.close()
-        again.close()
+        assert_serves(forks)
+        assert forks.process is not first
     finally:
         ours.close()
         vmm.close()
@@ -111,12 +119,7 @@ def test_ctrl_c_is_the_runs_to_act_on(forks: VmmForkServer) -> None:
         assert vmm.wait(30) != 0
         time.sleep(0.1)
         assert forks.process.poll() is None
-        again, theirs = spawn_silent(forks)
-        assert theirs.recv(64)
-        again.kill()
-        assert again.wait(30) == -signal.SIGKILL
-        theirs.close()
-        again.close()
+        assert_serves(forks)
     finally:
         ours.close()
         vmm.close()
