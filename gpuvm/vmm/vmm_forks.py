@@ -48,7 +48,7 @@ UNKNOWN_EXIT = 255
 
 
 class ForkServerError(Exception):
-    """The fork server could not start a VMM (it died, or refused the request)."""
+    """No VMM could be forked: the fork server died, and a fresh one did too."""
 
 
 class ForkedVmm:
