@@ -10,13 +10,13 @@ process reports the same things as one run in a thread.
 
 Usage (internal): python -m gpuvm.vmm.vm_process < job.json > outcome.json, where the job
 names the inherited socket fd ("fd") or a socket path ("socket"); an isolated run forks
-each VMM from a fork server instead (gpuvm/vmm/vmm_forks.py), which hands `main` the job.  A job that says
-"clock": "virtual" runs its vCPU on the server's virtual clock (gpuvm/vfio/user/
-vcpu_clock.py): the server must offer the "clock" extension.  A job that says "hold"
-(an isolated run's) is one line; the VM is then built, "ready" is written as a line of
-its own, and the guest starts when the parent writes "go" -- so VMs whose processes took
-different times to start still start their guests when the run says (their start_delay,
-all at once for a scaling run).
+each VMM from a fork server instead (gpuvm/vmm/vmm_forks.py), which hands `main` the
+job.  A job that says "clock": "virtual" runs its vCPU on the server's virtual clock
+(gpuvm/vfio/user/vcpu_clock.py): the server must offer the "clock" extension.  A job
+that says "hold" (an isolated run's) is one line; the VM is then built, "ready" is
+written as a line of its own, and the guest starts when the parent writes "go" -- so
+VMs whose processes took different times to start still start their guests when the run
+says (their start_delay, all at once for a scaling run).
 
 $GPUVM_POSTED_WRITES=0 (set by `posting(False)`, inherited from the parent) makes this
 VMM send each store drained from KVM's coalesced ring as a REGION_WRITE of its own, not

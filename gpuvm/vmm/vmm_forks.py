@@ -69,19 +69,22 @@ class ForkedVmm:
 
     def poll(self) -> int | None:
         """The exit status once the process has ended and been reaped, else None."""
-        if self._ended.returncode is None and self._ended.orphaned and \
-                _pidfd_ready(self._pidfd):
-            self._ended.set(UNKNOWN_EXIT)  # it ended; who reaped it is gone
-        return self._ended.returncode
+        return self._settle(0)
 
     def wait(self, timeout: float | None = None) -> int:
         self._ended.done.wait(timeout)  # set when it is reaped, or the server is gone
-        if self._ended.orphaned and self._ended.returncode is None:
-            _pidfd_wait(self._pidfd, timeout)
-        returncode = self.poll()
+        returncode = self._settle(timeout)
         if returncode is None:
             raise subprocess.TimeoutExpired("forked VMM", timeout or 0)
         return returncode
+
+    def _settle(self, timeout: float | None) -> int | None:
+        """The exit status if known; for a VMM whose fork server is gone, UNKNOWN_EXIT
+        once its pidfd says it ended (waiting up to `timeout`)."""
+        ended = self._ended
+        if ended.returncode is None and ended.orphaned and _exited(self._pidfd, timeout):
+            ended.set(UNKNOWN_EXIT)  # it ended; who reaped it is gone
+        return ended.returncode
 
     def kill(self) -> None:
         """SIGKILL, through the pidfd (a no-op once it has been reaped)."""
@@ -244,17 +247,12 @@ class _ForkServerProcess:
             self.process.wait()
 
 
-def _pidfd_ready(pidfd: int) -> bool:
-    """Whether the process behind `pidfd` has exited (its pidfd reads ready)."""
+def _exited(pidfd: int, timeout: float | None) -> bool:
+    """Whether the process behind `pidfd` has exited (its pidfd reads ready), waiting up
+    to `timeout`."""
     with selectors.DefaultSelector() as sel:
         sel.register(pidfd, selectors.EVENT_READ)
-        return bool(sel.select(0))
-
-
-def _pidfd_wait(pidfd: int, timeout: float | None) -> None:
-    with selectors.DefaultSelector() as sel:
-        sel.register(pidfd, selectors.EVENT_READ)
-        sel.select(timeout)
+        return bool(sel.select(timeout))
 
 
 # ------------------------------------------------------------------ the fork server

@@ -62,6 +62,12 @@ def create_vm_fd(kvm_fd: int) -> int:
             raise KvmError(f"KVM_CREATE_VM failed: {exc.strerror}") from exc
 
 
+def _lies_in(gpa: int, size: int, zone: tuple[int, int]) -> bool:
+    """Whether [gpa, gpa+size) lies inside the coalesced zone (gpa, size) `zone`: KVM's
+    test both for a store it may queue and for the zones an unregister drops."""
+    return zone[0] <= gpa and gpa + size <= zone[0] + zone[1]
+
+
 @dataclass
 class KvmVm:
     """A VM fd, one vCPU fd and its kvm_run mmap; `close()` releases all of them."""
@@ -131,12 +137,12 @@ class KvmVm:
         _ioctl(self.vm_fd, api.KVM_UNREGISTER_COALESCED_MMIO, bytes(zone),
                f"KVM_UNREGISTER_COALESCED_MMIO (gpa {gpa:#x}, size {size:#x})")
         # KVM drops every zone the range lies in
-        self.zones = [(g, n) for g, n in self.zones if not (g <= gpa and gpa + size <= g + n)]
+        self.zones = [zone for zone in self.zones if not _lies_in(gpa, size, zone)]
 
     def posts_at(self, gpa: int, size: int) -> bool:
         """Whether a store of `size` bytes at `gpa` is posted (lies in a registered zone,
         as KVM requires of a store it queues)."""
-        return any(g <= gpa and gpa + size <= g + n for g, n in self.zones)
+        return any(_lies_in(gpa, size, zone) for zone in self.zones)
 
     def get_regs(self) -> api.KvmRegs:
         regs = api.KvmRegs()
