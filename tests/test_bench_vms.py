@@ -51,3 +51,30 @@ def test_the_posted_switch_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(vm_process.POSTED_ENV, "no")
     with pytest.raises(UserError, match="GPUVM_POSTED_WRITES='no'"):
         vm_process.posts_writes()
+
+
+def test_repeats_give_each_pass_the_ratio_of_every_repeat(monkeypatch, capsys) -> None:
+    """Each repeat's ratio is its own all-at-once time over its own slowest alone run
+    (elapsed, and the guests' phases); the table shows the last repeat."""
+    passes = iter([
+        {"alone": {"a": {"elapsed_s": 2.0, "s": 1.0, "passed": True, "exits": 1},
+                   "b": {"elapsed_s": 4.0, "s": 0.5, "passed": True, "exits": 1}},
+         "together_s": 6.0, "served_s": None,
+         "vms": [{"name": "vm0", "benchmark": "a", "s": 2.0, "passed": True, "exits": 1},
+                 {"name": "vm1", "benchmark": "b", "s": 1.5, "passed": True, "exits": 1}]},
+        {"alone": {"a": {"elapsed_s": 1.0, "s": 1.0, "passed": True, "exits": 1},
+                   "b": {"elapsed_s": 5.0, "s": 2.0, "passed": True, "exits": 1}},
+         "together_s": 5.0, "served_s": None,
+         "vms": [{"name": "vm0", "benchmark": "a", "s": 3.0, "passed": True, "exits": 1},
+                 {"name": "vm1", "benchmark": "b", "s": 1.0, "passed": True, "exits": 1}]}])
+    monkeypatch.setattr(vms, "_one_pass", lambda specs, options: next(passes))
+    r = vms.run_vms_bench(("a", "b"), backend="inproc", repeats=2)
+    (p,) = r["passes"].values()
+    assert p["elapsed_ratios"] == [1.5, 1.0] and p["guest_ratios"] == [2.0, 1.5]
+    assert p["together_s"] == 5.0  # the last repeat's rows
+    vms.print_vms_bench(r)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "elapsed 1.00-1.50x (median 1.25x)" in out
+    assert "the guests' phases 1.50-2.00x (median 1.75x)" in out
+    with pytest.raises(ValueError, match="repeats"):
+        vms.run_vms_bench(("a",), backend="inproc", repeats=0)

@@ -49,6 +49,7 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
+from gpuvm.bench.timing import span
 from gpuvm.device import regs
 from gpuvm.device.gpu import Gpu
 from gpuvm.errors import UserError
@@ -322,12 +323,6 @@ def run_exit_bench(iterations: int = DEFAULT_ITERATIONS, repeats: int = DEFAULT_
             "raw_cpu_us": min(r["raw_cpu_us"] for r in every), "remap_us": remap,
             "remap_over_raw": remap / raw,
             "remap_exits": int(max(r["remap_exits"] for r in every)), "targets": targets}
-
-
-def span(xs: list[float], fmt: str) -> str:
-    """`lowest-highest` of xs in format `fmt` (one value when they print the same)."""
-    lo, hi = min(xs), max(xs)
-    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
 
 
 TRAP_GOAL = 1.1  # issue 77: a mediated trap within 1.1x of a raw exit

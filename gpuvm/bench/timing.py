@@ -1,4 +1,5 @@
-"""Timing for the micro-benchmarks: the best of several runs (host noise only adds time)."""
+"""Timing for the benchmarks: the best of several runs (host noise only adds time), and
+how a spread of ratios is written."""
 
 from __future__ import annotations
 
@@ -14,3 +15,9 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def span(xs: list[float], fmt: str) -> str:
+    """`lowest-highest` of xs in format `fmt` (one value when they print the same)."""
+    lo, hi = min(xs), max(xs)
+    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"

@@ -9,17 +9,22 @@ VMM process).  On KVM the whole comparison runs twice, with the coalesced-MMIO r
 each VM's exits to userspace are shown beside its wall time.  With --isolated and the
 ring on, `--posted both` also runs the ring's pass with each drained store sent as a
 vfio-user message of its own (not one REGION_WRITE_MULTI a drain), so what one message a
-drain saves the mediator's process is measured in the same run too.
+drain saves the mediator's process is measured in the same run too.  `--repeats N` runs
+each pass N times over, alone then all at once each time, for the spread of the ratios
+(the makespan of eight starting processes varies by a fifth from one run to the next on
+the 16-core machine): lowest-highest and the median.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from rich.console import Console
 from rich.table import Table
 
+from gpuvm.bench.timing import span
 from gpuvm.errors import UserError
 from gpuvm.experiment.costs import mmio_exits
 from gpuvm.mediator.modes import MODES
@@ -71,12 +76,27 @@ def _one_pass(specs: list[VmSpec], options: RunOptions) -> dict:
                     for s, r in zip(specs, together)]}
 
 
+def _repeated(specs: list[VmSpec], options: RunOptions, repeats: int) -> dict:
+    """The last of `repeats` passes, with every pass's ratios of all at once to the
+    slowest alone: elapsed (`elapsed_ratios`) and the guests' phases (`guest_ratios`)."""
+    runs = [_one_pass(specs, options) for _ in range(repeats)]
+    last = dict(runs[-1])
+    last["elapsed_ratios"] = [r["together_s"] / max(a["elapsed_s"] for a in r["alone"].values())
+                              for r in runs]
+    last["guest_ratios"] = [max(vm["s"] for vm in r["vms"]) /
+                            max(a["s"] for a in r["alone"].values()) for r in runs]
+    return last
+
+
 def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
                   mode: str = "native", size: int | None = None, isolated: bool = False,
-                  ring: str = "both", posted: str = "on") -> dict:
+                  ring: str = "both", posted: str = "on", repeats: int = 1) -> dict:
     """Each distinct benchmark alone, then one VM per entry of `benchmarks` at once, with
     the coalesced ring off and/or on (`ring`: both, on, off; only KVM has a ring), and
-    an isolated VMM's drained stores in one message and/or one each (`posted`)."""
+    an isolated VMM's drained stores in one message and/or one each (`posted`); each
+    pass `repeats` times over (see `_repeated`)."""
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
     backend = resolve_backend(backend)
     rings = RINGS[ring] if backend == "kvm" else (True,)
     # the wall clock: this bench measures the emulator's own speed, VMs running side by
@@ -89,9 +109,9 @@ def run_vms_bench(benchmarks: tuple[str, ...] = DEFAULT, backend: str = "auto",
         for post in POSTED[posted] if on and isolated and backend == "kvm" else (True,):
             with coalescing(on), posting(post):
                 passes["off" if not on else "on" if post else "unposted"] = \
-                    _one_pass(specs, options)
+                    _repeated(specs, options, repeats)
     return {"backend": backend, "mode": mode, "size": size, "isolated": isolated,
-            "passes": passes}
+            "repeats": repeats, "passes": passes}
 
 
 def print_vms_bench(r: dict) -> None:
@@ -113,6 +133,11 @@ def print_vms_bench(r: dict) -> None:
         t.caption = (f"s: the guest's phases; {n} at once: {p['together_s']:.2f} s elapsed "
                      f"(machine set-up included), {p['together_s'] / slowest:.2f}x the "
                      f"slowest alone ({slowest:.2f} s)")
+        if r["repeats"] > 1:
+            t.caption = (f"the last of {r['repeats']} repeats, each alone then at once. "
+                         f"{t.caption}.  Over the repeats: elapsed "
+                         f"{_ratios(p['elapsed_ratios'])}, the guests' phases "
+                         f"{_ratios(p['guest_ratios'])} the slowest alone")
         if p.get("served_s") is not None:
             span = max(vm["s"] for vm in p["vms"])
             t.caption += (f"; the server's one thread answered their accesses for "
@@ -123,6 +148,10 @@ def print_vms_bench(r: dict) -> None:
                                                 "one a drain, this run)")):
         if {slow, fast} <= r["passes"].keys():
             console.print(f"{what}: " + _speedups(r["passes"][slow], r["passes"][fast]))
+
+
+def _ratios(xs: list[float]) -> str:
+    return f"{span(xs, '.2f')}x (median {statistics.median(xs):.2f}x)"
 
 
 def _speedups(slow: dict, fast: dict) -> str:
@@ -149,6 +178,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --isolated and the ring on: each drain of the ring in "
                              "one vfio-user message (on, default), one message a store "
                              "(off), or both in turn")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each pass this many times over, alone then all at once "
+                             "each time: the spread and median of the ratios (default "
+                             "%(default)s)")
 
 
 def main_vms(args: argparse.Namespace) -> int:
@@ -157,8 +190,10 @@ def main_vms(args: argparse.Namespace) -> int:
         raise UserError("--benchmarks: name at least one benchmark")
     if args.size < 0:
         raise UserError("--size must be at least 1")
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
     r = run_vms_bench(benchmarks, args.backend, args.mode, args.size or None,
-                      args.isolated, args.ring, args.posted)
+                      args.isolated, args.ring, args.posted, args.repeats)
     print_vms_bench(r)
     ok = all(a["passed"] for p in r["passes"].values() for a in p["alone"].values()) and \
         all(vm["passed"] for p in r["passes"].values() for vm in p["vms"])
