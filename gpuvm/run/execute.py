@@ -179,8 +179,7 @@ def _leave_clock(r: _Running) -> object | None:
 def _result(machine: Machine, r: _Running, outcome: object) -> VmResult:
     """An ended VM's result, with the scheduler's record of it (once its GPU work is
     done), before its device is given back."""
-    metrics = getattr(machine, "metrics", lambda spec: None)(r.spec)
-    return VmResult(r.spec, outcome, r.attached.stats.faults(), metrics)
+    return VmResult(r.spec, outcome, r.attached.stats.faults(), machine.metrics(r.spec))
 
 
 def _remove_at_last_time(machine: Machine, r: _Running, outcome: object,
@@ -210,8 +209,8 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
     results: dict[str, VmResult] = {}
     rams: list[GuestRam] = []
     stuck = False
-    clock = getattr(machine, "clock", None)
-    virtual = clock is not None and clock.virtual
+    clock = machine.clock
+    virtual = clock.virtual
     woken = threading.Event()
     arrivals = clock.timer("arrivals", woken.set, ordered=True) if virtual else None
     removals = Removals()
@@ -247,9 +246,7 @@ def _run_on(machine: Machine, boot: list[tuple[VmSpec, list[int], int]],
                     party = clock.guest(spec.name, start_ns((spec, params, flags)),
                                         machine.clock_scope(spec))
                     session.use_clock(party)
-                    use_meter = getattr(machine, "use_meter", None)
-                    if use_meter is not None:
-                        use_meter(spec, party)
+                    machine.use_meter(spec, party)
                 due.append(_Running(spec, ram, attached, runner, now + options.timeout,
                                     session, party))
             if arrivals is not None:  # only now that the arrived vCPUs hold the clock

@@ -98,8 +98,7 @@ class VmProcess:
 
 def _virtual_clock(machine: Machine) -> Any:
     """The machine's clock if it is a virtual one, else None."""
-    clock = getattr(machine, "clock", None)
-    return clock if clock is not None and clock.virtual else None
+    return machine.clock if machine.clock.virtual else None
 
 
 def _start_ns(spec: VmSpec) -> int:
@@ -120,9 +119,7 @@ def spawn_vm(machine: Machine, spec: VmSpec, params: list[int], flags: int,
     if clock is not None:  # held at its start until its guest runs (built: wall time)
         party = clock.guest(spec.name, _start_ns(spec), machine.clock_scope(spec))
         server.use_clock(party)
-        use_meter = getattr(machine, "use_meter", None)
-        if use_meter is not None:
-            metered = lambda: use_meter(spec, party)  # noqa: E731
+        metered = partial(machine.use_meter, spec, party)
     if loop is not None and clock is None:
         loop.add(server)
     else:
@@ -199,7 +196,7 @@ def collect_vm(machine: Machine, vm: VmProcess) -> tuple[dict[str, Any], Any, Se
             why = f"VMM process exited with status {rc}" if rc >= 0 else \
                 f"VMM process killed by {signal.Signals(-rc).name}"
             record = vm_process.failed_outcome(vm.spec.name, why)
-        metrics = getattr(machine, "metrics", lambda spec: None)(vm.spec)
+        metrics = machine.metrics(vm.spec)
         served = ServedTime(*vm.server.served_ns())
     finally:  # whatever happened, the device is given back and holds no time back
         _detach_at_last_time(machine, vm)

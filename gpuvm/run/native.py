@@ -65,6 +65,10 @@ class NativeMachine:
         device = self.devices.get(spec.name)
         return None if device is None else device.gpu
 
+    def metrics(self, spec: VmSpec) -> None:
+        """No scheduler: each VM has its GPU to itself."""
+        return None
+
     def detach(self, spec: VmSpec) -> None:
         device = self.devices.pop(spec.name, None)
         if device is not None:

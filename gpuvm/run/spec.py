@@ -11,9 +11,11 @@ from typing import Any, Protocol
 
 from gpuvm.mediator.partition import DEFAULT_HOST_BACKING_MIB
 from gpuvm.vfio.device import DeviceStats, VfioDevice
-from gpuvm.device.clock import CLOCKS, FREE, DeviceClock, EventPrices, VirtualClock
+from gpuvm.device.clock import (CLOCKS, FREE, DeviceClock, EventPrices, GuestParty,
+                                VirtualClock)
 from gpuvm.vmm import abi, guest_programs
 from gpuvm.vmm.guest_ram import ALLOCATIONS, default_allocation
+from scheduler.metrics import VmMetrics
 
 
 class RunError(Exception):
@@ -154,8 +156,22 @@ class GpuDevice(VfioDevice, DeviceStats, Protocol):
 class Machine(Protocol):
     """What a mode builds for one run: the GPU(s) and a device per VM."""
 
+    clock: DeviceClock | VirtualClock  # the device clock its GPUs share
+
     def attach(self, spec: VmSpec) -> GpuDevice:
         """Create the VM's device (a vGPU, or a whole GPU passed through)."""
+        ...
+
+    def use_meter(self, spec: VmSpec, party: GuestParty) -> None:
+        """On a virtual clock: charge the VM's device events to its vCPU, `party`."""
+        ...
+
+    def clock_scope(self, spec: VmSpec) -> object:
+        """What the VM's guest waits on: whose signals wake it on a virtual clock."""
+        ...
+
+    def metrics(self, spec: VmSpec) -> VmMetrics | None:
+        """The scheduler's record of the VM (None where nothing schedules it)."""
         ...
 
     def detach(self, spec: VmSpec) -> None:
