@@ -11,7 +11,6 @@ device touched freed shadow memory or another owner's memory.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from test_device_end_to_end import SUB_COMPUTE, SUB_COPY, VA_GPFIFO
 from test_mediator_isolation import PATTERN, Vm
 from test_mediator_traps import LockHolder
 from vfio_doubles import attached
+from waiting import wait_for
 
 LONG = 200_000_000_000  # loop iterations: 200 s of device time (0.2 s wall at 1000x)
 # a kernel that outlasts the watchdog's wall floor (0.2 s below) five times over: 1,000 s
@@ -49,15 +49,6 @@ def med():
     yield m
     m.close()
     gpu.release_memory()
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.001)
-    return pred()
 
 
 def kernel_then_copy(vm: Vm, code_va: int, cb_va: int, out_va: int, src: int, dst: int,

@@ -11,6 +11,8 @@ from gpuvm.mediator.submission import Submissions
 from scheduler import CreditPolicy, FifoPolicy
 from scheduler.decision import IDLE, Wait
 
+from waiting import wait_for
+
 
 class Engine:
     """Stands in for the GPU: records rung doorbells, completes each after `busy_s`."""
@@ -37,15 +39,6 @@ def make(policy, busy_s: float = 0.002) -> tuple[Submissions, Engine]:
     sub = Submissions(engine, policy)
     engine.sub = sub
     return sub, engine
-
-
-def wait_for(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.001)
-    return pred()
 
 
 def test_one_at_a_time_in_order_and_repeated_puts_cost_nothing():

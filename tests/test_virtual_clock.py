@@ -29,6 +29,8 @@ from gpuvm.vmm.guest_session import GuestSession
 from gpuvm.vmm.kvm import kvm_usable
 from scheduler import FifoPolicy
 
+from waiting import wait_for
+
 
 # ----------------------------------------------------------------------- the clock alone
 def test_time_jumps_to_the_earliest_timer_when_no_guest_runs():
@@ -272,10 +274,3 @@ def test_virtual_watchdog_catches_a_stopped_clock_in_wall_seconds_only_if_guests
         stuck.leave()
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
