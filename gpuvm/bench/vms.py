@@ -139,9 +139,9 @@ def print_vms_bench(r: dict) -> None:
                          f"{_ratios(p['elapsed_ratios'])}, the guests' phases "
                          f"{_ratios(p['guest_ratios'])} the slowest alone")
         if p.get("served_s") is not None:
-            span = max(vm["s"] for vm in p["vms"])
+            ran = max(vm["s"] for vm in p["vms"])
             t.caption += (f"; the server's one thread answered their accesses for "
-                          f"{p['served_s']:.2f} s of the {span:.2f} s the guests ran")
+                          f"{p['served_s']:.2f} s of the {ran:.2f} s the guests ran")
         console.print(t)
     for slow, fast, what in (("off", "on", "with the coalesced ring (off / on, this run)"),
                              ("unposted", "on", "with a drain in one message (one a store / "
