@@ -123,8 +123,9 @@ class ExitLoop:
         # a store that found the ring full may wait with them (not where accesses to
         # pages mapped as memory are counted: those are ticked in order with the exits)
         self._holds = bool(ring) and direct is None
-        # where a queued store goes: (base, end, bar, write slot) per window
-        self._write_windows = tuple((w.base, w.end, w.bar, 2 + 2 * i)
+        # where a queued store goes: (base, end, write slot) per window, and each
+        # window's BAR and base as columns (a drain's stores are placed at once)
+        self._write_windows = tuple((w.base, w.end, 2 + 2 * i)
                                     for i, w in enumerate(windows))
         self._window_bars = np.array([w.bar for w in windows], dtype=np.uint32)
         self._window_bases = np.array([w.base for w in windows], dtype=np.uint64)
@@ -224,7 +225,7 @@ class ExitLoop:
         self._held, self._held_n, self._held_exits = [], 0, 0
         addrs, sizes = entries["phys_addr"], entries["len"]
         window = np.full(n, len(self._write_windows), dtype=np.intp)  # none yet
-        for i, (base, end, _, _) in enumerate(self._write_windows):
+        for i, (base, end, _) in enumerate(self._write_windows):
             window[(addrs >= base) & (addrs < end)] = i
         failure = None
         outside = np.flatnonzero(window == len(self._write_windows))
@@ -235,7 +236,7 @@ class ExitLoop:
             entries, addrs, sizes, window = entries[:n], addrs[:n], sizes[:n], window[:n]
         for i, queued in enumerate(np.bincount(window, minlength=len(self._write_windows))
                                    .tolist()[:len(self._write_windows)]):
-            counts[self._write_windows[i][3]] += queued
+            counts[self._write_windows[i][2]] += queued
         stores = PostedStores(self._window_bars[window], addrs - self._window_bases[window],
                               sizes, entries["data"] & VALUE_MASKS[sizes])
         ticker = self.session.exit_ticker()
